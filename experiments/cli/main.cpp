@@ -1,0 +1,70 @@
+// `gradscale`: the command-line front end. One subcommand per verb (cmd_*.cpp registers itself);
+// this file dispatches and turns every error into one clear line and a non-zero exit.
+#include <boost/program_options/errors.hpp>
+#include <cstdio>
+#include <iostream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "experiments/cli/command.h"
+#include "lib/core/error.h"
+
+namespace gradscale::cli {
+namespace {
+
+struct Entry {
+  const char* summary;
+  CommandFn fn;
+};
+
+std::map<std::string, Entry>& commands() {
+  static std::map<std::string, Entry> m;
+  return m;
+}
+
+void usage(std::ostream& os) {
+  os << "usage: gradscale <command> [options]   (gradscale <command> --help for its options)\n\ncommands:\n";
+  for (const auto& [name, e] : commands())
+    os << "  " << name << std::string(10 - std::min<std::size_t>(9, name.size()), ' ') << e.summary << "\n";
+}
+
+}  // namespace
+
+CommandRegistrar::CommandRegistrar(const char* name, const char* summary, CommandFn fn) {
+  commands()[name] = Entry{summary, std::move(fn)};
+}
+
+}  // namespace gradscale::cli
+
+int main(int argc, char** argv) {
+  using namespace gradscale;
+  auto& cmds = cli::commands();
+  if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h") {
+    cli::usage(argc < 2 ? std::cerr : std::cout);
+    return argc < 2 ? 2 : 0;
+  }
+  if (std::string(argv[1]) == "--version") {
+    std::cout << "gradscale " << GRADSCALE_VERSION << "\n";
+    return 0;
+  }
+  const auto it = cmds.find(argv[1]);
+  if (it == cmds.end()) {
+    std::cerr << "gradscale: unknown command '" << argv[1] << "'\n";
+    cli::usage(std::cerr);
+    return 2;
+  }
+  const std::vector<std::string> args(argv + 2, argv + argc);
+  try {
+    return it->second.fn(args);
+  } catch (const ConfigError& e) {
+    std::cerr << "gradscale " << argv[1] << ": " << e.what() << "\n";
+    return 2;
+  } catch (const boost::program_options::error& e) {
+    std::cerr << "gradscale " << argv[1] << ": " << e.what() << " (see gradscale " << argv[1] << " --help)\n";
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "gradscale " << argv[1] << ": " << e.what() << "\n";
+    return 1;
+  }
+}

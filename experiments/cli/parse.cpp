@@ -1,0 +1,47 @@
+// Shared CLI helpers (see parse.h).
+#include "experiments/cli/parse.h"
+
+#include <cerrno>
+#include <cstdlib>
+#include <iostream>
+
+#include "lib/core/error.h"
+
+namespace gradscale::cli {
+
+bool parse_options(const std::string& usage, const po::options_description& desc,
+                   const std::vector<std::string>& args, po::variables_map& vm,
+                   const po::positional_options_description* positional) {
+  po::options_description all(desc);
+  all.add_options()("help,h", "show this help");
+  auto parser = po::command_line_parser(args).options(all);
+  if (positional) parser.positional(*positional);
+  po::store(parser.run(), vm);
+  if (vm.count("help")) {
+    std::cout << "usage: " << usage << "\n\n" << all << "\n";
+    return false;
+  }
+  po::notify(vm);
+  return true;
+}
+
+double parse_real(const std::string& text, const char* what) {
+  const char* s = text.c_str();
+  char* end = nullptr;
+  errno = 0;
+  const double v = std::strtod(s, &end);
+  GS_CHECK_CONFIG(!text.empty() && end == s + text.size(),
+                  what << ": cannot parse '" << text << "' as a number (decimal, or hex float like 0x1p-25)");
+  return v;
+}
+
+float parse_float32(const std::string& text, const char* what) {
+  const char* s = text.c_str();
+  char* end = nullptr;
+  const float v = std::strtof(s, &end);
+  GS_CHECK_CONFIG(!text.empty() && end == s + text.size(),
+                  what << ": cannot parse '" << text << "' as a number (decimal, or hex float like 0x1p-25)");
+  return v;
+}
+
+}  // namespace gradscale::cli

@@ -1,0 +1,24 @@
+// Small shared helpers of the CLI verbs: option parsing with Boost.Program_options and value parsing.
+#pragma once
+
+#include <boost/program_options.hpp>
+#include <string>
+#include <vector>
+
+namespace gradscale::cli {
+
+namespace po = boost::program_options;
+
+// Parses `args` against `desc`; returns false (after printing "usage + desc" to stdout) when --help
+// was given. Unknown options and bad values throw boost::program_options::error (main: exit 2).
+bool parse_options(const std::string& usage, const po::options_description& desc,
+                   const std::vector<std::string>& args, po::variables_map& vm,
+                   const po::positional_options_description* positional = nullptr);
+
+// Decimal or C99 hex-float ("0x1p-25"), "inf", "-inf", "nan"; throws ConfigError naming the text.
+double parse_real(const std::string& text, const char* what);
+
+// The same for a float32 value, rounded once from the text (no double rounding through double).
+float parse_float32(const std::string& text, const char* what);
+
+}  // namespace gradscale::cli

@@ -1,0 +1,326 @@
+// One pass over a float32 tensor: round-to-F class counts, binade histogram and double moments
+// (SPEC §3). The class of |v| is found by comparing its bit pattern (monotone in |v| for non-negative
+// floats) with three thresholds that are derived from quantize() itself, so "what underflows" has one
+// definition in the whole library.
+#include "lib/instrument/histogram.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include <nlohmann/json.hpp>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+namespace gradscale {
+namespace {
+
+constexpr std::uint32_t kAbs = 0x7FFFFFFFu;
+constexpr std::uint32_t kInfBits = 0x7F800000u;
+
+float from_bits(std::uint32_t b) {
+  float x;
+  std::memcpy(&x, &b, sizeof x);
+  return x;
+}
+
+// Smallest a in [lo, hi] (float bit patterns) with pred(a) true; hi when none is.
+template <class Pred>
+std::uint32_t first_true(std::uint32_t lo, std::uint32_t hi, Pred pred) {
+  while (lo < hi) {
+    const std::uint32_t mid = lo + (hi - lo) / 2;
+    if (pred(mid))
+      hi = mid;
+    else
+      lo = mid + 1;
+  }
+  return lo;
+}
+
+inline int binade_of(std::uint32_t a) {  // floor(log2|v|) of a non-zero finite |v| given by its bits
+  const int field = static_cast<int>(a >> 23);
+  if (field != 0) return field - 127;
+  return (31 - __builtin_clz(a)) - 149;
+}
+
+inline int bin_index(int e) {
+  return std::clamp(e, kBinadeMin, kBinadeMax) - kBinadeMin;
+}
+
+}  // namespace
+
+RoundThresholds round_thresholds(Format f, RoundOptions opt) {
+  RoundOptions overflow_as_nan = opt;
+  overflow_as_nan.e4m3_overflow_to_nan = true;  // makes saturation visible as NaN
+  const float min_normal = static_cast<float>(format_info(f).min_normal);
+  RoundThresholds t{};
+  t.first_nonzero =
+      first_true(1u, kInfBits, [&](std::uint32_t a) { return quantize(from_bits(a), f, opt) != 0.0f; });
+  t.first_normal =
+      first_true(1u, kInfBits, [&](std::uint32_t a) { return quantize(from_bits(a), f, opt) >= min_normal; });
+  t.first_overflow = first_true(1u, kInfBits, [&](std::uint32_t a) {
+    return !std::isfinite(quantize(from_bits(a), f, overflow_as_nan));
+  });
+  return t;
+}
+
+namespace {
+
+// Thresholds per (format, option): computed once from quantize(), then read.
+const RoundThresholds& cached_thresholds(Format f, RoundOptions opt) {
+  static const auto table = [] {
+    std::array<std::array<RoundThresholds, 2>, 5> t{};
+    for (Format g : all_formats())
+      for (int nan_opt = 0; nan_opt < 2; ++nan_opt)
+        t[static_cast<std::size_t>(g)][static_cast<std::size_t>(nan_opt)] =
+            round_thresholds(g, RoundOptions{nan_opt == 1});
+    return t;
+  }();
+  return table[static_cast<std::size_t>(f)][opt.e4m3_overflow_to_nan ? 1 : 0];
+}
+
+// The class index: how many thresholds |v| (as bits a) passes.
+inline int class_index(std::uint32_t a, const RoundThresholds& th) {
+  return (a != 0) + (a >= th.first_nonzero) + (a >= th.first_normal) + (a >= th.first_overflow) +
+         (a >= kInfBits);
+}
+
+}  // namespace
+
+RoundClass classify_rounding(float v, Format f, RoundOptions opt) {
+  std::uint32_t bits;
+  std::memcpy(&bits, &v, sizeof bits);
+  return static_cast<RoundClass>(class_index(bits & kAbs, cached_thresholds(f, opt)));
+}
+
+const char* round_class_name(RoundClass c) {
+  static const char* const names[] = {"zero", "underflow", "subnormal", "normal", "overflow", "nonfinite"};
+  return names[static_cast<int>(c)];
+}
+
+namespace {
+
+constexpr std::size_t kLanes = 8;
+constexpr std::size_t kBlock = 2048;
+
+// Per-lane accumulators of the counting/moment loop. Lane l sees elements i with i % 8 == l of each
+// block; the AVX2 kernel keeps the same lanes in its registers, so both paths add in the same order
+// and give bit-identical sums.
+struct LaneAccumulators {
+  std::uint64_t ge[5][kLanes] = {};  // a != 0, a >= first_nonzero, first_normal, first_overflow, inf
+  double sum[kLanes] = {}, sq[kLanes] = {};
+  float lo[kLanes], hi[kLanes];
+  LaneAccumulators() {
+    std::fill(lo, lo + kLanes, std::numeric_limits<float>::infinity());
+    std::fill(hi, hi + kLanes, -std::numeric_limits<float>::infinity());
+  }
+};
+
+inline void accumulate_one(LaneAccumulators& acc, std::size_t l, std::uint32_t a, float xv,
+                           const RoundThresholds& th) {
+  const bool finite = a < kInfBits;
+  acc.ge[0][l] += a != 0;
+  acc.ge[1][l] += a >= th.first_nonzero;
+  acc.ge[2][l] += a >= th.first_normal;
+  acc.ge[3][l] += a >= th.first_overflow;
+  acc.ge[4][l] += !finite;
+  if (finite) {
+    const double d = xv;
+    acc.sum[l] += d;
+    acc.sq[l] += d * d;
+    acc.lo[l] = std::min(acc.lo[l], xv);
+    acc.hi[l] = std::max(acc.hi[l], xv);
+  }
+}
+
+void accumulate_block_portable(LaneAccumulators& acc, const float* x, const std::uint32_t* a, std::size_t m,
+                               const RoundThresholds& th) {
+  for (std::size_t i = 0; i < m; ++i) accumulate_one(acc, i % kLanes, a[i], x[i], th);
+}
+
+#if defined(__x86_64__)
+// The same loop, 8 lanes in AVX2 registers; m is a multiple of 8. Counters are int32 within a block.
+__attribute__((target("avx2"))) void accumulate_block_avx2(LaneAccumulators& acc, const float* x,
+                                                           const std::uint32_t* a, std::size_t m,
+                                                           const RoundThresholds& th) {
+  // a >= t  <=>  a > t - 1
+  const __m256i t_nonzero = _mm256_set1_epi32(static_cast<int>(th.first_nonzero - 1));
+  const __m256i t_normal = _mm256_set1_epi32(static_cast<int>(th.first_normal - 1));
+  const __m256i t_overflow = _mm256_set1_epi32(static_cast<int>(th.first_overflow - 1));
+  const __m256i t_inf = _mm256_set1_epi32(static_cast<int>(kInfBits - 1));
+  const __m256i zero = _mm256_setzero_si256();
+  const __m256 pinf = _mm256_set1_ps(std::numeric_limits<float>::infinity());
+  __m256i c0 = zero, c1 = zero, c2 = zero, c3 = zero, c4 = zero;
+  __m256d s_lo = _mm256_loadu_pd(acc.sum), s_hi = _mm256_loadu_pd(acc.sum + 4);
+  __m256d q_lo = _mm256_loadu_pd(acc.sq), q_hi = _mm256_loadu_pd(acc.sq + 4);
+  __m256 lo = _mm256_loadu_ps(acc.lo), hi = _mm256_loadu_ps(acc.hi);
+  for (std::size_t i = 0; i < m; i += kLanes) {
+    const __m256i av = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + i));
+    const __m256 xv = _mm256_loadu_ps(x + i);
+    // a <= 0x7FFFFFFF, so signed compares are exact; a mask is -1, so subtracting it counts.
+    c0 = _mm256_sub_epi32(c0, _mm256_cmpgt_epi32(av, zero));
+    c1 = _mm256_sub_epi32(c1, _mm256_cmpgt_epi32(av, t_nonzero));
+    c2 = _mm256_sub_epi32(c2, _mm256_cmpgt_epi32(av, t_normal));
+    c3 = _mm256_sub_epi32(c3, _mm256_cmpgt_epi32(av, t_overflow));
+    const __m256i nonfinite = _mm256_cmpgt_epi32(av, t_inf);
+    c4 = _mm256_sub_epi32(c4, nonfinite);
+    const __m256 finite = _mm256_castsi256_ps(_mm256_xor_si256(nonfinite, _mm256_set1_epi32(-1)));
+    const __m256 xf = _mm256_and_ps(xv, finite);  // non-finite -> 0 (adds nothing)
+    const __m256d d_lo = _mm256_cvtps_pd(_mm256_castps256_ps128(xf));
+    const __m256d d_hi = _mm256_cvtps_pd(_mm256_extractf128_ps(xf, 1));
+    s_lo = _mm256_add_pd(s_lo, d_lo);
+    s_hi = _mm256_add_pd(s_hi, d_hi);
+    q_lo = _mm256_add_pd(q_lo, _mm256_mul_pd(d_lo, d_lo));
+    q_hi = _mm256_add_pd(q_hi, _mm256_mul_pd(d_hi, d_hi));
+    lo = _mm256_min_ps(lo, _mm256_blendv_ps(pinf, xv, finite));
+    hi = _mm256_max_ps(hi, _mm256_blendv_ps(_mm256_sub_ps(_mm256_setzero_ps(), pinf), xv, finite));
+  }
+  _mm256_storeu_pd(acc.sum, s_lo);
+  _mm256_storeu_pd(acc.sum + 4, s_hi);
+  _mm256_storeu_pd(acc.sq, q_lo);
+  _mm256_storeu_pd(acc.sq + 4, q_hi);
+  _mm256_storeu_ps(acc.lo, lo);
+  _mm256_storeu_ps(acc.hi, hi);
+  alignas(32) std::int32_t c[5][kLanes];
+  const __m256i cs[5] = {c0, c1, c2, c3, c4};
+  for (int k = 0; k < 5; ++k) {
+    _mm256_store_si256(reinterpret_cast<__m256i*>(c[k]), cs[k]);
+    for (std::size_t l = 0; l < kLanes; ++l) acc.ge[k][l] += static_cast<std::uint64_t>(c[k][l]);
+  }
+}
+#endif
+
+bool use_avx2() {
+#if defined(__x86_64__)
+  static const bool yes = __builtin_cpu_supports("avx2");
+  return yes;
+#else
+  return false;
+#endif
+}
+
+}  // namespace
+
+TensorStats tensor_stats(const float* v, std::size_t n, Format f, RoundOptions opt) {
+  const RoundThresholds& th = cached_thresholds(f, opt);
+  // The tensor is read once, in blocks that stay in L1: a lane-parallel loop counts threshold crossings
+  // and adds the moments, then a second loop over the same block fills the binade histogram, indexed
+  // by the float exponent field (float subnormals, rare, take a side branch).
+  LaneAccumulators acc;
+  std::uint64_t by_field[4][256] = {};  // 4 tables: no store-to-load stall on runs of one binade
+  TensorStats s;
+  alignas(32) std::uint32_t a_block[kBlock];
+  const bool avx2 = use_avx2();
+  for (std::size_t base = 0; base < n; base += kBlock) {
+    const std::size_t m = std::min(kBlock, n - base);
+    const float* x = v + base;
+    std::memcpy(a_block, x, m * sizeof(float));
+    for (std::size_t i = 0; i < m; ++i) a_block[i] &= kAbs;
+#if defined(__x86_64__)
+    if (avx2 && m == kBlock)
+      accumulate_block_avx2(acc, x, a_block, m, th);
+    else
+#endif
+      accumulate_block_portable(acc, x, a_block, m, th);
+    for (std::size_t i = 0; i < m; ++i) {
+      const std::uint32_t a = a_block[i];
+      ++by_field[i & 3][a >> 23];
+      if (a != 0 && a < 0x00800000u) ++s.binades[static_cast<std::size_t>(bin_index(binade_of(a)))];
+    }
+  }
+  for (int field = 1; field < 255; ++field)
+    s.binades[static_cast<std::size_t>(bin_index(field - 127))] +=
+        by_field[0][field] + by_field[1][field] + by_field[2][field] + by_field[3][field];
+
+  std::uint64_t c[5] = {};
+  float mn = std::numeric_limits<float>::infinity(), mx = -mn;
+  for (std::size_t l = 0; l < kLanes; ++l) {
+    for (int k = 0; k < 5; ++k) c[k] += acc.ge[k][l];
+    s.sum += acc.sum[l];
+    s.sum_squares += acc.sq[l];
+    mn = std::min(mn, acc.lo[l]);
+    mx = std::max(mx, acc.hi[l]);
+  }
+  // Class k holds the values that passed exactly k thresholds.
+  s.elements = n;
+  s.zero = n - c[0];
+  s.underflow = c[0] - c[1];
+  s.subnormal = c[1] - c[2];
+  s.normal = c[2] - c[3];
+  s.overflow = c[3] - c[4];
+  s.nonfinite = c[4];
+  s.count = n - s.nonfinite;
+  if (s.count > 0) {
+    s.min = mn;
+    s.max = mx;
+    s.max_abs = std::max(-s.min, s.max);
+  }
+  return s;
+}
+
+double TensorStats::mean() const {
+  return count ? sum / static_cast<double>(count) : 0.0;
+}
+
+double TensorStats::variance() const {
+  if (count == 0) return 0.0;
+  const double m = mean();
+  return std::max(0.0, sum_squares / static_cast<double>(count) - m * m);
+}
+
+double TensorStats::underflow_rate() const {
+  const std::uint64_t nz = nonzero_finite();
+  return nz ? static_cast<double>(underflow) / static_cast<double>(nz) : 0.0;
+}
+
+std::uint64_t TensorStats::binade(int e) const {
+  return binades[static_cast<std::size_t>(bin_index(e))];
+}
+
+void TensorStats::merge(const TensorStats& o) {
+  if (o.count > 0) {
+    min = count ? std::min(min, o.min) : o.min;
+    max = count ? std::max(max, o.max) : o.max;
+    max_abs = std::max(max_abs, o.max_abs);
+  }
+  zero += o.zero;
+  underflow += o.underflow;
+  subnormal += o.subnormal;
+  normal += o.normal;
+  overflow += o.overflow;
+  nonfinite += o.nonfinite;
+  elements += o.elements;
+  count += o.count;
+  sum += o.sum;
+  sum_squares += o.sum_squares;
+  for (std::size_t b = 0; b < binades.size(); ++b) binades[b] += o.binades[b];
+}
+
+nlohmann::json stats_to_json(const TensorStats& s, bool with_binades) {
+  nlohmann::json j = {{"elements", s.elements},
+                      {"zero", s.zero},
+                      {"underflow", s.underflow},
+                      {"subnormal", s.subnormal},
+                      {"normal", s.normal},
+                      {"overflow", s.overflow},
+                      {"nonfinite", s.nonfinite},
+                      {"count", s.count},
+                      {"sum", s.sum},
+                      {"sum_squares", s.sum_squares},
+                      {"min", s.min},
+                      {"max", s.max},
+                      {"max_abs", s.max_abs},
+                      {"underflow_rate", s.underflow_rate()}};
+  if (with_binades) {
+    nlohmann::json b = nlohmann::json::object();
+    for (int e = kBinadeMin; e <= kBinadeMax; ++e)
+      if (const auto c = s.binade(e)) b[std::to_string(e)] = c;
+    j["binades"] = std::move(b);
+  }
+  return j;
+}
+
+}  // namespace gradscale

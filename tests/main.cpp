@@ -1,0 +1,3 @@
+// Entry point of the Catch2 test binary.
+#define CATCH_CONFIG_MAIN
+#include <catch2/catch.hpp>
