@@ -261,6 +261,22 @@ TensorStats tensor_stats(const float* v, std::size_t n, Format f, RoundOptions o
   return s;
 }
 
+bool all_finite(const float* v, std::size_t n) {
+  // OR of (|v| >= inf) over the array, branch-free so it vectorises; one test per 1024 elements.
+  std::size_t i = 0;
+  while (i < n) {
+    const std::size_t end = std::min(n, i + 1024);
+    std::uint32_t bad = 0;
+    for (; i < end; ++i) {
+      std::uint32_t b;
+      std::memcpy(&b, v + i, sizeof b);
+      bad |= static_cast<std::uint32_t>((b & kAbs) >= kInfBits);
+    }
+    if (bad) return false;
+  }
+  return true;
+}
+
 double TensorStats::mean() const {
   return count ? sum / static_cast<double>(count) : 0.0;
 }

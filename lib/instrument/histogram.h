@@ -67,6 +67,9 @@ const char* round_class_name(RoundClass c);
 // One pass over v[0..n) for format F. Throws nothing; NaN/inf are counted, never propagated.
 TensorStats tensor_stats(const float* v, std::size_t n, Format f, RoundOptions opt = {});
 
+// True when every v[i] is finite (the cheap found_inf check of the hot path).
+bool all_finite(const float* v, std::size_t n);
+
 // JSON with the counts and moments, and the non-empty binades as {"e": count} when with_binades.
 nlohmann::json stats_to_json(const TensorStats& s, bool with_binades = false);
 

@@ -92,6 +92,14 @@ std::vector<std::string> scaler_policies();  // sorted
 std::unique_ptr<Scaler> make_scaler(const nlohmann::json& config, Format format);
 // From command-line text: a JSON object, a bare policy name ("torch"), or "static:S".
 std::unique_ptr<Scaler> make_scaler(std::string_view spec, Format format);
+// The same for a std::string or a string literal (which would otherwise be ambiguous between the JSON
+// form, where "torch" is a JSON string, and the text form).
+inline std::unique_ptr<Scaler> make_scaler(const std::string& spec, Format format) {
+  return make_scaler(std::string_view(spec), format);
+}
+inline std::unique_ptr<Scaler> make_scaler(const char* spec, Format format) {
+  return make_scaler(std::string_view(spec), format);
+}
 // Parses command-line text into the configuration object make_scaler takes (same forms as above).
 nlohmann::json parse_scaler_spec(std::string_view spec);
 

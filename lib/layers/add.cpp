@@ -1,0 +1,40 @@
+// Add (see add.h).
+#include "lib/layers/add.h"
+
+#include <cstring>
+
+namespace gradscale {
+
+Shape Add::output_shape(const std::vector<Shape>& inputs) const {
+  GS_CHECK_SHAPE(inputs.size() == 2, "layer '" << name_ << "' (add) takes two inputs, got " << inputs.size());
+  GS_CHECK_SHAPE(inputs[0] == inputs[1], "layer '" << name_ << "' (add) needs inputs of one shape, got "
+                                                   << shape_string(inputs[0]) << " and "
+                                                   << shape_string(inputs[1]));
+  return inputs[0];
+}
+
+void Add::forward(const std::vector<const Tensor*>& inputs, Tensor& output, ForwardContext& ctx) {
+  GS_CHECK_SHAPE(inputs.size() == 2, "layer '" << name_ << "' (add) takes two inputs, got " << inputs.size());
+  output.resize(output_shape({inputs[0]->shape(), inputs[1]->shape()}));
+  const float* a = inputs[0]->data();
+  const float* b = inputs[1]->data();
+  float* y = output.data();
+  for (std::int64_t i = 0; i < output.size(); ++i) y[i] = a[i] + b[i];
+  round_output(output, ctx.precision);
+}
+
+void Add::backward(const std::vector<const Tensor*>&, const Tensor& output, const ScaledGrad& grad_output,
+                   const std::vector<ScaledGrad*>& grad_inputs, BackwardContext&) {
+  GS_CHECK_SHAPE(grad_inputs.size() == 2 && grad_output.g.shape() == output.shape(),
+                 "layer '" << name_ << "': output gradient " << shape_string(grad_output.g.shape())
+                           << " does not match output " << shape_string(output.shape()));
+  for (ScaledGrad* gx : grad_inputs) {
+    if (!gx) continue;
+    gx->g.resize(grad_output.g.shape());
+    std::memcpy(gx->g.data(), grad_output.g.data(),
+                static_cast<std::size_t>(grad_output.g.size()) * sizeof(float));
+    gx->scale = grad_output.scale;
+  }
+}
+
+}  // namespace gradscale

@@ -1,0 +1,287 @@
+// Conv2d (see conv2d.h). Per sample: cols = im2col(x) [C·k·k, Ho·Wo], y = W·cols; backward
+// dW += g·colsᵀ, gx = col2im(Wᵀ·g). The batch is split statically over OpenMP threads; Eigen sees it
+// is inside a parallel region and runs each GEMM single-threaded.
+#include "lib/layers/conv2d.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "lib/scaler/scaler.h"
+
+namespace gradscale {
+
+namespace {
+
+using RowMap = Eigen::Map<RowMatrix>;  // unaligned: per-sample slices start anywhere
+using ConstRowMap = Eigen::Map<const RowMatrix>;
+using VecMap = Eigen::Map<Eigen::VectorXf>;
+using ConstVecMap = Eigen::Map<const Eigen::VectorXf>;
+
+// Range [lo, hi) of output columns whose input column o·stride − pad + offset lies in [0, size).
+void valid_range(std::int64_t size, std::int64_t out, std::int64_t stride, std::int64_t pad,
+                 std::int64_t offset, std::int64_t& lo, std::int64_t& hi) {
+  const std::int64_t first = pad - offset;            // o·stride ≥ first
+  const std::int64_t last = size - 1 + pad - offset;  // o·stride ≤ last
+  lo = first <= 0 ? 0 : (first + stride - 1) / stride;
+  hi = last < 0 ? 0 : last / stride + 1;
+  lo = std::min(lo, out);
+  hi = std::max(lo, std::min(hi, out));
+}
+
+}  // namespace
+
+Conv2d::Conv2d(std::string name, std::int64_t in_channels, std::int64_t out_channels, std::int64_t kernel,
+               std::int64_t stride, std::int64_t padding, bool bias, const InitSpec& init, Rng& rng)
+    : Layer(std::move(name)),
+      in_ch_(in_channels),
+      out_ch_(out_channels),
+      kernel_(kernel),
+      stride_(stride),
+      pad_(padding),
+      has_bias_(bias) {
+  GS_CHECK_CONFIG(in_channels > 0 && out_channels > 0,
+                  "layer '" << name_ << "': in_channels and out_channels must be > 0 (got " << in_channels
+                            << ", " << out_channels << ")");
+  GS_CHECK_CONFIG(kernel > 0, "layer '" << name_ << "': kernel must be > 0 (got " << kernel << ")");
+  GS_CHECK_CONFIG(stride > 0, "layer '" << name_ << "': stride must be > 0 (got " << stride << ")");
+  GS_CHECK_CONFIG(padding >= 0, "layer '" << name_ << "': padding must be >= 0 (got " << padding << ")");
+  const Shape wshape{out_channels, in_channels, kernel, kernel};
+  weight_.name = name_ + ".weight";
+  weight_.value.reset(wshape, 0.0f);
+  weight_.grad.reset(wshape, 0.0f);
+  init_weights(weight_.value, in_channels * kernel * kernel, out_channels * kernel * kernel, init, rng);
+  if (has_bias_) {
+    bias_.name = name_ + ".bias";
+    bias_.value.reset({out_channels}, 0.0f);
+    bias_.grad.reset({out_channels}, 0.0f);
+    bias_.weight_decay = false;
+  }
+}
+
+Shape Conv2d::output_shape(const std::vector<Shape>& inputs) const {
+  GS_CHECK_SHAPE(inputs.size() == 1, "layer '" << name_ << "' takes one input");
+  const Shape& s = inputs[0];
+  GS_CHECK_SHAPE(s.size() == 4 && s[1] == in_ch_, "layer '" << name_ << "' (conv2d " << in_ch_ << "->"
+                                                            << out_ch_ << ") expects input [N, " << in_ch_
+                                                            << ", H, W], got " << shape_string(s));
+  const std::int64_t ho = (s[2] + 2 * pad_ - kernel_) / stride_ + 1;
+  const std::int64_t wo = (s[3] + 2 * pad_ - kernel_) / stride_ + 1;
+  GS_CHECK_SHAPE(s[2] + 2 * pad_ >= kernel_ && s[3] + 2 * pad_ >= kernel_,
+                 "layer '" << name_ << "': input " << shape_string(s) << " is smaller than the " << kernel_
+                           << "x" << kernel_ << " kernel with padding " << pad_);
+  return {s[0], out_ch_, ho, wo};
+}
+
+std::vector<Parameter*> Conv2d::parameters() {
+  if (has_bias_) return {&weight_, &bias_};
+  return {&weight_};
+}
+
+void Conv2d::prepare_weights(const Precision& p) {
+  weight_work_.resize(weight_.value.shape());
+  quantize(weight_.value.data(), weight_work_.data(), static_cast<std::size_t>(weight_.value.size()),
+           p.format, p.round);
+  if (has_bias_) {
+    bias_work_.resize(bias_.value.shape());
+    quantize(bias_.value.data(), bias_work_.data(), static_cast<std::size_t>(bias_.value.size()), p.format,
+             p.round);
+  }
+}
+
+Conv2d::Geometry Conv2d::geometry(const Tensor& x) const {
+  const Shape out = output_shape({x.shape()});
+  return {x.dim(0), x.dim(2), x.dim(3), out[2], out[3]};
+}
+
+void Conv2d::im2col(const float* x, const Geometry& g, float* cols) const {
+  const std::int64_t plane = g.ho * g.wo;
+  for (std::int64_t c = 0; c < in_ch_; ++c) {
+    for (std::int64_t ki = 0; ki < kernel_; ++ki) {
+      for (std::int64_t kj = 0; kj < kernel_; ++kj) {
+        float* row = cols + ((c * kernel_ + ki) * kernel_ + kj) * plane;
+        std::int64_t lo = 0, hi = 0;
+        valid_range(g.w, g.wo, stride_, pad_, kj, lo, hi);
+        for (std::int64_t oh = 0; oh < g.ho; ++oh) {
+          float* out = row + oh * g.wo;
+          const std::int64_t ih = oh * stride_ - pad_ + ki;
+          if (ih < 0 || ih >= g.h) {
+            std::fill(out, out + g.wo, 0.0f);
+            continue;
+          }
+          const float* in = x + (c * g.h + ih) * g.w - pad_ + kj;  // in[ow·stride] is column ow
+          std::fill(out, out + lo, 0.0f);
+          if (stride_ == 1) {
+            std::copy(in + lo, in + hi, out + lo);
+          } else {
+            for (std::int64_t ow = lo; ow < hi; ++ow) out[ow] = in[ow * stride_];
+          }
+          std::fill(out + hi, out + g.wo, 0.0f);
+        }
+      }
+    }
+  }
+}
+
+void Conv2d::col2im(const float* cols, const Geometry& g, float* gx) const {
+  const std::int64_t plane = g.ho * g.wo;
+  std::fill(gx, gx + in_ch_ * g.h * g.w, 0.0f);
+  for (std::int64_t c = 0; c < in_ch_; ++c) {
+    for (std::int64_t ki = 0; ki < kernel_; ++ki) {
+      for (std::int64_t kj = 0; kj < kernel_; ++kj) {
+        const float* row = cols + ((c * kernel_ + ki) * kernel_ + kj) * plane;
+        std::int64_t lo = 0, hi = 0;
+        valid_range(g.w, g.wo, stride_, pad_, kj, lo, hi);
+        for (std::int64_t oh = 0; oh < g.ho; ++oh) {
+          const std::int64_t ih = oh * stride_ - pad_ + ki;
+          if (ih < 0 || ih >= g.h) continue;
+          const float* src = row + oh * g.wo;
+          float* dst = gx + (c * g.h + ih) * g.w - pad_ + kj;
+          if (stride_ == 1) {
+            for (std::int64_t ow = lo; ow < hi; ++ow) dst[ow] += src[ow];
+          } else {
+            for (std::int64_t ow = lo; ow < hi; ++ow) dst[ow * stride_] += src[ow];
+          }
+        }
+      }
+    }
+  }
+}
+
+void Conv2d::ensure_thread_buffers(int threads, std::int64_t col_size) {
+  const auto t = static_cast<std::size_t>(threads);
+  if (thread_cols_.size() < t) {
+    thread_cols_.resize(t);
+    thread_grad_w_.resize(t);
+    thread_grad_b_.resize(t);
+  }
+  for (std::size_t i = 0; i < t; ++i) {
+    thread_cols_[i].resize({col_size});
+    thread_grad_w_[i].resize(weight_.value.shape());
+    thread_grad_b_[i].resize({out_ch_});
+  }
+}
+
+void Conv2d::forward(const std::vector<const Tensor*>& inputs, Tensor& output, ForwardContext& ctx) {
+  const Tensor& x = *inputs[0];
+  const Geometry geo = geometry(x);
+  output.resize({geo.n, out_ch_, geo.ho, geo.wo});
+  const std::int64_t ckk = in_ch_ * kernel_ * kernel_, plane = geo.ho * geo.wo;
+  const std::int64_t in_size = in_ch_ * geo.h * geo.w, out_size = out_ch_ * plane;
+  const bool keep = ctx.training;
+  if (keep) {
+    cols_.resize({geo.n, ckk, plane});
+    cols_source_ = x.data();
+    cols_shape_ = x.shape();
+  } else {
+    cols_source_ = nullptr;
+  }
+  ensure_thread_buffers(omp_get_max_threads(), ckk * plane);
+
+  const ConstRowMap w(weight_work_.data(), out_ch_, ckk);
+  const float* xd = x.data();
+  float* yd = output.data();
+#pragma omp parallel for schedule(static)
+  for (std::int64_t i = 0; i < geo.n; ++i) {
+    float* cols = keep ? cols_.data() + i * ckk * plane
+                       : thread_cols_[static_cast<std::size_t>(omp_get_thread_num())].data();
+    im2col(xd + i * in_size, geo, cols);
+    RowMap y(yd + i * out_size, out_ch_, plane);
+    y.noalias() = w * ConstRowMap(cols, ckk, plane);
+    if (has_bias_) y.colwise() += ConstVecMap(bias_work_.data(), out_ch_);
+  }
+  round_output(output, ctx.precision);
+}
+
+void Conv2d::backward(const std::vector<const Tensor*>& inputs, const Tensor& /*output*/,
+                      const ScaledGrad& grad_output, const std::vector<ScaledGrad*>& grad_inputs,
+                      BackwardContext& ctx) {
+  const Tensor& x = *inputs[0];
+  const Geometry geo = geometry(x);
+  GS_CHECK_SHAPE(grad_output.g.shape() == Shape({geo.n, out_ch_, geo.ho, geo.wo}),
+                 "layer '" << name_ << "': output gradient " << shape_string(grad_output.g.shape())
+                           << " does not match the output of input " << shape_string(x.shape()));
+  const std::int64_t ckk = in_ch_ * kernel_ * kernel_, plane = geo.ho * geo.wo;
+  const std::int64_t in_size = in_ch_ * geo.h * geo.w, out_size = out_ch_ * plane;
+  const double scale = grad_output.scale;
+  LayerRecord& record = ctx.monitor.record_of(id_);
+  record.scale_in = scale;
+
+  ScaledGrad* gx = grad_inputs[0];
+  if (gx) gx->g.resize(x.shape());
+  const bool cached = cols_source_ == x.data() && cols_shape_ == x.shape();
+  const int threads = omp_get_max_threads();
+  ensure_thread_buffers(threads, ckk * plane);
+  for (int t = 0; t < threads; ++t) {
+    thread_grad_w_[static_cast<std::size_t>(t)].fill(0.0f);
+    thread_grad_b_[static_cast<std::size_t>(t)].fill(0.0f);
+  }
+
+  // One pass over the batch: weight-gradient partial sums at scale S, and the fp32 upstream gradient
+  // o = col2im(Wᵀ·g) at scale S (SPEC §5 steps 2–3, before the local scale).
+  const ConstRowMap w(weight_work_.data(), out_ch_, ckk);
+  const float* xd = x.data();
+  const float* gd = grad_output.g.data();
+  float* gxd = gx ? gx->g.data() : nullptr;
+#pragma omp parallel for schedule(static)
+  for (std::int64_t i = 0; i < geo.n; ++i) {
+    const auto t = static_cast<std::size_t>(omp_get_thread_num());
+    float* scratch = thread_cols_[t].data();
+    const float* cols = cached ? cols_.data() + i * ckk * plane : scratch;
+    if (!cached) im2col(xd + i * in_size, geo, scratch);
+    const ConstRowMap gi(gd + i * out_size, out_ch_, plane);
+    RowMap(thread_grad_w_[t].data(), out_ch_, ckk).noalias() +=
+        gi * ConstRowMap(cols, ckk, plane).transpose();
+    if (has_bias_) VecMap(thread_grad_b_[t].data(), out_ch_) += gi.rowwise().sum();
+    if (gxd) {
+      RowMap(scratch, ckk, plane).noalias() = w.transpose() * gi;
+      col2im(scratch, geo, gxd + i * in_size);
+    }
+  }
+
+  // Upstream gradient (steps 1–2): s from the controller, round(s·o) once, carried at s·S.
+  if (gx) {
+    LocalScaleQuery q;
+    q.layer_id = id_;
+    q.layer_name = name_;
+    q.format = ctx.precision.format;
+    q.scale_in = scale;
+    q.grad = grad_output.g.data();
+    q.grad_size = grad_output.g.size();
+    q.weight = weight_work_.data();
+    q.weight_size = weight_work_.size();
+    q.reduction = reduction_length();
+    q.upstream = gx->g.data();
+    q.upstream_size = gx->g.size();
+    const double s = ctx.scaler.local_scale(q);
+    if (s != 1.0) gx->g.rows_view() *= static_cast<float>(s);
+    record.local_scale = s;
+    round_activation_grad(gx->g, id_, ctx.precision, ctx.monitor);
+    gx->scale = s * scale;
+  }
+
+  // Weight gradients at scale S (step 3): partial sums combined in thread order.
+  grad_w_.resize(weight_.value.shape());
+  std::memcpy(grad_w_.data(), thread_grad_w_[0].data(),
+              static_cast<std::size_t>(grad_w_.size()) * sizeof(float));
+  for (int t = 1; t < threads; ++t)
+    grad_w_.rows_view() += thread_grad_w_[static_cast<std::size_t>(t)].rows_view();
+  accumulate_weight_grad(grad_w_, scale, weight_, id_, ctx.precision, ctx.monitor);
+  if (has_bias_) {
+    grad_b_.resize(bias_.value.shape());
+    std::memcpy(grad_b_.data(), thread_grad_b_[0].data(), static_cast<std::size_t>(out_ch_) * sizeof(float));
+    for (int t = 1; t < threads; ++t)
+      VecMap(grad_b_.data(), out_ch_) += VecMap(thread_grad_b_[static_cast<std::size_t>(t)].data(), out_ch_);
+    accumulate_weight_grad(grad_b_, scale, bias_, id_, ctx.precision, ctx.monitor);
+  }
+}
+
+nlohmann::json Conv2d::describe() const {
+  return {{"name", name_},           {"kind", kind()},    {"in_channels", in_ch_},
+          {"out_channels", out_ch_}, {"kernel", kernel_}, {"stride", stride_},
+          {"padding", pad_},         {"bias", has_bias_}, {"weight_shape", weight_.value.shape()},
+          {"K", reduction_length()}};
+}
+
+}  // namespace gradscale

@@ -1,0 +1,34 @@
+// Linear layer y = x·Wᵀ + b (SPEC §5): the upstream gradient g·W is computed in fp32, scaled by the
+// controller's local scale s before one rounding to F, and carried at scale s·S; weight and bias
+// gradients are rounded to F and unscaled into the fp32 master gradients.
+#pragma once
+
+#include "lib/layers/init.h"
+#include "lib/layers/layer.h"
+
+namespace gradscale {
+
+class Linear final : public Layer {
+ public:
+  // Input [N, in] (or any [N, ...] with in elements per sample), output [N, out]. W: [out, in].
+  Linear(std::string name, std::int64_t in, std::int64_t out, bool bias, const InitSpec& init, Rng& rng);
+
+  std::string kind() const override { return "linear"; }
+  Shape output_shape(const std::vector<Shape>& inputs) const override;
+  void forward(const std::vector<const Tensor*>& inputs, Tensor& output, ForwardContext& ctx) override;
+  void backward(const std::vector<const Tensor*>& inputs, const Tensor& output, const ScaledGrad& grad_output,
+                const std::vector<ScaledGrad*>& grad_inputs, BackwardContext& ctx) override;
+  std::vector<Parameter*> parameters() override;
+  void prepare_weights(const Precision& p) override;
+  nlohmann::json describe() const override;
+  std::int64_t reduction_length() const override { return out_; }  // K = out (SPEC §6.1)
+
+ private:
+  std::int64_t in_, out_;
+  bool has_bias_;
+  Parameter weight_, bias_;
+  Tensor weight_work_, bias_work_;  // working copies in F
+  Tensor grad_w_, grad_b_;          // fp32 scratch for the weight gradients
+};
+
+}  // namespace gradscale

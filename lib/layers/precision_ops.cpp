@@ -1,0 +1,81 @@
+// The shared steps of the precision model (SPEC §4): rounding activation gradients and weight
+// gradients to F, the found_inf check, and the statistics taken just before rounding. Every layer
+// calls these; none re-implements them.
+#include <cmath>
+
+#include "lib/instrument/edge_count.h"
+#include "lib/layers/layer.h"
+
+namespace gradscale {
+
+void StepMonitor::reset(int num_layers, bool record_stats, double edge) {
+  found_inf = false;
+  first_nonfinite_layer = -1;
+  record = record_stats;
+  gradient_edge = edge;
+  grad_below_edge = grad_above_edge = 0;
+  records.assign(static_cast<std::size_t>(num_layers), LayerRecord{});
+  for (int i = 0; i < num_layers; ++i) records[static_cast<std::size_t>(i)].layer_id = i;
+}
+
+void StepMonitor::note_nonfinite(int layer_id) {
+  if (!found_inf) first_nonfinite_layer = layer_id;
+  found_inf = true;
+}
+
+LayerRecord& StepMonitor::record_of(int layer_id) {
+  GS_CHECK(layer_id >= 0 && static_cast<std::size_t>(layer_id) < records.size(),
+           "layer id " << layer_id << " outside the monitor's " << records.size() << " layers");
+  return records[static_cast<std::size_t>(layer_id)];
+}
+
+void round_output(Tensor& t, const Precision& p) {
+  quantize(t.data(), t.data(), static_cast<std::size_t>(t.size()), p.format, p.round);
+}
+
+void round_activation_grad(Tensor& t, int layer_id, const Precision& p, StepMonitor& monitor) {
+  const auto n = static_cast<std::size_t>(t.size());
+  if (monitor.record) {
+    LayerRecord& r = monitor.record_of(layer_id);
+    r.activation_grad = tensor_stats(t.data(), n, p.format, p.round);
+    r.has_activation_grad = true;
+  }
+  quantize(t.data(), t.data(), n, p.format, p.round);
+  if (!all_finite(t.data(), n)) monitor.note_nonfinite(layer_id);
+}
+
+void accumulate_weight_grad(Tensor& g, double scale, Parameter& param, int layer_id, const Precision& p,
+                            StepMonitor& monitor) {
+  GS_CHECK_SHAPE(g.size() == param.grad.size(),
+                 "gradient of " << param.name << " has shape " << shape_string(g.shape())
+                                << ", parameter has " << shape_string(param.grad.shape()));
+  const auto n = static_cast<std::size_t>(g.size());
+  if (monitor.record) {
+    LayerRecord& r = monitor.record_of(layer_id);
+    const TensorStats s = tensor_stats(g.data(), n, p.format, p.round);
+    if (r.has_weight_grad)
+      r.weight_grad.merge(s);
+    else
+      r.weight_grad = s;
+    r.has_weight_grad = true;
+  }
+  if (p.quantize_weight_grads) quantize(g.data(), g.data(), n, p.format, p.round);
+  if (!all_finite(g.data(), n)) monitor.note_nonfinite(layer_id);
+  if (monitor.gradient_edge > 0) {
+    const EdgeCounts c = count_about_edge(g.data(), n, static_cast<float>(monitor.gradient_edge));
+    monitor.grad_below_edge += c.below;
+    monitor.grad_above_edge += c.above;
+  }
+  // Unscale in fp32 (SPEC §4): master grad += g / S. 1/S is exact for power-of-two S.
+  const float inv = static_cast<float>(1.0 / scale);
+  float* dst = param.grad.data();
+  const float* src = g.data();
+  if (std::exp2(std::round(std::log2(scale))) == scale) {
+    for (std::size_t i = 0; i < n; ++i) dst[i] += src[i] * inv;
+  } else {
+    const auto s = static_cast<float>(scale);
+    for (std::size_t i = 0; i < n; ++i) dst[i] += src[i] / s;
+  }
+}
+
+}  // namespace gradscale

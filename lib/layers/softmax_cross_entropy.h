@@ -1,0 +1,22 @@
+// Softmax cross-entropy, always in fp32/fp64 (SPEC §4), and the entry of the loss scale (SPEC §5):
+// the gradient w.r.t. the logits is computed in fp32, multiplied by S0, then rounded to F.
+#pragma once
+
+#include <cstdint>
+
+#include "lib/layers/layer.h"
+
+namespace gradscale {
+
+struct LossResult {
+  double loss = 0;           // mean cross-entropy over the batch
+  std::int64_t correct = 0;  // argmax(logits) == label
+};
+
+// logits [N, classes] (values in F), labels[N] in [0, classes). When `grad` is non-null it receives
+// quantize(S0 · ∂loss/∂logits, F) at scale S0; non-finite values are reported to `monitor` under
+// `layer_id` (the output layer). Throws NumericError when a label is out of range.
+LossResult softmax_cross_entropy(const Tensor& logits, const std::int32_t* labels, double loss_scale,
+                                 const Precision& p, ScaledGrad* grad, StepMonitor* monitor, int layer_id);
+
+}  // namespace gradscale

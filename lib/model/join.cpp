@@ -1,0 +1,61 @@
+// The backward join of SPEC §5 (see join.h).
+#include "lib/model/join.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace gradscale {
+
+double join_target_scale(const std::vector<double>& max_abs, const std::vector<double>& scales, Format f) {
+  GS_CHECK(!scales.empty() && max_abs.size() == scales.size(), "join of " << scales.size() << " scales");
+  double m = 0;  // largest true |gradient| among the parts
+  for (std::size_t i = 0; i < scales.size(); ++i) {
+    GS_CHECK_NUMERIC(std::isfinite(scales[i]) && scales[i] > 0,
+                     "join: scale " << scales[i] << " is not finite and > 0");
+    m = std::max(m, max_abs[i] / scales[i]);
+  }
+  const double limit = format_info(f).max_finite;
+  const auto fits = [&](double t) { return 2.0 * m * t < limit; };
+  double best = 0;
+  for (double s : scales)
+    if (fits(s)) best = std::max(best, s);
+  if (best > 0) return best;
+  if (!std::isfinite(m))
+    return *std::min_element(scales.begin(), scales.end());  // nothing fits a non-finite part
+  double t = *std::min_element(scales.begin(), scales.end());
+  while (!fits(t) && t > std::numeric_limits<double>::denorm_min()) t *= 0.5;
+  return t;
+}
+
+void join_scaled_grads(const std::vector<const ScaledGrad*>& parts, ScaledGrad& out, const Precision& p,
+                       StepMonitor& monitor, int node_id) {
+  GS_CHECK(!parts.empty(), "join of no gradients");
+  std::vector<double> max_abs, scales;
+  for (const ScaledGrad* part : parts) {
+    GS_CHECK_SHAPE(part->g.shape() == parts[0]->g.shape(), "join: gradient shapes "
+                                                               << shape_string(part->g.shape()) << " and "
+                                                               << shape_string(parts[0]->g.shape()));
+    const float* g = part->g.data();
+    float a = 0;
+    for (std::int64_t i = 0; i < part->g.size(); ++i) a = std::max(a, std::fabs(g[i]));  // NaN is ignored...
+    if (!all_finite(g, static_cast<std::size_t>(part->g.size())))
+      a = std::numeric_limits<float>::infinity();  // ...here
+    max_abs.push_back(a);
+    scales.push_back(part->scale);
+  }
+  const double target = join_target_scale(max_abs, scales, p.format);
+  out.g.resize(parts[0]->g.shape());
+  out.g.fill(0.0f);
+  float* dst = out.g.data();
+  for (const ScaledGrad* part : parts) {
+    const auto factor = static_cast<float>(target / part->scale);
+    const float* g = part->g.data();
+    for (std::int64_t i = 0; i < out.g.size(); ++i) dst[i] += g[i] * factor;
+  }
+  out.scale = target;
+  quantize(dst, dst, static_cast<std::size_t>(out.g.size()), p.format, p.round);
+  if (!all_finite(dst, static_cast<std::size_t>(out.g.size()))) monitor.note_nonfinite(node_id);
+}
+
+}  // namespace gradscale

@@ -1,0 +1,20 @@
+// The backward join (SPEC §5): scaled gradients (g_i, S_i) arriving at one forked tensor are brought
+// to one target scale T before they are summed, for every scaler and method.
+#pragma once
+
+#include <vector>
+
+#include "lib/layers/layer.h"
+
+namespace gradscale {
+
+// T = the largest S_i with 2·m·T < max_finite(F), where m = max_i(max|g_i| / S_i); if none qualifies,
+// min S_i halved until it does. (The 2 keeps headroom for the sum.)
+double join_target_scale(const std::vector<double>& max_abs, const std::vector<double>& scales, Format f);
+
+// out = quantize(Σ g_i · T/S_i, F) at scale T; the sum is in fp32 and rounded once. Non-finite results
+// are reported to the monitor under `node_id`. All parts must have the same shape.
+void join_scaled_grads(const std::vector<const ScaledGrad*>& parts, ScaledGrad& out, const Precision& p,
+                       StepMonitor& monitor, int node_id);
+
+}  // namespace gradscale

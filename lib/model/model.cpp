@@ -1,0 +1,152 @@
+// Model graph execution (see model.h).
+#include "lib/model/model.h"
+
+#include "lib/model/join.h"
+
+namespace gradscale {
+
+int Model::add(std::unique_ptr<Layer> layer, std::vector<int> inputs) {
+  GS_CHECK(!finalized_, "model already finalized");
+  const int id = static_cast<int>(nodes_.size());
+  GS_CHECK_CONFIG(static_cast<int>(inputs.size()) == layer->num_inputs(),
+                  "layer '" << layer->name() << "' (" << layer->kind() << ") takes " << layer->num_inputs()
+                            << " input(s), got " << inputs.size());
+  for (int in : inputs)
+    GS_CHECK_CONFIG(in == kModelInput || (in >= 0 && in < id),
+                    "layer '" << layer->name() << "': input node " << in << " is not an earlier layer");
+  for (const Node& n : nodes_)
+    GS_CHECK_CONFIG(n.layer->name() != layer->name(), "duplicate layer name '" << layer->name() << "'");
+  layer->set_id(id);
+  nodes_.push_back(Node{std::move(layer), std::move(inputs), {}, 0});
+  return id;
+}
+
+void Model::finalize(const Shape& sample_shape) {
+  GS_CHECK_CONFIG(!nodes_.empty(), "model has no layers");
+  sample_shape_ = sample_shape;
+  Shape input = {1};
+  input.insert(input.end(), sample_shape.begin(), sample_shape.end());
+  std::vector<Shape> shapes(nodes_.size());
+  for (Node& n : nodes_) n.consumers = 0;
+  for (std::size_t i = 0; i < nodes_.size(); ++i) {
+    Node& n = nodes_[i];
+    std::vector<Shape> in_shapes;
+    n.input_slot.clear();
+    for (int in : n.inputs) {
+      in_shapes.push_back(in == kModelInput ? input : shapes[static_cast<std::size_t>(in)]);
+      n.input_slot.push_back(in == kModelInput ? 0 : nodes_[static_cast<std::size_t>(in)].consumers++);
+    }
+    shapes[i] = n.layer->output_shape(in_shapes);
+  }
+  for (std::size_t i = 0; i + 1 < nodes_.size(); ++i)
+    GS_CHECK_CONFIG(
+        nodes_[i].consumers > 0,
+        "layer '" << nodes_[i].layer->name() << "' feeds nothing (only the last layer may be the output)");
+  const Shape& out = shapes.back();
+  GS_CHECK_CONFIG(out.size() == 2, "the last layer '" << nodes_.back().layer->name()
+                                                      << "' must output [N, classes], got "
+                                                      << shape_string(out));
+  outputs_.assign(nodes_.size(), Tensor());
+  pending_.assign(nodes_.size(), {});
+  for (std::size_t i = 0; i < nodes_.size(); ++i)
+    pending_[i].resize(static_cast<std::size_t>(std::max(1, nodes_[i].consumers)));
+  joined_.assign(nodes_.size(), ScaledGrad());
+  finalized_ = true;
+}
+
+void Model::prepare_weights(const Precision& p) {
+  for (Node& n : nodes_) n.layer->prepare_weights(p);
+}
+
+const Tensor& Model::forward(const Tensor& input, ForwardContext& ctx) {
+  GS_CHECK(finalized_, "forward before finalize");
+  Shape expect = {input.dim(0)};
+  expect.insert(expect.end(), sample_shape_.begin(), sample_shape_.end());
+  GS_CHECK_SHAPE(input.shape() == expect,
+                 "model input " << shape_string(input.shape()) << ", expected " << shape_string(expect));
+  last_input_ = &input;
+  std::vector<const Tensor*> ins;
+  for (std::size_t i = 0; i < nodes_.size(); ++i) {
+    Node& n = nodes_[i];
+    ins.clear();
+    for (int in : n.inputs)
+      ins.push_back(in == kModelInput ? &input : &outputs_[static_cast<std::size_t>(in)]);
+    n.layer->forward(ins, outputs_[i], ctx);
+  }
+  return outputs_.back();
+}
+
+void Model::backward(const ScaledGrad& grad_output, BackwardContext& ctx) {
+  GS_CHECK(finalized_, "backward before finalize");
+  std::vector<const Tensor*> ins;
+  std::vector<ScaledGrad*> grad_ins;
+  std::vector<const ScaledGrad*> parts;
+  // The model input is never differentiated: its edges get no gradient slot.
+  for (std::size_t k = nodes_.size(); k-- > 0;) {
+    Node& n = nodes_[k];
+    const ScaledGrad* g = &grad_output;
+    if (k + 1 < nodes_.size()) {
+      if (n.consumers == 1) {
+        g = &pending_[k][0];
+      } else {
+        parts.clear();
+        for (const ScaledGrad& p : pending_[k]) parts.push_back(&p);
+        join_scaled_grads(parts, joined_[k], ctx.precision, ctx.monitor, static_cast<int>(k));
+        g = &joined_[k];
+      }
+    }
+    ins.clear();
+    grad_ins.clear();
+    for (std::size_t e = 0; e < n.inputs.size(); ++e) {
+      const int in = n.inputs[e];
+      const auto i = static_cast<std::size_t>(in);
+      ins.push_back(in == kModelInput ? last_input_ : &outputs_[i]);
+      grad_ins.push_back(in == kModelInput ? nullptr
+                                           : &pending_[i][static_cast<std::size_t>(n.input_slot[e])]);
+    }
+    n.layer->backward(ins, outputs_[k], *g, grad_ins, ctx);
+  }
+}
+
+void Model::zero_grads() {
+  for (Parameter* p : parameters()) p->grad.fill(0.0f);
+}
+
+std::vector<Parameter*> Model::parameters() {
+  std::vector<Parameter*> ps;
+  for (Node& n : nodes_)
+    for (Parameter* p : n.layer->parameters()) ps.push_back(p);
+  return ps;
+}
+
+std::vector<std::pair<std::string, Tensor*>> Model::buffers() {
+  std::vector<std::pair<std::string, Tensor*>> bs;
+  for (Node& n : nodes_)
+    for (auto& b : n.layer->buffers()) bs.push_back(b);
+  return bs;
+}
+
+std::int64_t Model::num_parameters() {
+  std::int64_t total = 0;
+  for (Parameter* p : parameters()) total += p->value.size();
+  return total;
+}
+
+nlohmann::json Model::layer_table() const {
+  nlohmann::json table = nlohmann::json::array();
+  for (std::size_t i = 0; i < nodes_.size(); ++i) {
+    const Node& n = nodes_[i];
+    nlohmann::json row = n.layer->describe();
+    row["id"] = i;
+    row["inputs"] = n.inputs;
+    row["K"] = n.layer->reduction_length();
+    nlohmann::json params = nlohmann::json::array();
+    for (Parameter* p : n.layer->parameters())
+      params.push_back({{"name", p->name}, {"shape", p->value.shape()}});
+    row["parameters"] = params;
+    table.push_back(row);
+  }
+  return table;
+}
+
+}  // namespace gradscale

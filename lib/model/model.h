@@ -1,0 +1,61 @@
+// A model: a DAG of layers in definition (topological) order. Forward stores every node's output;
+// backward walks the nodes in reverse, joining the scaled gradients that arrive at forked tensors with
+// the rule of SPEC §5 before handing them to the producing layer.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "lib/layers/layer.h"
+
+namespace gradscale {
+
+class Model {
+ public:
+  static constexpr int kModelInput = -1;
+
+  // Appends a layer fed by the given nodes (kModelInput = the model's input). Returns its node id,
+  // which is also the layer's id. Inputs must be earlier nodes.
+  int add(std::unique_ptr<Layer> layer, std::vector<int> inputs);
+  // Checks the graph and infers every shape for a per-sample input shape ([C, H, W] or [F]).
+  // The last node is the output (logits [N, classes]).
+  void finalize(const Shape& sample_shape);
+
+  // Working weights = quantize(master, F) for every layer; call once per step before forward.
+  void prepare_weights(const Precision& p);
+  // Runs every layer; returns the output node's tensor (owned by the model, valid until next forward).
+  const Tensor& forward(const Tensor& input, ForwardContext& ctx);
+  // Backward from the scaled gradient of the output of the last forward (whose input must still be
+  // alive). Parameter gradients are added to Parameter::grad.
+  void backward(const ScaledGrad& grad_output, BackwardContext& ctx);
+  void zero_grads();
+
+  std::vector<Parameter*> parameters();
+  std::vector<std::pair<std::string, Tensor*>> buffers();
+  int num_layers() const { return static_cast<int>(nodes_.size()); }
+  Layer& layer(int id) { return *nodes_[static_cast<std::size_t>(id)].layer; }
+  const Shape& sample_shape() const { return sample_shape_; }
+  std::int64_t num_parameters();
+  // The layer table of traces: id, name, kind, inputs, parameter shapes, K.
+  nlohmann::json layer_table() const;
+
+ private:
+  struct Node {
+    std::unique_ptr<Layer> layer;
+    std::vector<int> inputs;
+    std::vector<int> input_slot;  // for each input edge, the slot in the input node's pending list
+    int consumers = 0;
+  };
+  std::vector<Node> nodes_;
+  Shape sample_shape_;
+  bool finalized_ = false;
+  std::vector<Tensor> outputs_;
+  std::vector<std::vector<ScaledGrad>> pending_;  // per node: one slot per consumer edge
+  std::vector<ScaledGrad> joined_;                // per node: the joined gradient when consumers > 1
+  const Tensor* last_input_ = nullptr;            // the input of the last forward, read by backward
+};
+
+}  // namespace gradscale

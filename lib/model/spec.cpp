@@ -1,0 +1,348 @@
+// JSON model specs and the built-in architectures (see spec.h, docs/models.md).
+#include "lib/model/spec.h"
+
+#include <map>
+#include <optional>
+#include <set>
+#include <sstream>
+
+#include "lib/layers/add.h"
+#include "lib/layers/batchnorm.h"
+#include "lib/layers/conv2d.h"
+#include "lib/layers/dropout.h"
+#include "lib/layers/linear.h"
+#include "lib/layers/pool.h"
+#include "lib/layers/relu.h"
+
+namespace gradscale {
+namespace {
+
+using json = nlohmann::json;
+
+// Reads the keys of one layer object, rejecting unknown keys and wrong types with the layer's name.
+class LayerKeys {
+ public:
+  LayerKeys(const json& obj, std::string where, std::set<std::string> allowed)
+      : obj_(obj), where_(std::move(where)), allowed_(std::move(allowed)) {
+    allowed_.insert({"type", "name", "inputs"});
+    for (const auto& [k, v] : obj_.items())
+      GS_CHECK_CONFIG(allowed_.count(k), where_ << ": unknown key '" << k << "' (allowed: " << list() << ")");
+  }
+  std::int64_t integer(const std::string& key, std::optional<std::int64_t> fallback,
+                       std::int64_t min_value) const {
+    if (!obj_.contains(key)) {
+      GS_CHECK_CONFIG(fallback.has_value(), where_ << ": missing required key '" << key << "'");
+      return *fallback;
+    }
+    const json& v = obj_.at(key);
+    GS_CHECK_CONFIG(v.is_number_integer(),
+                    where_ << ": key '" << key << "' must be an integer, got " << v.dump());
+    const auto x = v.get<std::int64_t>();
+    GS_CHECK_CONFIG(x >= min_value,
+                    where_ << ": key '" << key << "' must be >= " << min_value << ", got " << x);
+    return x;
+  }
+  double real(const std::string& key, double fallback, double lo, double hi, bool hi_open = false) const {
+    if (!obj_.contains(key)) return fallback;
+    const json& v = obj_.at(key);
+    GS_CHECK_CONFIG(v.is_number(), where_ << ": key '" << key << "' must be a number, got " << v.dump());
+    const auto x = v.get<double>();
+    GS_CHECK_CONFIG(x >= lo && (hi_open ? x < hi : x <= hi),
+                    where_ << ": key '" << key << "' must be in [" << lo << ", " << hi
+                           << (hi_open ? ")" : "]") << ", got " << x);
+    return x;
+  }
+  bool boolean(const std::string& key, bool fallback) const {
+    if (!obj_.contains(key)) return fallback;
+    GS_CHECK_CONFIG(obj_.at(key).is_boolean(), where_ << ": key '" << key << "' must be true or false");
+    return obj_.at(key).get<bool>();
+  }
+  std::string text(const std::string& key, const std::string& fallback) const {
+    if (!obj_.contains(key)) return fallback;
+    GS_CHECK_CONFIG(obj_.at(key).is_string(), where_ << ": key '" << key << "' must be a string");
+    return obj_.at(key).get<std::string>();
+  }
+
+ private:
+  std::string list() const {
+    std::string s;
+    for (const auto& k : allowed_) s += (s.empty() ? "" : ", ") + k;
+    return s;
+  }
+  const json& obj_;
+  std::string where_;
+  std::set<std::string> allowed_;
+};
+
+const std::set<std::string> kLayerTypes = {"linear",         "conv2d",    "relu",    "flatten", "maxpool",
+                                           "global_avgpool", "batchnorm", "dropout", "add"};
+
+std::string type_list() {
+  std::string s;
+  for (const auto& t : kLayerTypes) s += (s.empty() ? "" : ", ") + t;
+  return s;
+}
+
+}  // namespace
+
+std::unique_ptr<Model> build_model(const json& spec, Rng& rng) {
+  GS_CHECK_CONFIG(spec.is_object(), "model spec must be a JSON object with \"input\" and \"layers\"");
+  for (const auto& [k, v] : spec.items())
+    GS_CHECK_CONFIG(k == "input" || k == "layers" || k == "name",
+                    "model spec: unknown key '" << k << "' (allowed: input, layers, name)");
+  GS_CHECK_CONFIG(spec.contains("input") && spec["input"].is_array() && !spec["input"].empty(),
+                  "model spec: \"input\" must be the per-sample shape, e.g. [1, 28, 28]");
+  Shape sample;
+  for (const json& d : spec["input"]) {
+    GS_CHECK_CONFIG(
+        d.is_number_integer() && d.get<std::int64_t>() > 0,
+        "model spec: \"input\" dimensions must be positive integers, got " << spec["input"].dump());
+    sample.push_back(d.get<std::int64_t>());
+  }
+  GS_CHECK_CONFIG(spec.contains("layers") && spec["layers"].is_array() && !spec["layers"].empty(),
+                  "model spec: \"layers\" must be a non-empty array");
+
+  auto model = std::make_unique<Model>();
+  std::map<std::string, int> ids;  // layer name -> node id
+  // Shapes are tracked while building so "in"/"channels" can be inferred from the input.
+  std::vector<Shape> shapes;
+  Shape batch_input = {1};
+  batch_input.insert(batch_input.end(), sample.begin(), sample.end());
+  const InitSpec default_init;
+
+  for (std::size_t index = 0; index < spec["layers"].size(); ++index) {
+    const json& obj = spec["layers"][index];
+    GS_CHECK_CONFIG(obj.is_object(), "model spec: layer " << index << " must be an object");
+    GS_CHECK_CONFIG(obj.contains("type") && obj["type"].is_string(),
+                    "model spec: layer " << index << " has no \"type\" (allowed: " << type_list() << ")");
+    const std::string type = obj["type"].get<std::string>();
+    std::string name = type + std::to_string(index);
+    if (obj.contains("name")) {
+      GS_CHECK_CONFIG(obj["name"].is_string() && !obj["name"].get<std::string>().empty(),
+                      "model spec: layer " << index << ": \"name\" must be a non-empty string");
+      name = obj["name"].get<std::string>();
+    }
+    const std::string where =
+        "model spec: layer " + std::to_string(index) + " ('" + name + "', " + type + ")";
+    GS_CHECK_CONFIG(kLayerTypes.count(type), where << ": unknown type (allowed: " << type_list() << ")");
+    GS_CHECK_CONFIG(!ids.count(name), where << ": duplicate layer name");
+
+    // Inputs: the previous layer by default (the model input for the first), else named layers.
+    std::vector<int> inputs;
+    if (obj.contains("inputs")) {
+      GS_CHECK_CONFIG(obj["inputs"].is_array(), where << ": \"inputs\" must be an array of layer names");
+      for (const json& in : obj["inputs"]) {
+        GS_CHECK_CONFIG(in.is_string(), where << ": \"inputs\" must be an array of layer names");
+        const std::string in_name = in.get<std::string>();
+        if (in_name == "input") {
+          inputs.push_back(Model::kModelInput);
+          continue;
+        }
+        const auto it = ids.find(in_name);
+        GS_CHECK_CONFIG(it != ids.end(), where << ": input '" << in_name << "' is not an earlier layer");
+        inputs.push_back(it->second);
+      }
+    } else {
+      inputs.push_back(index == 0 ? Model::kModelInput : static_cast<int>(index) - 1);
+    }
+    std::vector<Shape> in_shapes;
+    for (int in : inputs)
+      in_shapes.push_back(in == Model::kModelInput ? batch_input : shapes[static_cast<std::size_t>(in)]);
+    const Shape& x = in_shapes.empty() ? batch_input : in_shapes[0];
+    const std::int64_t features = shape_size(x) / x[0];
+    const std::int64_t channels = x.size() >= 2 ? x[1] : 0;
+
+    auto init_of = [&](const LayerKeys& k) {
+      return parse_init(k.text("init", "kaiming_normal"), k.real("gain", default_init.gain, 1e-6, 1e6));
+    };
+    std::unique_ptr<Layer> layer;
+    if (type == "linear") {
+      LayerKeys k(obj, where, {"in", "out", "bias", "init", "gain"});
+      const std::int64_t in = k.integer("in", features, 1);
+      GS_CHECK_CONFIG(in == features, where << ": \"in\" is " << in << " but its input " << shape_string(x)
+                                            << " has " << features << " features per sample");
+      layer = std::make_unique<Linear>(name, in, k.integer("out", std::nullopt, 1), k.boolean("bias", true),
+                                       init_of(k), rng);
+    } else if (type == "conv2d") {
+      LayerKeys k(obj, where, {"in", "out", "kernel", "stride", "padding", "bias", "init", "gain"});
+      GS_CHECK_CONFIG(x.size() == 4, where << ": needs an [N, C, H, W] input, got " << shape_string(x));
+      const std::int64_t in = k.integer("in", channels, 1);
+      GS_CHECK_CONFIG(in == channels,
+                      where << ": \"in\" is " << in << " but its input has " << channels << " channels");
+      layer = std::make_unique<Conv2d>(name, in, k.integer("out", std::nullopt, 1),
+                                       k.integer("kernel", std::nullopt, 1), k.integer("stride", 1, 1),
+                                       k.integer("padding", 0, 0), k.boolean("bias", true), init_of(k), rng);
+    } else if (type == "relu") {
+      LayerKeys k(obj, where, {});
+      layer = std::make_unique<ReLU>(name);
+    } else if (type == "flatten") {
+      LayerKeys k(obj, where, {});
+      layer = std::make_unique<Flatten>(name);
+    } else if (type == "maxpool") {
+      LayerKeys k(obj, where, {"kernel", "stride"});
+      const std::int64_t kernel = k.integer("kernel", std::nullopt, 1);
+      layer = std::make_unique<MaxPool2d>(name, kernel, k.integer("stride", kernel, 1));
+    } else if (type == "global_avgpool") {
+      LayerKeys k(obj, where, {});
+      layer = std::make_unique<GlobalAvgPool>(name);
+    } else if (type == "batchnorm") {
+      LayerKeys k(obj, where, {"channels", "eps", "momentum"});
+      GS_CHECK_CONFIG(x.size() == 2 || x.size() == 4,
+                      where << ": needs [N, C] or [N, C, H, W], got " << shape_string(x));
+      const std::int64_t c = k.integer("channels", channels, 1);
+      GS_CHECK_CONFIG(c == channels, where << ": \"channels\" is " << c << " but its input has " << channels);
+      layer = std::make_unique<BatchNorm>(name, c, k.real("eps", 1e-5, 1e-12, 1.0),
+                                          k.real("momentum", 0.1, 0.0, 1.0));
+    } else if (type == "dropout") {
+      LayerKeys k(obj, where, {"p"});
+      layer = std::make_unique<Dropout>(name, k.real("p", 0.5, 0.0, 1.0, true));
+    } else {  // add
+      LayerKeys k(obj, where, {});
+      GS_CHECK_CONFIG(inputs.size() == 2, where << ": \"inputs\" must name exactly two layers");
+      layer = std::make_unique<Add>(name);
+    }
+    GS_CHECK_CONFIG(static_cast<int>(inputs.size()) == layer->num_inputs(),
+                    where << ": takes " << layer->num_inputs() << " input(s), got " << inputs.size());
+    try {
+      shapes.push_back(layer->output_shape(in_shapes));
+    } catch (const ShapeError& e) {
+      throw ConfigError(where + ": " + e.what());
+    }
+    ids[name] = model->add(std::move(layer), inputs);
+  }
+  try {
+    model->finalize(sample);
+  } catch (const ShapeError& e) {
+    throw ConfigError(std::string("model spec: ") + e.what());
+  }
+  return model;
+}
+
+namespace {
+
+// "name:key=value,key=value" -> (name, {key: value}).
+std::map<std::string, double> parse_params(const std::string& text, const std::string& model,
+                                           const std::map<std::string, double>& defaults) {
+  std::map<std::string, double> params = defaults;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    const auto eq = item.find('=');
+    GS_CHECK_CONFIG(eq != std::string::npos,
+                    "model '" << model << "': parameter '" << item << "' is not key=value");
+    const std::string key = item.substr(0, eq);
+    GS_CHECK_CONFIG(defaults.count(key), "model '" << model << "': unknown parameter '" << key << "'");
+    try {
+      std::size_t used = 0;
+      params[key] = std::stod(item.substr(eq + 1), &used);
+      GS_CHECK_CONFIG(used == item.size() - eq - 1, "");
+    } catch (const std::exception&) {
+      throw ConfigError("model '" + model + "': parameter '" + key + "' is not a number");
+    }
+  }
+  return params;
+}
+
+json conv(const std::string& name, std::int64_t out, std::int64_t kernel, std::int64_t stride,
+          std::int64_t padding, bool bias, const std::string& input = "") {
+  json j = {{"type", "conv2d"}, {"name", name},       {"out", out},  {"kernel", kernel},
+            {"stride", stride}, {"padding", padding}, {"bias", bias}};
+  if (!input.empty()) j["inputs"] = {input};
+  return j;
+}
+
+}  // namespace
+
+json builtin_model_spec(const std::string& full_name) {
+  const auto colon = full_name.find(':');
+  const std::string name = full_name.substr(0, colon);
+  const std::string args = colon == std::string::npos ? "" : full_name.substr(colon + 1);
+  if (name == "mlp" || name == "cnn")
+    GS_CHECK_CONFIG(args.empty(), "model '" << name << "' takes no parameters");
+  if (name == "mlp") {
+    return {{"name", "mlp"},
+            {"input", {1, 28, 28}},
+            {"layers",
+             {{{"type", "flatten"}, {"name", "flatten"}},
+              {{"type", "linear"}, {"name", "fc1"}, {"out", 256}},
+              {{"type", "relu"}, {"name", "relu1"}},
+              {{"type", "linear"}, {"name", "fc2"}, {"out", 256}},
+              {{"type", "relu"}, {"name", "relu2"}},
+              {{"type", "linear"}, {"name", "fc3"}, {"out", 10}}}}};
+  }
+  if (name == "cnn") {
+    return {{"name", "cnn"},
+            {"input", {1, 28, 28}},
+            {"layers",
+             {conv("conv1", 32, 3, 1, 1, true),
+              {{"type", "relu"}, {"name", "relu1"}},
+              {{"type", "maxpool"}, {"name", "pool1"}, {"kernel", 2}},
+              conv("conv2", 64, 3, 1, 1, true),
+              {{"type", "relu"}, {"name", "relu2"}},
+              {{"type", "maxpool"}, {"name", "pool2"}, {"kernel", 2}},
+              {{"type", "flatten"}, {"name", "flatten"}},
+              {{"type", "linear"}, {"name", "fc1"}, {"out", 128}},
+              {{"type", "relu"}, {"name", "relu3"}},
+              {{"type", "linear"}, {"name", "fc2"}, {"out", 10}}}}};
+  }
+  if (name == "deep-mlp") {
+    const auto p = parse_params(args, name, {{"depth", 8}, {"width", 256}, {"gain", 1.0}});
+    const auto depth = static_cast<std::int64_t>(p.at("depth")),
+               width = static_cast<std::int64_t>(p.at("width"));
+    GS_CHECK_CONFIG(depth >= 1 && depth <= 1000 && static_cast<double>(depth) == p.at("depth"),
+                    "model 'deep-mlp': depth must be an integer in [1, 1000]");
+    GS_CHECK_CONFIG(width >= 1 && width <= 65536 && static_cast<double>(width) == p.at("width"),
+                    "model 'deep-mlp': width must be an integer in [1, 65536]");
+    GS_CHECK_CONFIG(p.at("gain") > 0, "model 'deep-mlp': gain must be > 0");
+    json layers = {{{"type", "flatten"}, {"name", "flatten"}}};
+    for (std::int64_t i = 1; i <= depth; ++i) {
+      layers.push_back(
+          {{"type", "linear"}, {"name", "fc" + std::to_string(i)}, {"out", width}, {"gain", p.at("gain")}});
+      layers.push_back({{"type", "relu"}, {"name", "relu" + std::to_string(i)}});
+    }
+    layers.push_back({{"type", "linear"}, {"name", "out"}, {"out", 10}, {"gain", p.at("gain")}});
+    return {{"name", full_name}, {"input", {1, 28, 28}}, {"layers", layers}};
+  }
+  if (name == "resnet-mini") {
+    const auto p = parse_params(args, name, {{"n", 1}});
+    const auto n = static_cast<std::int64_t>(p.at("n"));
+    GS_CHECK_CONFIG(n >= 1 && n <= 64 && static_cast<double>(n) == p.at("n"),
+                    "model 'resnet-mini': n must be an integer in [1, 64]");
+    json layers = {conv("stem.conv", 16, 3, 1, 1, false),
+                   {{"type", "batchnorm"}, {"name", "stem.bn"}},
+                   {{"type", "relu"}, {"name", "stem.relu"}}};
+    std::string prev = "stem.relu";
+    std::int64_t in_ch = 16;
+    const std::int64_t widths[3] = {16, 32, 64};
+    for (int stage = 0; stage < 3; ++stage) {
+      for (std::int64_t b = 0; b < n; ++b) {
+        const std::int64_t out_ch = widths[stage];
+        const std::int64_t stride = (stage > 0 && b == 0) ? 2 : 1;
+        const std::string pre = "s" + std::to_string(stage + 1) + ".b" + std::to_string(b + 1) + ".";
+        layers.push_back(conv(pre + "conv1", out_ch, 3, stride, 1, false, prev));
+        layers.push_back({{"type", "batchnorm"}, {"name", pre + "bn1"}});
+        layers.push_back({{"type", "relu"}, {"name", pre + "relu1"}});
+        layers.push_back(conv(pre + "conv2", out_ch, 3, 1, 1, false));
+        layers.push_back({{"type", "batchnorm"}, {"name", pre + "bn2"}});
+        std::string shortcut = prev;
+        if (stride != 1 || in_ch != out_ch) {  // projection shortcut: 1x1 conv + BN
+          layers.push_back(conv(pre + "proj", out_ch, 1, stride, 0, false, prev));
+          layers.push_back({{"type", "batchnorm"}, {"name", pre + "proj_bn"}});
+          shortcut = pre + "proj_bn";
+        }
+        layers.push_back({{"type", "add"}, {"name", pre + "add"}, {"inputs", {pre + "bn2", shortcut}}});
+        layers.push_back({{"type", "relu"}, {"name", pre + "relu2"}});
+        prev = pre + "relu2";
+        in_ch = out_ch;
+      }
+    }
+    layers.push_back({{"type", "global_avgpool"}, {"name", "pool"}});
+    layers.push_back({{"type", "linear"}, {"name", "fc"}, {"out", 10}});
+    return {{"name", full_name}, {"input", {1, 28, 28}}, {"layers", layers}};
+  }
+  throw ConfigError(
+      "unknown model '" + full_name +
+      "' (allowed: mlp, cnn, resnet-mini[:n=N], deep-mlp[:depth=D,width=W,gain=G], or --model-spec FILE)");
+}
+
+}  // namespace gradscale

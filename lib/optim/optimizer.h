@@ -1,0 +1,98 @@
+// The optimizer interface: one update of the fp32 master weights from their fp32 master gradients
+// (SPEC §4), with PyTorch's semantics so results compare with torch.optim. A skipped step (found_inf)
+// is simply not calling step(): weights, moments and the step count stay exactly as they were.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "lib/optim/parameter.h"
+#include "lib/tensor/tensor.h"
+
+namespace gradscale {
+
+// One named optimizer state tensor, e.g. {"fc1.weight/momentum_buffer", tensor}.
+using StateTensor = std::pair<std::string, Tensor*>;
+using ConstStateTensor = std::pair<std::string, const Tensor*>;
+
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+  Optimizer(const Optimizer&) = delete;
+  Optimizer& operator=(const Optimizer&) = delete;
+
+  // Applies one update to every parameter from its `grad`, with learning rate `lr` (finite, >= 0,
+  // else ConfigError), and counts one applied step.
+  // Requires: the same parameters (names and shapes, in the same order) on every call; the first call
+  // binds them and allocates the state (zero allocation on later calls). grad.shape() == value.shape()
+  // (else ShapeError); gradients are finite (a step with found_inf must not be applied).
+  // Parameter::weight_decay == false excludes that parameter from weight decay.
+  // Ensures: all-or-nothing — when it throws, nothing was changed. Math is fp32 with a fixed order per
+  // element, so the result does not depend on the number of OpenMP threads.
+  void step(const std::vector<Parameter*>& params, double lr);
+
+  const std::string& name() const { return name_; }  // "sgd", "adam", "adamw"
+  // Number of applied steps so far: the argument for LrSchedule::lr() and Adam's bias correction.
+  std::int64_t step_count() const { return steps_; }
+
+  // The resolved configuration, {"name": ..., hyperparameters...} with defaults filled in;
+  // make_optimizer(config()) builds an identical optimizer.
+  virtual nlohmann::json config() const = 0;
+
+  // --- checkpoint and resume -------------------------------------------------------------------
+  // The scalar state, JSON only: {"optimizer": config(), "step": n, "parameters": [{"name", "shape"}...]}
+  // ("parameters" is empty before the first step).
+  nlohmann::json state() const;
+  // The state tensors, parameter-major in the bound order, keyed "<parameter>/<slot>" with slots named as
+  // in PyTorch's state_dict ("momentum_buffer"; "exp_avg", "exp_avg_sq"). Store their raw fp32 contents.
+  // Empty before the first step. Pointers stay valid until the next restore_state(); the optimizer owns
+  // the tensors.
+  std::vector<StateTensor> state_tensors();
+  std::vector<ConstStateTensor> state_tensors() const;
+  // Restores state() onto `params` (the resumed model's parameters). Throws ConfigError when the
+  // checkpoint's optimizer configuration differs (names the key), or when its parameters differ in
+  // number, name or shape (names the parameter). On success the state tensors are allocated (zeros)
+  // with the checkpoint's shapes; the caller then fills every tensor of state_tensors() with the stored
+  // raw contents. Subsequent steps are then bit-identical to the uninterrupted run.
+  void restore_state(const nlohmann::json& state, const std::vector<Parameter*>& params);
+
+ protected:
+  // `slot_names`: the per-parameter state tensors this optimizer keeps (may be empty).
+  Optimizer(std::string name, std::vector<std::string> slot_names);
+
+  // One parameter's update. `slots` holds the parameter's state tensors in slot_names order, shaped like
+  // the parameter; `step` is the 1-based number of this step (1 = first applied step).
+  virtual void update(Parameter& param, std::vector<Tensor>& slots, std::int64_t step, double lr) = 0;
+
+  // Element loops run in parallel (OpenMP, static schedule) from this many elements on.
+  static constexpr std::int64_t kParallelMinElements = std::int64_t{1} << 16;
+
+ private:
+  struct Bound {
+    std::string name;
+    Shape shape;
+    std::vector<Tensor> slots;
+  };
+  void bind(const std::vector<Parameter*>& params, bool check_grads);
+  void check_bound(const std::vector<Parameter*>& params) const;
+
+  std::string name_;
+  std::vector<std::string> slot_names_;
+  std::vector<Bound> bound_;  // valid iff steps_ > 0
+  std::int64_t steps_ = 0;
+};
+
+// Builds an optimizer from its JSON configuration (keys, defaults and ranges in docs/optim.md):
+//   {"name":"sgd",  "momentum":0, "nesterov":false, "weight_decay":0}
+//   {"name":"adam", "beta1":0.9, "beta2":0.999, "eps":1e-8, "weight_decay":0}
+//   {"name":"adamw", ... as adam, "weight_decay":0.01}
+// A plain string ("adam") means {"name": that}. Unknown names or keys and out-of-range values throw
+// ConfigError naming the key and the allowed range.
+std::unique_ptr<Optimizer> make_optimizer(const nlohmann::json& cfg);
+
+}  // namespace gradscale

@@ -1,0 +1,141 @@
+// The scaler registry (see scaler.h): policy name -> factory, filled with the built-in policies of
+// baselines/ on first use, and the command-line forms of a scaler spec (JSON object, bare policy name,
+// static:S).
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <string>
+
+#include "baselines/builtin.h"
+#include "lib/scaler/scaler.h"
+
+namespace gradscale {
+namespace {
+
+struct Registry {
+  // Built-ins are added here rather than by static objects in baselines/, which a static library drops.
+  Registry() {
+    for (auto& [name, factory] : baselines::builtin_scalers()) factories.emplace(name, std::move(factory));
+  }
+  std::mutex mutex;
+  std::map<std::string, ScalerFactory> factories;
+};
+
+Registry& registry() {
+  static Registry r;
+  return r;
+}
+
+std::string known_policies() {
+  std::string out;
+  for (const std::string& name : scaler_policies()) out += (out.empty() ? "" : ", ") + name;
+  return out;
+}
+
+bool is_policy_name(std::string_view s) {
+  if (s.empty()) return false;
+  for (const char c : s)
+    if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_')) return false;
+  return true;
+}
+
+std::string_view trim(std::string_view s) {
+  const auto space = [](char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; };
+  while (!s.empty() && space(s.front())) s.remove_prefix(1);
+  while (!s.empty() && space(s.back())) s.remove_suffix(1);
+  return s;
+}
+
+}  // namespace
+
+void register_scaler(const std::string& policy, ScalerFactory factory) {
+  GS_CHECK(is_policy_name(policy), "scaler policy names are [a-z0-9_]+, got '" << policy << "'");
+  GS_CHECK(factory != nullptr, "no factory given for scaler policy '" << policy << "'");
+  Registry& r = registry();
+  const std::lock_guard<std::mutex> lock(r.mutex);
+  const bool added = r.factories.emplace(policy, std::move(factory)).second;
+  GS_CHECK(added, "scaler policy '" << policy << "' is already registered");
+}
+
+std::vector<std::string> scaler_policies() {
+  Registry& r = registry();
+  const std::lock_guard<std::mutex> lock(r.mutex);
+  std::vector<std::string> names;
+  for (const auto& entry : r.factories) names.push_back(entry.first);
+  return names;
+}
+
+std::unique_ptr<Scaler> make_scaler(const nlohmann::json& config, Format format) {
+  GS_CHECK_CONFIG(config.is_object(),
+                  "a scaler configuration is a JSON object {\"policy\": NAME, ...}, got " << config.dump());
+  GS_CHECK_CONFIG(config.contains("policy"), "scaler configuration "
+                                                 << config.dump()
+                                                 << " has no \"policy\" (known: " << known_policies() << ")");
+  const nlohmann::json& policy = config.at("policy");
+  GS_CHECK_CONFIG(policy.is_string(), "scaler \"policy\" must be a string (known: "
+                                          << known_policies() << "), got " << policy.dump());
+  const std::string name = policy.get<std::string>();
+  ScalerFactory factory;
+  {
+    Registry& r = registry();
+    const std::lock_guard<std::mutex> lock(r.mutex);
+    const auto it = r.factories.find(name);
+    if (it != r.factories.end()) factory = it->second;
+  }
+  GS_CHECK_CONFIG(factory != nullptr,
+                  "unknown scaler policy '" << name << "' (known: " << known_policies() << ")");
+  std::unique_ptr<Scaler> scaler = factory(config, format);
+  GS_CHECK(scaler != nullptr, "the factory of scaler policy '" << name << "' returned no scaler");
+  return scaler;
+}
+
+std::unique_ptr<Scaler> make_scaler(std::string_view spec, Format format) {
+  return make_scaler(parse_scaler_spec(spec), format);
+}
+
+nlohmann::json parse_scaler_spec(std::string_view spec) {
+  const std::string_view s = trim(spec);
+  GS_CHECK_CONFIG(!s.empty(),
+                  "empty scaler spec (expected a JSON object {\"policy\": NAME, ...}, a policy name "
+                  "such as torch, or static:S)");
+  if (s.front() == '{' || s.front() == '[' || s.front() == '"') {
+    nlohmann::json config;
+    try {
+      config = nlohmann::json::parse(s);
+    } catch (const nlohmann::json::exception& e) {
+      throw ConfigError("scaler spec is not valid JSON: " + std::string(e.what()));
+    }
+    GS_CHECK_CONFIG(config.is_object(),
+                    "a scaler spec in JSON is an object {\"policy\": NAME, ...}, got " << config.dump());
+    return config;
+  }
+  const std::size_t colon = s.find(':');
+  if (colon != std::string_view::npos) {
+    const std::string_view head = s.substr(0, colon);
+    const std::string value(s.substr(colon + 1));
+    GS_CHECK_CONFIG(
+        head == "static", "scaler spec '"
+                              << s
+                              << "': only static takes a value after ':' (give other "
+                                 "parameters as JSON, e.g. {\"policy\":\"torch\",\"init_scale\":1024})");
+    char* end = nullptr;
+    const double scale = std::strtod(value.c_str(), &end);
+    GS_CHECK_CONFIG(
+        !value.empty() && end == value.c_str() + value.size() && std::isfinite(scale),
+        "scaler spec '" << s << "': '" << value << "' is not a finite number (static:S, e.g. static:1024)");
+    return {{"policy", "static"}, {"scale", scale}};
+  }
+  GS_CHECK_CONFIG(is_policy_name(s), "scaler spec '" << s
+                                                     << "' is not a JSON object, a policy name or static:S "
+                                                        "(known policies: "
+                                                     << known_policies() << ")");
+  const std::string name(s);
+  const std::vector<std::string> known = scaler_policies();
+  GS_CHECK_CONFIG(std::binary_search(known.begin(), known.end(), name),
+                  "unknown scaler policy '" << name << "' (known: " << known_policies() << ")");
+  return {{"policy", name}};
+}
+
+}  // namespace gradscale

@@ -1,0 +1,137 @@
+// TrainConfig JSON reading and writing (see config.h, docs/config.md).
+#include "lib/train/config.h"
+
+#include <cmath>
+#include <fstream>
+#include <set>
+
+#include "lib/core/error.h"
+#include "lib/scaler/scaler.h"
+
+namespace gradscale {
+namespace {
+
+using json = nlohmann::json;
+
+std::int64_t integer_in(const json& v, const char* key, std::int64_t lo, std::int64_t hi) {
+  GS_CHECK_CONFIG(v.is_number_integer(), "config key '" << key << "' must be an integer, got " << v.dump());
+  const auto x = v.get<std::int64_t>();
+  GS_CHECK_CONFIG(x >= lo && x <= hi,
+                  "config key '" << key << "' must be in [" << lo << ", " << hi << "], got " << x);
+  return x;
+}
+
+std::string text(const json& v, const char* key) {
+  GS_CHECK_CONFIG(v.is_string(), "config key '" << key << "' must be a string, got " << v.dump());
+  return v.get<std::string>();
+}
+
+// An optimizer / schedule given as a name or an object.
+json named_object(const json& v, const char* key) {
+  if (v.is_string()) return {{"name", v.get<std::string>()}};
+  GS_CHECK_CONFIG(v.is_object(), "config key '" << key << "' must be a name or an object with \"name\"");
+  return v;
+}
+
+}  // namespace
+
+void TrainConfig::merge_json(const json& j) {
+  GS_CHECK_CONFIG(j.is_object(), "a training config must be a JSON object");
+  static const std::set<std::string> keys = {"model",        "model_spec", "data",      "format",
+                                             "weight_grads", "scaler",     "optimizer", "schedule",
+                                             "lr",           "epochs",     "batch",     "eval_batch",
+                                             "max_steps",    "seed",       "threads",   "progress_seconds",
+                                             "checkpoint",   "save_every", "resume"};
+  for (const auto& [k, v] : j.items()) {
+    if (!keys.count(k)) {
+      std::string allowed;
+      for (const auto& a : keys) allowed += (allowed.empty() ? "" : ", ") + a;
+      throw ConfigError("unknown config key '" + k + "' (allowed: " + allowed + ")");
+    }
+    if (k == "model") {
+      model = text(v, "model");
+    } else if (k == "model_spec") {
+      if (v.is_string()) {  // a path to a spec file
+        std::ifstream in(v.get<std::string>());
+        GS_CHECK_CONFIG(in, "config key 'model_spec': cannot open '" << v.get<std::string>() << "'");
+        try {
+          model_spec = json::parse(in);
+        } catch (const json::parse_error& e) {
+          throw ConfigError("model spec '" + v.get<std::string>() + "' is not valid JSON: " + e.what());
+        }
+      } else {
+        GS_CHECK_CONFIG(v.is_object() || v.is_null(),
+                        "config key 'model_spec' must be a spec object or a file path");
+        model_spec = v;
+      }
+    } else if (k == "data") {
+      data = text(v, "data");
+    } else if (k == "format") {
+      format = parse_format(text(v, "format"));
+    } else if (k == "weight_grads") {
+      const std::string w = text(v, "weight_grads");
+      GS_CHECK_CONFIG(w == "format" || w == "fp32",
+                      "config key 'weight_grads' must be \"format\" or \"fp32\", got '" << w << "'");
+      quantize_weight_grads = w == "format";
+    } else if (k == "scaler") {
+      scaler = v.is_string() ? parse_scaler_spec(v.get<std::string>()) : v;
+      GS_CHECK_CONFIG(scaler.is_object(),
+                      "config key 'scaler' must be a policy name, \"static:S\" or an object");
+    } else if (k == "optimizer") {
+      optimizer = named_object(v, "optimizer");
+    } else if (k == "schedule") {
+      schedule = named_object(v, "schedule");
+    } else if (k == "lr") {
+      GS_CHECK_CONFIG(v.is_number() && std::isfinite(v.get<double>()) && v.get<double>() >= 0,
+                      "config key 'lr' must be a finite number >= 0, got " << v.dump());
+      lr = v.get<double>();
+    } else if (k == "epochs") {
+      epochs = integer_in(v, "epochs", 1, 100000);
+    } else if (k == "batch") {
+      batch = integer_in(v, "batch", 1, 1 << 20);
+    } else if (k == "eval_batch") {
+      eval_batch = integer_in(v, "eval_batch", 1, 1 << 20);
+    } else if (k == "max_steps") {
+      max_steps = integer_in(v, "max_steps", 0, std::int64_t{1} << 40);
+    } else if (k == "seed") {
+      seed = static_cast<std::uint64_t>(integer_in(v, "seed", 0, std::int64_t{1} << 62));
+    } else if (k == "threads") {
+      threads = static_cast<int>(integer_in(v, "threads", 0, 1024));
+    } else if (k == "progress_seconds") {
+      GS_CHECK_CONFIG(v.is_number() && v.get<double>() >= 0,
+                      "config key 'progress_seconds' must be a number >= 0");
+      progress_seconds = v.get<double>();
+    } else if (k == "checkpoint") {
+      checkpoint_dir = text(v, "checkpoint");
+    } else if (k == "save_every") {
+      save_every = integer_in(v, "save_every", 0, std::int64_t{1} << 40);
+    } else if (k == "resume") {
+      resume_dir = text(v, "resume");
+    }
+  }
+}
+
+json TrainConfig::to_json() const {
+  json j = {{"model", model},
+            {"data", data},
+            {"format", format_name(format)},
+            {"weight_grads", quantize_weight_grads ? "format" : "fp32"},
+            {"scaler", scaler},
+            {"optimizer", optimizer},
+            {"schedule", schedule},
+            {"lr", lr},
+            {"epochs", epochs},
+            {"batch", batch},
+            {"eval_batch", eval_batch},
+            {"max_steps", max_steps},
+            {"seed", seed},
+            {"threads", threads},
+            {"progress_seconds", progress_seconds},
+            {"checkpoint", checkpoint_dir},
+            {"save_every", save_every},
+            {"resume", resume_dir}};
+  if (!model_spec.is_null()) j["model_spec"] = model_spec;
+  return j;
+}
+
+}  // namespace gradscale

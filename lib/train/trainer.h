@@ -1,0 +1,101 @@
+// The training loop of the CPU engine (SPEC §4–§5): working weights in F once per step, forward in F,
+// the loss in fp32 with S0 from the scaler, backward with scaled gradients, the scaler's verdict
+// (apply or skip), the optimizer step, evaluation, progress lines, checkpoints and resume.
+#pragma once
+
+#include <cstdint>
+#include <iosfwd>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "lib/core/random.h"
+#include "lib/data/batcher.h"
+#include "lib/data/dataset.h"
+#include "lib/model/model.h"
+#include "lib/optim/lr_schedule.h"
+#include "lib/optim/optimizer.h"
+#include "lib/scaler/scaler.h"
+#include "lib/train/config.h"
+
+namespace gradscale {
+
+struct EpochSummary {
+  std::int64_t epoch = 0;  // 1-based
+  double train_loss = 0, train_accuracy = 0, test_loss = 0, test_accuracy = 0;
+  double seconds = 0;                         // training time of the epoch (evaluation excluded)
+  std::int64_t steps = 0, skipped_steps = 0;  // cumulative at the end of the epoch
+  double scale = 1;                           // S0 at the end of the epoch
+};
+
+struct EvalResult {
+  double loss = 0, accuracy = 0;
+};
+
+// The outcome of one iteration.
+struct StepOutcome {
+  double loss = 0;
+  std::int64_t correct = 0;
+  bool found_inf = false, skipped = false;
+  int first_nonfinite_layer = -1;
+  double loss_scale = 1;  // S0 used by this iteration
+  StepReport report;      // the scaler's verdict and counters
+};
+
+class Trainer {
+ public:
+  // Builds data, model, scaler, optimizer from the config (and restores a checkpoint when
+  // config.resume_dir is set). `log` receives the data line and the progress lines (may be null).
+  explicit Trainer(TrainConfig config, std::ostream* log = nullptr);
+  ~Trainer();
+
+  // Trains for config.epochs (or until max_steps); returns the result document (SPEC-free keys:
+  // test_accuracy, test_loss, train_loss, steps, skipped_steps, epoch_seconds, history, config, ...).
+  nlohmann::json run();
+
+  // One iteration on a batch (exposed for tests and custom loops).
+  StepOutcome train_step(const Tensor& images, const std::vector<std::int32_t>& labels);
+  EvalResult evaluate(const Dataset& data);
+
+  void save_checkpoint(const std::string& dir);
+
+  Model& model() { return *model_; }
+  Scaler& scaler() { return *scaler_; }
+  Optimizer& optimizer() { return *optimizer_; }
+  const DataSplit& data() const { return data_; }
+  const TrainConfig& config() const { return config_; }
+  const Precision& precision() const { return precision_; }
+
+ private:
+  void load_checkpoint(const std::string& dir);
+  void progress(bool force);
+  nlohmann::json result_json() const;
+
+  TrainConfig config_;
+  std::ostream* log_;
+  Precision precision_;
+  DataSplit data_;
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<Scaler> scaler_;
+  std::unique_ptr<Optimizer> optimizer_;
+  std::unique_ptr<LrSchedule> schedule_;
+  std::unique_ptr<Batcher> batcher_;
+  Rng rng_;  // dropout masks
+  StepMonitor monitor_;
+  ScaledGrad loss_grad_;
+  Tensor batch_x_;
+  std::vector<std::int32_t> batch_y_;
+
+  // Counters (all saved in checkpoints).
+  std::int64_t steps_ = 0, skipped_ = 0;
+  double epoch_loss_sum_ = 0;
+  std::int64_t epoch_correct_ = 0, epoch_seen_ = 0;
+  double epoch_seconds_ = 0;  // training time accumulated in the current epoch
+  std::vector<EpochSummary> history_;
+  double last_progress_ = -1e300, run_start_ = 0;
+  std::int64_t steps_at_run_start_ = 0;
+};
+
+}  // namespace gradscale
