@@ -835,7 +835,7 @@ TEST_CASE("Conv2d backward is bit-deterministic and skips the upstream gradient 
   auto run = [&](bool with_input, bool training_forward) {
     Runner r;
     r.monitor.reset(1, false, 0.0);
-    r.training = training_forward;  // eval forward: backward recomputes the columns
+    r.training = training_forward;  // the forward mode must not change what backward computes
     conv.set_id(0);
     conv.prepare_weights(r.precision);
     for (Parameter* p : conv.parameters()) p->grad.fill(0.0f);

@@ -169,14 +169,6 @@ void Conv2d::forward(const std::vector<const Tensor*>& inputs, Tensor& output, F
   output.resize({geo.n, out_ch_, geo.ho, geo.wo});
   const std::int64_t ckk = in_ch_ * kernel_ * kernel_, plane = geo.ho * geo.wo;
   const std::int64_t in_size = in_ch_ * geo.h * geo.w, out_size = out_ch_ * plane;
-  const bool keep = ctx.training;
-  if (keep) {
-    cols_.resize({geo.n, ckk, plane});
-    cols_source_ = x.data();
-    cols_shape_ = x.shape();
-  } else {
-    cols_source_ = nullptr;
-  }
   ensure_thread_buffers(omp_get_max_threads(), ckk * plane);
 
   const ConstRowMap w(weight_work_.data(), out_ch_, ckk);
@@ -184,8 +176,7 @@ void Conv2d::forward(const std::vector<const Tensor*>& inputs, Tensor& output, F
   float* yd = output.data();
 #pragma omp parallel for schedule(static)
   for (std::int64_t i = 0; i < geo.n; ++i) {
-    float* cols = keep ? cols_.data() + i * ckk * plane
-                       : thread_cols_[static_cast<std::size_t>(omp_get_thread_num())].data();
+    float* cols = thread_cols_[static_cast<std::size_t>(omp_get_thread_num())].data();
     im2col(xd + i * in_size, geo, cols);
     RowMap y(yd + i * out_size, out_ch_, plane);
     y.noalias() = w * ConstRowMap(cols, ckk, plane);
@@ -210,7 +201,6 @@ void Conv2d::backward(const std::vector<const Tensor*>& inputs, const Tensor& /*
 
   ScaledGrad* gx = grad_inputs[0];
   if (gx) gx->g.resize(x.shape());
-  const bool cached = cols_source_ == x.data() && cols_shape_ == x.shape();
   const int threads = omp_get_max_threads();
   ensure_thread_buffers(threads, ckk * plane);
   for (int t = 0; t < threads; ++t) {
@@ -227,16 +217,15 @@ void Conv2d::backward(const std::vector<const Tensor*>& inputs, const Tensor& /*
 #pragma omp parallel for schedule(static)
   for (std::int64_t i = 0; i < geo.n; ++i) {
     const auto t = static_cast<std::size_t>(omp_get_thread_num());
-    float* scratch = thread_cols_[t].data();
-    const float* cols = cached ? cols_.data() + i * ckk * plane : scratch;
-    if (!cached) im2col(xd + i * in_size, geo, scratch);
+    float* cols = thread_cols_[t].data();
+    im2col(xd + i * in_size, geo, cols);
     const ConstRowMap gi(gd + i * out_size, out_ch_, plane);
     RowMap(thread_grad_w_[t].data(), out_ch_, ckk).noalias() +=
         gi * ConstRowMap(cols, ckk, plane).transpose();
     if (has_bias_) VecMap(thread_grad_b_[t].data(), out_ch_) += gi.rowwise().sum();
     if (gxd) {
-      RowMap(scratch, ckk, plane).noalias() = w.transpose() * gi;
-      col2im(scratch, geo, gxd + i * in_size);
+      RowMap(cols, ckk, plane).noalias() = w.transpose() * gi;  // reuses the buffer: cols are done
+      col2im(cols, geo, gxd + i * in_size);
     }
   }
 
