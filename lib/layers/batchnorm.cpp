@@ -52,6 +52,7 @@ std::vector<std::pair<std::string, Tensor*>> BatchNorm::buffers() {
 void BatchNorm::forward(const std::vector<const Tensor*>& inputs, Tensor& output, ForwardContext& ctx) {
   const Tensor& x = *inputs[0];
   output.resize(output_shape({x.shape()}));
+  GS_CHECK(gamma_work_.size() == channels_, "layer '" << name_ << "': prepare_weights() was not called");
   const Layout l = layout(x.shape());
   const std::int64_t count = l.n * l.plane, c_stride = channels_ * l.plane;
   const float* xd = x.data();

@@ -166,6 +166,8 @@ void Conv2d::ensure_thread_buffers(int threads, std::int64_t col_size) {
 void Conv2d::forward(const std::vector<const Tensor*>& inputs, Tensor& output, ForwardContext& ctx) {
   const Tensor& x = *inputs[0];
   const Geometry geo = geometry(x);
+  GS_CHECK(weight_work_.size() == weight_.value.size(),
+           "layer '" << name_ << "': prepare_weights() was not called");
   output.resize({geo.n, out_ch_, geo.ho, geo.wo});
   const std::int64_t ckk = in_ch_ * kernel_ * kernel_, plane = geo.ho * geo.wo;
   const std::int64_t in_size = in_ch_ * geo.h * geo.w, out_size = out_ch_ * plane;
