@@ -10,27 +10,32 @@
 # and the test accuracies with their differences in percentage points. The table is also written to
 # OUT/compare.md; every run leaves OUT/<model>-<run>.json and .log.
 #
-# Usage: scripts/compare_peer.sh [options]      (every option also has an environment variable)
-#   --models "mlp cnn"   MODELS     models to compare (mlp and/or cnn)          default: mlp cnn
-#   --epochs N           EPOCHS     epochs per run                                default: 1
-#   --threads N          THREADS    threads for gradscale and PyTorch             default: 2
-#   --build DIR          BUILD      build directory holding the gradscale binary  default: build
-#   --out DIR            OUT        where results, logs and the table go          default: runs/compare
-#   --batch N            BATCH      mini-batch size                               default: 128
-#   --lr X               LR         learning rate                                 default: 0.05
-#   --optimizer sgd|adam OPTIMIZER  optimizer                                     default: sgd
-#   --momentum X         MOMENTUM   SGD momentum given to the PyTorch peer        default: 0.9
-#   --seed N             SEED       seed                                          default: 1
-#   --fp16-scaler S      FP16_SCALER loss scaler of the fp16 run                 default: static:1024
-#   --data-dir DIR       DATA_DIR   Fashion-MNIST IDX files (.gz or plain)
-#                                   default: /usr/share/datasets/fashion-mnist
-#   --python PATH        PYTHON     interpreter with torch and numpy              default: /usr/bin/python3
-#   --table-only                    do not train; print the table from the JSON files already in OUT
+# Usage: scripts/compare_peer.sh [options]   (every option also has an environment variable)
+#   option                env          meaning                                    default
+#   --models "mlp cnn"    MODELS       models to compare (mlp and/or cnn)         mlp cnn
+#   --epochs N            EPOCHS       epochs per run                             1
+#   --threads N           THREADS      threads for gradscale and PyTorch          2
+#   --build DIR           BUILD        build directory with the gradscale binary  build
+#   --out DIR             OUT          where results, logs and the table go       runs/compare
+#   --batch N             BATCH        mini-batch size                            128
+#   --lr X                LR           learning rate                              0.05
+#   --optimizer sgd|adam  OPTIMIZER    optimizer                                  sgd
+#   --momentum X          MOMENTUM     SGD momentum (both sides)                  0.9
+#   --seed N              SEED         seed                                       1
+#   --fp16-scaler S       FP16_SCALER  loss scaler of the fp16 run                static:1024
+#   --data-dir DIR        DATA_DIR     Fashion-MNIST IDX files (.gz or plain)     /usr/share/datasets/fashion-mnist
+#   --python PATH         PYTHON       interpreter with torch and numpy           /usr/bin/python3
+#   --gs-args "ARGS"      GS_ARGS      extra options for both gradscale runs      none
+#   --peer-args "ARGS"    PEER_ARGS    extra options for scripts/peer_torch.py    none
+#   --table-only                       do not train; print the table from the JSON files in OUT
 #   -h, --help
-# Relative paths are taken from the repository root. gradscale gets `--data fashion-mnist` when
-# DATA_DIR is the default location and `--data mnist:DATA_DIR` otherwise. gradscale's `train` has no
-# momentum option in this contract: its SGD default must be the same as MOMENTUM (0.9); when its
-# result JSON records a different momentum the table says so.
+# Relative paths are taken from the repository root. gradscale gets `--data fashion-mnist` with
+# GRADSCALE_FASHION_MNIST_DIR=DATA_DIR (so both sides read the same files with Fashion-MNIST's
+# normalisation), and for SGD `--optimizer '{"name":"sgd","momentum":MOMENTUM}'` (gradscale's own SGD
+# default is momentum 0). The table reports a problem when a gradscale result says it fell back to
+# synthetic data or used another momentum. The PyTorch peer sizes its two thread
+# pools (OpenMP, OpenBLAS) per model for its best speed on this machine (see scripts/peer_torch.py);
+# PEER_ARGS="--blas-threads 2 --omp-wait-policy inherit" leaves both pools at --threads, untuned.
 #
 # Timings are wall clock on a shared machine: the script warns when the load average is already high
 # before it starts, because anything else running on the cores distorts the ratios. The README quotes
@@ -60,6 +65,8 @@ FP16_SCALER="${FP16_SCALER:-static:1024}"
 DEFAULT_DATA_DIR=/usr/share/datasets/fashion-mnist
 DATA_DIR="${DATA_DIR:-$DEFAULT_DATA_DIR}"
 PYTHON="${PYTHON:-/usr/bin/python3}"
+GS_ARGS="${GS_ARGS:-}"
+PEER_ARGS="${PEER_ARGS:-}"
 TABLE_ONLY=0
 
 need_value() { [[ $# -ge 2 && -n "$2" ]] || die "option $1 needs a value (see --help)"; }
@@ -78,6 +85,8 @@ while [[ $# -gt 0 ]]; do
     --fp16-scaler) need_value "$@"; FP16_SCALER="$2"; shift 2 ;;
     --data-dir) need_value "$@"; DATA_DIR="$2"; shift 2 ;;
     --python) need_value "$@"; PYTHON="$2"; shift 2 ;;
+    --gs-args) [[ $# -ge 2 ]] || die "option $1 needs a value"; GS_ARGS="$2"; shift 2 ;;
+    --peer-args) [[ $# -ge 2 ]] || die "option $1 needs a value"; PEER_ARGS="$2"; shift 2 ;;
     --table-only) TABLE_ONLY=1; shift ;;
     -h | --help) usage; exit 0 ;;
     *) die "unknown argument '$1' (see --help)" ;;
@@ -86,7 +95,7 @@ done
 
 # ------------------------------------------------------------------------------ validate settings
 is_uint() { [[ "$1" =~ ^[0-9]+$ ]] && ((10#$1 > 0)); }
-is_number() { [[ "$1" =~ ^[0-9]*\.?[0-9]+([eE][-+]?[0-9]+)?$ ]]; }
+is_number() { [[ "$1" =~ ^[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?$ ]]; }
 is_uint "$EPOCHS" || die "EPOCHS must be a positive integer (got '$EPOCHS')"
 is_uint "$THREADS" || die "THREADS must be a positive integer (got '$THREADS')"
 is_uint "$BATCH" || die "BATCH must be a positive integer (got '$BATCH')"
@@ -99,6 +108,8 @@ read -r -a MODEL_LIST <<<"$MODELS"
 for m in "${MODEL_LIST[@]}"; do
   [[ "$m" == mlp || "$m" == cnn ]] || die "model '$m' has no PyTorch peer (MODELS may list mlp and cnn)"
 done
+read -r -a GS_EXTRA <<<"$GS_ARGS"
+read -r -a PEER_EXTRA <<<"$PEER_ARGS"
 
 cd "$ROOT"
 absolute() { if [[ "$1" == /* ]]; then echo "$1"; else echo "$ROOT/$1"; fi; }
@@ -118,12 +129,13 @@ if ((TABLE_ONLY == 0)); then
   fi
   for f in train-images-idx3-ubyte train-labels-idx1-ubyte t10k-images-idx3-ubyte t10k-labels-idx1-ubyte; do
     [[ -f "$DATA_DIR/$f.gz" || -f "$DATA_DIR/$f" ]] ||
-      die "Fashion-MNIST file $DATA_DIR/$f.gz is missing; install the Debian package dataset-fashion-mnist or pass --data-dir DIR (gradscale would silently fall back to synthetic data, which makes the comparison meaningless)"
+      die "Fashion-MNIST file $DATA_DIR/$f.gz is missing; install the Debian package dataset-fashion-mnist or pass --data-dir DIR (gradscale would fall back to synthetic data, which makes the comparison meaningless)"
   done
-  if [[ "$DATA_DIR" == "$DEFAULT_DATA_DIR" ]]; then
-    GS_DATA=fashion-mnist
+  export GRADSCALE_FASHION_MNIST_DIR="$DATA_DIR"
+  if [[ "$OPTIMIZER" == sgd ]]; then
+    GS_OPTIMIZER="{\"name\":\"sgd\",\"momentum\":$MOMENTUM}"
   else
-    GS_DATA="mnist:$DATA_DIR"
+    GS_OPTIMIZER="$OPTIMIZER"
   fi
   mkdir -p "$OUT"
 
@@ -134,6 +146,8 @@ if ((TABLE_ONLY == 0)); then
   fi
   note "torch $torch_version, gradscale $GRADSCALE, data $DATA_DIR, results in $OUT"
   note "settings: epochs $EPOCHS, batch $BATCH, $OPTIMIZER lr $LR (momentum $MOMENTUM), seed $SEED, threads $THREADS"
+  [[ -z "$GS_ARGS" ]] || note "extra gradscale options: $GS_ARGS"
+  [[ -z "$PEER_ARGS" ]] || note "extra PyTorch peer options: $PEER_ARGS"
 
   # run_logged LOG RESULT CMD... : runs CMD with its output shown and copied to LOG; fails clearly.
   run_logged() {
@@ -142,7 +156,7 @@ if ((TABLE_ONLY == 0)); then
     rm -f "$result"
     echo
     echo "=== $what"
-    echo "+ $*"
+    echo "+ $(printf '%q ' "$@")"
     if ! "$@" 2>&1 | tee "$log"; then
       die "$what failed; its output is in $log"
     fi
@@ -150,8 +164,8 @@ if ((TABLE_ONLY == 0)); then
   }
 
   for m in "${MODEL_LIST[@]}"; do
-    common=(--model "$m" --data "$GS_DATA" --epochs "$EPOCHS" --batch "$BATCH" --lr "$LR"
-      --optimizer "$OPTIMIZER" --seed "$SEED" --threads "$THREADS")
+    common=(--model "$m" --data fashion-mnist --epochs "$EPOCHS" --batch "$BATCH" --lr "$LR"
+      --optimizer "$GS_OPTIMIZER" --seed "$SEED" --threads "$THREADS" "${GS_EXTRA[@]}")
     run_logged "$OUT/$m-gradscale-fp32.log" "$OUT/$m-gradscale-fp32.json" "gradscale fp32, $m" \
       "$GRADSCALE" train "${common[@]}" --format fp32 --result "$OUT/$m-gradscale-fp32.json"
     run_logged "$OUT/$m-gradscale-fp16.log" "$OUT/$m-gradscale-fp16.json" "gradscale fp16 ($FP16_SCALER), $m" \
@@ -159,7 +173,7 @@ if ((TABLE_ONLY == 0)); then
     run_logged "$OUT/$m-torch.log" "$OUT/$m-torch.json" "PyTorch, $m" \
       "$PYTHON" "$PEER" --model "$m" --epochs "$EPOCHS" --batch "$BATCH" --lr "$LR" \
       --optimizer "$OPTIMIZER" --momentum "$MOMENTUM" --seed "$SEED" --threads "$THREADS" \
-      --data-dir "$DATA_DIR" --json "$OUT/$m-torch.json"
+      --data-dir "$DATA_DIR" "${PEER_EXTRA[@]}" --json "$OUT/$m-torch.json"
   done
   echo
 fi
@@ -176,17 +190,6 @@ momentum = float(momentum)
 RUNS = [("gradscale-fp32", "gradscale fp32"), ("gradscale-fp16", "gradscale fp16"),
         ("torch", "pytorch fp32")]
 problems = []
-
-
-def walk(node):
-    """Yields (key, value) for every key of every object in a JSON document."""
-    if isinstance(node, dict):
-        for k, v in node.items():
-            yield k, v
-            yield from walk(v)
-    elif isinstance(node, list):
-        for v in node:
-            yield from walk(v)
 
 
 def num(doc, key, path):
@@ -225,18 +228,18 @@ def load(model, run):
     if r["acc"] is None:
         problems.append("%s: no 'test_accuracy'" % path)
     if run.startswith("gradscale"):
-        for k, v in walk(doc):
-            if k in ("data", "dataset", "data_used") and isinstance(v, str) and "synthetic" in v:
-                problems.append("%s: gradscale trained on synthetic data (%s = %r), not "
-                                "Fashion-MNIST" % (path, k, v))
-                break
-        if optimizer == "sgd":
-            for k, v in walk(doc):
-                if (k == "momentum" and isinstance(v, (int, float)) and not isinstance(v, bool)
-                        and abs(v - momentum) > 1e-12):
-                    problems.append("%s: gradscale used momentum %g but the PyTorch peer %g"
-                                    % (path, v, momentum))
-                    break
+        # "data" says which data was used (e.g. "FALLBACK to synthetic data: ..."); config.optimizer
+        # is the resolved optimizer, e.g. {"name": "sgd", "momentum": 0.9, ...}.
+        data = doc.get("data")
+        if "synthetic" in json.dumps(data):
+            problems.append("%s: gradscale did not train on Fashion-MNIST (data: %s)" % (path, data))
+        config = doc.get("config")
+        opt = config.get("optimizer") if isinstance(config, dict) else None
+        if optimizer == "sgd" and isinstance(opt, dict):
+            v = opt.get("momentum", 0.0)
+            if isinstance(v, (int, float)) and abs(v - momentum) > 1e-12:
+                problems.append("%s: gradscale used SGD momentum %g, the PyTorch peer %g"
+                                % (path, v, momentum))
     return r
 
 

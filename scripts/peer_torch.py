@@ -24,20 +24,30 @@ What it does, mirroring gradscale's built-in models and `train` options:
 What differs by construction: the random streams (initial weights and batch order are drawn from
 PyTorch's and NumPy's generators, not gradscale's), so runs agree in distribution, not bit for bit.
 
-Threads: --threads is torch.set_num_threads (OpenMP: PyTorch's own kernels and the oneDNN
-convolutions) and by default also the size of OpenBLAS's separate pthread pool, which runs the Linear
-GEMMs (--blas-threads changes it). Idle OpenMP threads spin by default and then compete with
-OpenBLAS's threads for the cores, which on a 2-core machine made an mlp epoch several times slower,
-so OMP_WAIT_POLICY=PASSIVE is set unless --omp-wait-policy says otherwise: the peer should be PyTorch
-at its best on this machine, not a mis-tuned one. The settings used are recorded in the JSON.
+Threads. The peer should be PyTorch at its best on the machine, not a mis-tuned one. Debian's
+PyTorch has two thread pools: OpenMP (torch.set_num_threads = --threads: PyTorch's own kernels and
+the oneDNN convolutions) and OpenBLAS's separate pthread pool (OPENBLAS_NUM_THREADS = --blas-threads:
+the Linear GEMMs). Idle OpenMP threads spin by default and then compete with OpenBLAS's threads for
+the cores. So, by default:
+  - mlp (its time is in the Linear GEMMs): OpenBLAS gets --threads threads and OMP_WAIT_POLICY is
+    PASSIVE. On 2 cores this took an epoch from about 4 s (both pools left at their defaults) to
+    about 1.1 s; single-threaded OpenBLAS gave about 1.3-1.9 s.
+  - cnn (its time is in the oneDNN convolutions, on the OpenMP threads): OpenBLAS runs single-threaded
+    in the calling thread and the OpenMP wait policy is left alone; about 23-30 s an epoch against
+    about 36 s with a 2-thread OpenBLAS pool.
+--blas-threads and --omp-wait-policy override this; the settings used are recorded in the JSON.
 
 Epoch time is the wall clock of the training loop only (batching, forward, backward, optimizer step);
 test evaluation after each epoch is not included. train_loss is the mean training loss over the last
-epoch (weighted by batch size); test_loss and test_accuracy are over the whole test set.
+epoch (weighted by batch size) and train_accuracy the fraction of its examples classified right as
+they were trained on (as gradscale reports them); test_loss and test_accuracy are over the whole
+test set. The JSON also has a `history` list in gradscale's per-epoch form, so scripts/plot_result.py
+plots peer and gradscale runs together.
 """
 
 import argparse
 import gzip
+import importlib
 import json
 import math
 import os
@@ -245,11 +255,13 @@ def parse_args(argv):
                    help="torch.set_num_threads: OpenMP threads of PyTorch's own kernels and oneDNN "
                         "convolutions (default %(default)s)")
     p.add_argument("--blas-threads", type=int, default=None, metavar="N",
-                   help="OpenBLAS threads for the Linear GEMMs (default: --threads)")
-    p.add_argument("--omp-wait-policy", choices=["passive", "active", "inherit"], default="passive",
-                   help="OMP_WAIT_POLICY for PyTorch's OpenMP threads; passive (the default) stops "
-                        "idle OpenMP threads from spinning on the cores OpenBLAS's own threads need; "
-                        "inherit leaves the environment alone")
+                   help="OpenBLAS threads for the Linear GEMMs (default: --threads for mlp, 1 for "
+                        "cnn; see the module documentation)")
+    p.add_argument("--omp-wait-policy", choices=["auto", "passive", "active", "inherit"],
+                   default="auto",
+                   help="OMP_WAIT_POLICY of PyTorch's OpenMP threads; auto (the default): passive "
+                        "when OpenBLAS has threads of its own, else the environment's; inherit: "
+                        "leave the environment alone")
     p.add_argument("--data-dir", default=DEFAULT_DATA_DIR,
                    help="directory with the Fashion-MNIST IDX files, .gz or plain "
                         "(default %(default)s)")
@@ -268,7 +280,7 @@ def parse_args(argv):
     if a.threads < 1:
         p.error("--threads must be >= 1 (got %d)" % a.threads)
     if a.blas_threads is None:
-        a.blas_threads = a.threads
+        a.blas_threads = a.threads if a.model == "mlp" else 1
     if a.blas_threads < 1:
         p.error("--blas-threads must be >= 1 (got %d)" % a.blas_threads)
     if a.seed < 0:
@@ -284,6 +296,8 @@ def import_torch(threads, blas_threads, omp_wait_policy):
     os.environ["OMP_NUM_THREADS"] = str(threads)
     os.environ["MKL_NUM_THREADS"] = str(threads)
     os.environ["OPENBLAS_NUM_THREADS"] = str(blas_threads)
+    if omp_wait_policy == "auto":
+        omp_wait_policy = "passive" if blas_threads > 1 else "inherit"
     if omp_wait_policy != "inherit":
         os.environ["OMP_WAIT_POLICY"] = omp_wait_policy.upper()
     try:
@@ -294,7 +308,7 @@ def import_torch(threads, blas_threads, omp_wait_policy):
                         "/usr/bin/python3 (a pyenv or virtualenv python3 does not see the Debian "
                         "package)" % (sys.executable, e))
     try:
-        import numpy  # noqa: F401
+        importlib.import_module("numpy")
     except ImportError as e:
         raise PeerError("numpy is not importable with %s (%s); run this script with /usr/bin/python3 "
                         "after scripts/setup.sh --peer" % (sys.executable, e))
@@ -330,17 +344,19 @@ def main(argv):
     print("peer_torch: torch %s, %d thread%s (BLAS %d, OMP_WAIT_POLICY %s), model %s "
           "(%d parameters), %s, batch %d, seed %d, %d train / %d test examples from %s"
           % (torch.__version__, torch.get_num_threads(), "" if args.threads == 1 else "s",
-             args.blas_threads, os.environ.get("OMP_WAIT_POLICY", "unset"), args.model, count_parameters(model), opt_desc, args.batch, args.seed, n,
-             x_test.shape[0], args.data_dir), flush=True)
+             args.blas_threads, os.environ.get("OMP_WAIT_POLICY", "unset"), args.model,
+             count_parameters(model), opt_desc, args.batch, args.seed, n, x_test.shape[0],
+             args.data_dir), flush=True)
 
     epoch_seconds = []
     history = []
     steps = 0
-    train_loss = test_loss = test_acc = None
+    train_loss = train_acc = test_loss = test_acc = None
     model.train()
     for epoch in range(1, args.epochs + 1):
         order = torch.from_numpy(rng.permutation(n))
         loss_sum = 0.0
+        correct = 0
         t0 = time.perf_counter()
         next_report = t0 + args.progress if args.progress > 0 else math.inf
         for step in range(steps_per_epoch):
@@ -348,9 +364,11 @@ def main(argv):
             xb = x_train.index_select(0, idx)
             yb = y_train.index_select(0, idx)
             opt.zero_grad(set_to_none=True)
-            loss = loss_fn(model(xb), yb)
+            logits = model(xb)
+            loss = loss_fn(logits, yb)
             loss.backward()
             opt.step()
+            correct += int((logits.detach().argmax(dim=1) == yb).sum())
             lv = float(loss)
             if not math.isfinite(lv):
                 raise PeerError("training diverged: loss %r at epoch %d step %d; try a lower --lr "
@@ -367,11 +385,13 @@ def main(argv):
                     next_report = now + args.progress
         seconds = time.perf_counter() - t0
         train_loss = loss_sum / n
+        train_acc = correct / n
         test_loss, test_acc = evaluate(torch, model, x_test, y_test)
         epoch_seconds.append(seconds)
         history.append({"epoch": epoch, "train_loss": finite_or_none(train_loss),
-                        "test_loss": finite_or_none(test_loss), "test_accuracy": test_acc,
-                        "seconds": seconds, "skipped_steps": 0, "scale": 1.0})
+                        "train_accuracy": train_acc, "test_loss": finite_or_none(test_loss),
+                        "test_accuracy": test_acc, "seconds": seconds, "steps": steps,
+                        "skipped_steps": 0, "scale": 1.0})
         print("epoch %d/%d  time %.2f s  train_loss %.4f  test_loss %.4f  test_accuracy %.4f"
               % (epoch, args.epochs, seconds, train_loss, test_loss, test_acc), flush=True)
 
@@ -387,6 +407,7 @@ def main(argv):
             "test_accuracy": test_acc,
             "test_loss": finite_or_none(test_loss),
             "train_loss": finite_or_none(train_loss),
+            "train_accuracy": train_acc,
             "torch_version": torch.__version__,
             "threads": torch.get_num_threads(),
             "steps": steps,

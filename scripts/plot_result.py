@@ -7,9 +7,12 @@
 
 Each input is a result JSON of `gradscale train --result` (or of scripts/peer_torch.py --json) with a
 `history` list of per-epoch objects {"epoch", "train_loss", "test_loss", "test_accuracy", "seconds",
-"skipped_steps", "scale"}. Panels: test accuracy per epoch; train loss (solid) and test loss (dashed)
-per epoch (train: filled circles, test: open squares); and, when any run's loss scale is not constantly 1 or any step was skipped, the loss scale
-at the end of each epoch (log2 axis) with the skipped steps of each epoch marked. One colour per run;
+"skipped_steps", "scale"} (and, optionally, "train_accuracy"). "skipped_steps" is cumulative at the
+end of the epoch, as gradscale writes it; a count that goes down is read as per-epoch instead.
+Panels: accuracy per epoch and loss per epoch, test solid with filled circles, train dashed with
+open squares (train accuracy when the history has it); and, when any run's loss scale is not
+constantly 1 or any step was skipped, the loss scale at the end of each epoch (log2 axis) with the
+epochs that skipped steps marked and labelled with how many. One colour per run;
 the label of a run is its file stem unless --labels gives them. Missing or null values (e.g. a
 non-finite loss) leave gaps. The PNG is written atomically (temporary file, then rename), with
 matplotlib's Agg backend, so no display is needed.
@@ -59,10 +62,21 @@ def load_run(path):
             "train_loss": number(h.get("train_loss")),
             "test_loss": number(h.get("test_loss")),
             "test_accuracy": number(h.get("test_accuracy")),
+            "train_accuracy": number(h.get("train_accuracy")),
             "skipped_steps": number(h.get("skipped_steps")),
             "scale": number(h.get("scale")),
         })
     rows.sort(key=lambda r: r["epoch"])
+    # Skipped steps per epoch from the cumulative counts (unless the counts are not cumulative).
+    counts = [r["skipped_steps"] for r in rows]
+    known = [c for c in counts if c is not None]
+    cumulative = all(b >= a for a, b in zip(known, known[1:]))
+    previous = 0.0
+    for r in rows:
+        c = r["skipped_steps"]
+        r["skipped_in_epoch"] = None if c is None else (c - previous if cumulative else c)
+        if c is not None:
+            previous = c
     if all(r["test_accuracy"] is None for r in rows) and all(
             r["train_loss"] is None and r["test_loss"] is None for r in rows):
         raise PlotError("%s: the history has no test_accuracy, train_loss or test_loss values"
@@ -130,47 +144,54 @@ def main(argv):
     colours = plt.rcParams["axes.prop_cycle"].by_key().get("color", ["C0"])
     single_epoch = all(len(rows) == 1 for _, rows in runs)
     size = 6 if single_epoch else 4
-    style = {"marker": "o", "markersize": size}
-    test_style = {"marker": "s", "markersize": size, "fillstyle": "none"}
+    solid_style = {"marker": "o", "markersize": size}
+    dashed_style = {"marker": "s", "markersize": size, "fillstyle": "none"}
 
     ax_acc, ax_loss = axes[0], axes[1]
     for i, (label, rows) in enumerate(runs):
         c = colours[i % len(colours)]
         xs, ys = series(rows, "test_accuracy")
-        ax_acc.plot(xs, [y * 100.0 for y in ys], color=c, label=label, **style)
+        ax_acc.plot(xs, [y * 100.0 for y in ys], color=c, label=label, **solid_style)
+        if any(r["train_accuracy"] is not None for r in rows):
+            xs, ys = series(rows, "train_accuracy")
+            ax_acc.plot(xs, [y * 100.0 for y in ys], color=c, linestyle="--", **dashed_style)
         xs, ys = series(rows, "train_loss")
-        ax_loss.plot(xs, ys, color=c, linestyle="-", **style)
+        ax_loss.plot(xs, ys, color=c, linestyle="--", **dashed_style)
         xs, ys = series(rows, "test_loss")
-        ax_loss.plot(xs, ys, color=c, linestyle="--", **test_style)
-    ax_acc.set_title("test accuracy")
+        ax_loss.plot(xs, ys, color=c, linestyle="-", **solid_style)
+    has_train_acc = any(r["train_accuracy"] is not None for _, rows in runs for r in rows)
+    ax_acc.set_title("accuracy" if has_train_acc else "test accuracy")
     ax_acc.set_xlabel("epoch")
     ax_acc.set_ylabel("accuracy (%)")
-    ax_acc.legend(fontsize="small")
     ax_loss.set_title("loss")
     ax_loss.set_xlabel("epoch")
     ax_loss.set_ylabel("cross-entropy")
     handles = [Line2D([], [], color=colours[i % len(colours)], label=label)
                for i, (label, _) in enumerate(runs)]
-    handles += [Line2D([], [], color="grey", linestyle="-", label="train", **style),
-                Line2D([], [], color="grey", linestyle="--", label="test", **test_style)]
+    handles += [Line2D([], [], color="grey", linestyle="-", label="test", **solid_style),
+                Line2D([], [], color="grey", linestyle="--", label="train", **dashed_style)]
     ax_loss.legend(handles=handles, fontsize="small")
+    if has_train_acc:
+        ax_acc.legend(handles=handles, fontsize="small")
+    else:
+        ax_acc.legend(fontsize="small")
 
     if show_scale:
         ax_s = axes[2]
         for i, (label, rows) in enumerate(runs):
             c = colours[i % len(colours)]
             xs, ys = series(rows, "scale")
-            ax_s.plot(xs, ys, color=c, label=label, **style)
+            ax_s.plot(xs, ys, color=c, label=label, **solid_style)
             for r in rows:
-                if (r["skipped_steps"] or 0) > 0 and r["scale"] is not None:
+                if (r["skipped_in_epoch"] or 0) > 0 and r["scale"] is not None:
                     ax_s.scatter([r["epoch"]], [r["scale"]], marker="x", s=60, color=c, zorder=3)
-                    ax_s.annotate("%d skipped" % int(r["skipped_steps"]), (r["epoch"], r["scale"]),
+                    ax_s.annotate("%d skipped" % int(r["skipped_in_epoch"]), (r["epoch"], r["scale"]),
                                   textcoords="offset points", xytext=(4, 6), fontsize="x-small",
                                   color=c)
         if any(r["scale"] is not None and r["scale"] > 0 for _, rows in runs for r in rows):
             ax_s.set_yscale("log", base=2)
         ax_s.margins(y=0.15)
-        ax_s.set_title("loss scale at epoch end (x: skipped steps)")
+        ax_s.set_title("loss scale at epoch end (x: epochs with skipped steps)")
         ax_s.set_xlabel("epoch")
         ax_s.set_ylabel("scale")
         ax_s.legend(fontsize="small")
