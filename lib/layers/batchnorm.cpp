@@ -39,10 +39,8 @@ BatchNorm::Layout BatchNorm::layout(const Shape& s) const {
 }
 
 void BatchNorm::prepare_weights(const Precision& p) {
-  gamma_work_.resize(gamma_.value.shape());
-  quantize(gamma_.value.data(), gamma_work_.data(), static_cast<std::size_t>(channels_), p.format, p.round);
-  beta_work_.resize(beta_.value.shape());
-  quantize(beta_.value.data(), beta_work_.data(), static_cast<std::size_t>(channels_), p.format, p.round);
+  round_working_copy(gamma_, gamma_work_, p);
+  round_working_copy(beta_, beta_work_, p);
 }
 
 std::vector<std::pair<std::string, Tensor*>> BatchNorm::buffers() {

@@ -8,8 +8,6 @@
 #include <algorithm>
 #include <cstring>
 
-#include "lib/scaler/scaler.h"
-
 namespace gradscale {
 
 namespace {
@@ -80,14 +78,8 @@ std::vector<Parameter*> Conv2d::parameters() {
 }
 
 void Conv2d::prepare_weights(const Precision& p) {
-  weight_work_.resize(weight_.value.shape());
-  quantize(weight_.value.data(), weight_work_.data(), static_cast<std::size_t>(weight_.value.size()),
-           p.format, p.round);
-  if (has_bias_) {
-    bias_work_.resize(bias_.value.shape());
-    quantize(bias_.value.data(), bias_work_.data(), static_cast<std::size_t>(bias_.value.size()), p.format,
-             p.round);
-  }
+  round_working_copy(weight_, weight_work_, p);
+  if (has_bias_) round_working_copy(bias_, bias_work_, p);
 }
 
 Conv2d::Geometry Conv2d::geometry(const Tensor& x) const {
@@ -198,8 +190,7 @@ void Conv2d::backward(const std::vector<const Tensor*>& inputs, const Tensor& /*
   const std::int64_t ckk = in_ch_ * kernel_ * kernel_, plane = geo.ho * geo.wo;
   const std::int64_t in_size = in_ch_ * geo.h * geo.w, out_size = out_ch_ * plane;
   const double scale = grad_output.scale;
-  LayerRecord& record = ctx.monitor.record_of(id_);
-  record.scale_in = scale;
+  ctx.monitor.record_of(id_).scale_in = scale;
 
   ScaledGrad* gx = grad_inputs[0];
   if (gx) gx->g.resize(x.shape());
@@ -232,25 +223,7 @@ void Conv2d::backward(const std::vector<const Tensor*>& inputs, const Tensor& /*
   }
 
   // Upstream gradient (steps 1–2): s from the controller, round(s·o) once, carried at s·S.
-  if (gx) {
-    LocalScaleQuery q;
-    q.layer_id = id_;
-    q.layer_name = name_;
-    q.format = ctx.precision.format;
-    q.scale_in = scale;
-    q.grad = grad_output.g.data();
-    q.grad_size = grad_output.g.size();
-    q.weight = weight_work_.data();
-    q.weight_size = weight_work_.size();
-    q.reduction = reduction_length();
-    q.upstream = gx->g.data();
-    q.upstream_size = gx->g.size();
-    const double s = ctx.scaler.local_scale(q);
-    if (s != 1.0) gx->g.rows_view() *= static_cast<float>(s);
-    record.local_scale = s;
-    round_activation_grad(gx->g, id_, ctx.precision, ctx.monitor);
-    gx->scale = s * scale;
-  }
+  if (gx) scale_upstream_grad(*this, grad_output, weight_work_, *gx, ctx);
 
   // Weight gradients at scale S (step 3): partial sums combined in thread order.
   grad_w_.resize(weight_.value.shape());

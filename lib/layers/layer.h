@@ -116,6 +116,13 @@ class Layer {
 void round_activation_grad(Tensor& t, int layer_id, const Precision& p, StepMonitor& monitor);
 // Rounds a forward output in place to F.
 void round_output(Tensor& t, const Precision& p);
+// working = quantize(master, F): the per-step working copy of a parameter (SPEC §4).
+void round_working_copy(const Parameter& master, Tensor& working, const Precision& p);
+// SPEC §5 steps 1–2 of a parametric layer: `gx.g` holds the fp32 upstream product g ⊗ Wᵀ at the
+// scale S of `grad_output`. Asks the scaler for s (with the layer's working weight and K), multiplies
+// gx.g by s, rounds it to F once (round_activation_grad) and sets gx.scale = s·S.
+void scale_upstream_grad(const Layer& layer, const ScaledGrad& grad_output, const Tensor& weight_working,
+                         ScaledGrad& gx, BackwardContext& ctx);
 // Weight-gradient step (SPEC §4): `g` is the fp32 gradient at scale S; it is rounded to F (unless the
 // precision keeps weight gradients in fp32), checked for non-finite values, counted about the
 // monitor's edge, and g/S is added to `param.grad`.

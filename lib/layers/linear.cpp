@@ -1,8 +1,6 @@
 // Linear layer (see linear.h). GEMMs are Eigen's blocked float kernels with fp32 accumulation.
 #include "lib/layers/linear.h"
 
-#include "lib/scaler/scaler.h"
-
 namespace gradscale {
 
 Linear::Linear(std::string name, std::int64_t in, std::int64_t out, bool bias, const InitSpec& init, Rng& rng)
@@ -36,14 +34,8 @@ std::vector<Parameter*> Linear::parameters() {
 }
 
 void Linear::prepare_weights(const Precision& p) {
-  weight_work_.resize(weight_.value.shape());
-  quantize(weight_.value.data(), weight_work_.data(), static_cast<std::size_t>(weight_.value.size()),
-           p.format, p.round);
-  if (has_bias_) {
-    bias_work_.resize(bias_.value.shape());
-    quantize(bias_.value.data(), bias_work_.data(), static_cast<std::size_t>(bias_.value.size()), p.format,
-             p.round);
-  }
+  round_working_copy(weight_, weight_work_, p);
+  if (has_bias_) round_working_copy(bias_, bias_work_, p);
 }
 
 void Linear::forward(const std::vector<const Tensor*>& inputs, Tensor& output, ForwardContext& ctx) {
@@ -63,31 +55,14 @@ void Linear::backward(const std::vector<const Tensor*>& inputs, const Tensor& /*
   const std::int64_t n = x.dim(0);
   const auto g = grad_output.g.matrix(n, out_);
   const double scale = grad_output.scale;
-  LayerRecord& record = ctx.monitor.record_of(id_);
-  record.scale_in = scale;
+  ctx.monitor.record_of(id_).scale_in = scale;
 
   // Upstream gradient first (SPEC §5 steps 1–2): o = g·W in fp32, s from the controller, round(s·o).
   if (ScaledGrad* gx = grad_inputs[0]) {
     gx->g.resize(x.shape());
     auto o = gx->g.matrix(n, in_);
     o.noalias() = g * weight_work_.matrix(out_, in_);
-    LocalScaleQuery q;
-    q.layer_id = id_;
-    q.layer_name = name_;
-    q.format = ctx.precision.format;
-    q.scale_in = scale;
-    q.grad = grad_output.g.data();
-    q.grad_size = grad_output.g.size();
-    q.weight = weight_work_.data();
-    q.weight_size = weight_work_.size();
-    q.reduction = out_;
-    q.upstream = gx->g.data();
-    q.upstream_size = gx->g.size();
-    const double s = ctx.scaler.local_scale(q);
-    if (s != 1.0) o *= static_cast<float>(s);
-    record.local_scale = s;
-    round_activation_grad(gx->g, id_, ctx.precision, ctx.monitor);
-    gx->scale = s * scale;
+    scale_upstream_grad(*this, grad_output, weight_work_, *gx, ctx);
   }
 
   // Weight gradients at scale S (step 3).

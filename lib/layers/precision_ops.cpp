@@ -5,6 +5,7 @@
 
 #include "lib/instrument/edge_count.h"
 #include "lib/layers/layer.h"
+#include "lib/scaler/scaler.h"
 
 namespace gradscale {
 
@@ -31,6 +32,38 @@ LayerRecord& StepMonitor::record_of(int layer_id) {
 
 void round_output(Tensor& t, const Precision& p) {
   quantize(t.data(), t.data(), static_cast<std::size_t>(t.size()), p.format, p.round);
+}
+
+void round_working_copy(const Parameter& master, Tensor& working, const Precision& p) {
+  working.resize(master.value.shape());
+  quantize(master.value.data(), working.data(), static_cast<std::size_t>(master.value.size()), p.format,
+           p.round);
+}
+
+void scale_upstream_grad(const Layer& layer, const ScaledGrad& grad_output, const Tensor& weight_working,
+                         ScaledGrad& gx, BackwardContext& ctx) {
+  LocalScaleQuery q;
+  q.layer_id = layer.id();
+  q.layer_name = layer.name();
+  q.format = ctx.precision.format;
+  q.scale_in = grad_output.scale;
+  q.grad = grad_output.g.data();
+  q.grad_size = grad_output.g.size();
+  q.weight = weight_working.data();
+  q.weight_size = weight_working.size();
+  q.reduction = layer.reduction_length();
+  q.upstream = gx.g.data();
+  q.upstream_size = gx.g.size();
+  const double s = ctx.scaler.local_scale(q);
+  // s multiplies the fp32 accumulator before the one rounding, so s·g itself never overflows.
+  if (s != 1.0) {
+    const auto sf = static_cast<float>(s);
+    float* d = gx.g.data();
+    for (std::int64_t i = 0; i < gx.g.size(); ++i) d[i] *= sf;
+  }
+  ctx.monitor.record_of(layer.id()).local_scale = s;
+  round_activation_grad(gx.g, layer.id(), ctx.precision, ctx.monitor);
+  gx.scale = s * grad_output.scale;
 }
 
 void round_activation_grad(Tensor& t, int layer_id, const Precision& p, StepMonitor& monitor) {
