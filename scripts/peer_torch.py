@@ -52,8 +52,9 @@ import json
 import math
 import os
 import sys
-import tempfile
 import time
+
+from atomic_file import atomic_open
 
 DEFAULT_DATA_DIR = "/usr/share/datasets/fashion-mnist"
 MEAN = 0.2860
@@ -217,26 +218,9 @@ def finite_or_none(v):
 
 
 def write_json_atomic(path, doc):
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp",
-                               dir=directory)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(doc, f, indent=2, allow_nan=False)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; give the usual permissions
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    with atomic_open(path, "w") as f:
+        json.dump(doc, f, indent=2, allow_nan=False)
+        f.write("\n")
 
 
 def parse_args(argv):

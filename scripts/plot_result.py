@@ -23,7 +23,8 @@ import json
 import math
 import os
 import sys
-import tempfile
+
+from atomic_file import atomic_open
 
 
 class PlotError(Exception):
@@ -207,25 +208,9 @@ def main(argv):
     fig.tight_layout()
 
     out = os.path.abspath(args.out)
-    directory = os.path.dirname(out)
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(out) + ".", suffix=".png",
-                               dir=directory)
     try:
-        with os.fdopen(fd, "wb") as f:
+        with atomic_open(out, "wb") as f:
             fig.savefig(f, format="png", dpi=args.dpi)
-            f.flush()
-            os.fsync(f.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; give the usual permissions
-        os.replace(tmp, out)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
     finally:
         plt.close(fig)
     print("plot_result.py: wrote %s (%d run%s)" % (args.out, len(runs), "" if len(runs) == 1

@@ -1,7 +1,6 @@
 // The shared steps of the precision model (SPEC §4): rounding activation gradients and weight
 // gradients to F, the found_inf check, and the statistics taken just before rounding. Every layer
 // calls these; none re-implements them.
-#include <cmath>
 
 #include "lib/instrument/edge_count.h"
 #include "lib/layers/layer.h"
@@ -99,16 +98,11 @@ void accumulate_weight_grad(Tensor& g, double scale, Parameter& param, int layer
     monitor.grad_below_edge += c.below;
     monitor.grad_above_edge += c.above;
   }
-  // Unscale in fp32 (SPEC §4): master grad += g / S. 1/S is exact for power-of-two S.
-  const float inv = static_cast<float>(1.0 / scale);
+  // Unscale in fp32 (SPEC §4): master grad += g / S (exact for power-of-two S).
+  const auto s = static_cast<float>(scale);
   float* dst = param.grad.data();
   const float* src = g.data();
-  if (std::exp2(std::round(std::log2(scale))) == scale) {
-    for (std::size_t i = 0; i < n; ++i) dst[i] += src[i] * inv;
-  } else {
-    const auto s = static_cast<float>(scale);
-    for (std::size_t i = 0; i < n; ++i) dst[i] += src[i] / s;
-  }
+  for (std::size_t i = 0; i < n; ++i) dst[i] += src[i] / s;
 }
 
 }  // namespace gradscale

@@ -36,11 +36,13 @@ void join_scaled_grads(const std::vector<const ScaledGrad*>& parts, ScaledGrad& 
     GS_CHECK_SHAPE(part->g.shape() == parts[0]->g.shape(), "join: gradient shapes "
                                                                << shape_string(part->g.shape()) << " and "
                                                                << shape_string(parts[0]->g.shape()));
+    // One pass: max |g|, where NaN counts as infinite (nothing fits a non-finite part).
     const float* g = part->g.data();
     float a = 0;
-    for (std::int64_t i = 0; i < part->g.size(); ++i) a = std::max(a, std::fabs(g[i]));  // NaN is ignored...
-    if (!all_finite(g, static_cast<std::size_t>(part->g.size())))
-      a = std::numeric_limits<float>::infinity();  // ...here
+    for (std::int64_t i = 0; i < part->g.size(); ++i) {
+      const float v = std::fabs(g[i]);
+      a = std::isnan(v) ? std::numeric_limits<float>::infinity() : std::max(a, v);
+    }
     max_abs.push_back(a);
     scales.push_back(part->scale);
   }

@@ -238,7 +238,7 @@ nlohmann::json Trainer::run() {
   return result_json();
 }
 
-nlohmann::json Trainer::result_json() const {
+nlohmann::json Trainer::result_json() {
   nlohmann::json r;
   nlohmann::json history = nlohmann::json::array(), seconds = nlohmann::json::array();
   for (const EpochSummary& e : history_) {
@@ -258,14 +258,14 @@ nlohmann::json Trainer::result_json() const {
   r["final_scale"] = scaler_->loss_scale();
   r["scaler_state"] = scaler_->state();
   r["data"] = data_.source;
-  r["parameters"] = const_cast<Model&>(*model_).num_parameters();
+  r["parameters"] = model_->num_parameters();
   if (complete) {
     r["test_accuracy"] = history_.back().test_accuracy;
     r["test_loss"] = history_.back().test_loss;
     r["train_loss"] = history_.back().train_loss;
     r["train_accuracy"] = history_.back().train_accuracy;
   } else {  // stopped inside an epoch (max_steps): evaluate now
-    const EvalResult test = const_cast<Trainer*>(this)->evaluate(data_.test);
+    const EvalResult test = evaluate(data_.test);
     r["test_accuracy"] = test.accuracy;
     r["test_loss"] = test.loss;
     r["train_loss"] = epoch_seen_ ? epoch_loss_sum_ / static_cast<double>(epoch_seen_)

@@ -71,7 +71,7 @@ class Trainer {
  private:
   void load_checkpoint(const std::string& dir);
   void progress(bool force);
-  nlohmann::json result_json() const;
+  nlohmann::json result_json();  // evaluates the test set when stopped mid-epoch
 
   TrainConfig config_;
   std::ostream* log_;
