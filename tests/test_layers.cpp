@@ -325,6 +325,78 @@ TEST_CASE("Conv2d backward matches finite differences (stride, padding, no bias)
   }
 }
 
+TEST_CASE("Conv2d sparse backward path matches finite differences", "[layers]") {
+  Rng rng(41);
+  for (std::int64_t stride : {1, 2}) {
+    INFO("stride " << stride);
+    Conv2d layer("conv", 8, 3, 3, stride, 1, true, kaiming(), rng);
+    layer.set_sparse_backward_density(1.0);  // every sample takes the sparse path
+    set_exact_parameters(layer, 42);
+    FdCheck check(layer, {make_grid({2, 8, 5, 4}, 43, -8, 8, 0.25)}, FdOptions{});
+    check.run();
+  }
+}
+
+TEST_CASE("Conv2d sparse and dense backward paths give the same bits on exact values", "[layers]") {
+  // Grid values keep every product and partial sum exact, so the two summation orders must agree
+  // bit for bit; a wrong index in the channels-last patches or the weight permutation cannot.
+  struct Case {
+    std::int64_t c, o, kernel, stride, pad;
+    bool bias;
+    Shape hw;
+  };
+  const std::vector<Case> cases = {{8, 5, 3, 1, 1, true, {7, 6}},
+                                   {6, 4, 3, 2, 1, true, {9, 8}},
+                                   {16, 3, 2, 1, 0, false, {5, 5}},
+                                   {4, 2, 5, 3, 2, true, {11, 10}}};
+  const int saved_threads = omp_get_max_threads();
+  for (const Case& cs : cases) {
+    INFO("C " << cs.c << " kernel " << cs.kernel << " stride " << cs.stride << " pad " << cs.pad);
+    Rng rng(44);
+    Conv2d conv("conv", cs.c, cs.o, cs.kernel, cs.stride, cs.pad, cs.bias, kaiming(), rng);
+    set_exact_parameters(conv, 45);
+    const Tensor x = make_grid({5, cs.c, cs.hw[0], cs.hw[1]}, 46, -8, 8, 0.25);
+    Shape ys = conv.output_shape({x.shape()});
+    // Samples 0, 2, 4: about 80% zeros; samples 1, 3: dense. The default threshold mixes the paths.
+    Tensor g = make_grid(ys, 47, -3, 3, 1.0, true);
+    Rng keep(48);
+    const std::int64_t per_sample = g.size() / 5;
+    for (std::int64_t i = 0; i < g.size(); ++i)
+      if ((i / per_sample) % 2 == 0 && uniform_below(keep, 5) != 0) g[i] = 0.0f;
+    auto run = [&](double density, bool with_input) {
+      conv.set_sparse_backward_density(density);
+      Runner r;
+      r.monitor.reset(1, false, 0.0);
+      conv.set_id(0);
+      conv.prepare_weights(r.precision);
+      for (Parameter* p : conv.parameters()) p->grad.fill(0.0f);
+      Tensor y;
+      r.forward(conv, {x}, y);
+      auto gx = r.backward(conv, {x}, y, ScaledGrad{g, 1.0}, !with_input);
+      std::vector<Tensor> out{gx[0].g};
+      for (Parameter* p : conv.parameters()) out.push_back(p->grad);
+      return out;
+    };
+    for (int threads : {1, 2}) {
+      INFO(threads << " threads");
+      omp_set_num_threads(threads);
+      for (bool with_input : {true, false}) {
+        INFO("input gradient " << with_input);
+        const auto dense = run(0.0, with_input);
+        const auto sparse = run(1.0, with_input), mixed = run(Conv2d::kDefaultSparseDensity, with_input);
+        REQUIRE(any_nonzero(dense[1]));
+        if (with_input) REQUIRE(any_nonzero(dense[0]));
+        for (std::size_t k = 0; k < dense.size(); ++k) {
+          INFO("output " << k);
+          CHECK(same_bits(dense[k], sparse[k]));
+          CHECK(same_bits(dense[k], mixed[k]));
+        }
+      }
+    }
+  }
+  omp_set_num_threads(saved_threads);
+}
+
 TEST_CASE("ReLU and Flatten backward match finite differences", "[layers]") {
   // Odd multiples of 1/4: |x| >= 1/4 > h, no step crosses the kink at 0.
   Tensor x = make_grid({2, 3, 2, 2}, 7, -4, 3, 0.25);

@@ -1,17 +1,25 @@
 // `gradscale bench`: throughput benchmarks that print figures (speed targets are checked here, never
 // by timed assertions in tests). `bench numeric`: rounding and the histogram pass over 16M floats.
+// `bench step`: the training step of a model, layer by layer.
+#include <omp.h>
+
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <functional>
+#include <iostream>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "experiments/cli/command.h"
 #include "experiments/cli/parse.h"
+#include "experiments/cli/train_options.h"
 #include "lib/core/error.h"
+#include "lib/data/batcher.h"
 #include "lib/instrument/histogram.h"
 #include "lib/numeric/quantize.h"
+#include "lib/train/trainer.h"
 
 namespace gradscale::cli {
 namespace {
@@ -66,22 +74,100 @@ int bench_numeric(std::size_t n, int repeats) {
   return 0;
 }
 
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Times `steps` training steps (after `warmup` untimed ones) on the training data of `config`, one
+// mini-batch after another, and prints per-layer forward and backward milliseconds per step, the rest
+// of the step (working weights, loss, scaler, optimizer), and the step time with its epoch projection.
+int bench_step(TrainConfig config, std::int64_t steps, std::int64_t warmup) {
+  GS_CHECK_CONFIG(steps >= 1, "--steps must be >= 1 (got " << steps << ")");
+  GS_CHECK_CONFIG(warmup >= 0, "--warmup must be >= 0 (got " << warmup << ")");
+  config.progress_seconds = 1e300;
+  Trainer trainer(config, &std::cerr);  // prints which data it uses
+  Batcher batches(trainer.data().train, config.batch, config.seed);
+  Tensor x;
+  std::vector<std::int32_t> y;
+  auto next_batch = [&] {
+    if (!batches.next(x, y)) batches.next(x, y);
+  };
+  for (std::int64_t i = 0; i < warmup; ++i) {
+    next_batch();
+    trainer.train_step(x, y);
+  }
+  Model& model = trainer.model();
+  model.set_profiling(true);
+  std::vector<double> step_seconds;
+  std::int64_t skipped = 0;
+  for (std::int64_t i = 0; i < steps; ++i) {
+    next_batch();
+    const auto t0 = std::chrono::steady_clock::now();
+    skipped += trainer.train_step(x, y).skipped;
+    step_seconds.push_back(seconds_since(t0));
+  }
+  const std::vector<Model::LayerTime> times = model.layer_times();
+  model.set_profiling(false);
+
+  const auto count = static_cast<double>(steps);
+  double total = 0;
+  for (double t : step_seconds) total += t;
+  std::vector<double> sorted = step_seconds;
+  std::sort(sorted.begin(), sorted.end());
+  const double mean_ms = 1e3 * total / count, median_ms = 1e3 * sorted[sorted.size() / 2];
+  std::printf("gradscale bench step: model %s, %s, batch %lld, threads %d, %lld steps after %lld warm-up "
+              "(%lld skipped)\n",
+              config.model_spec.is_object() && !config.model_spec.empty() ? "(spec)" : config.model.c_str(),
+              format_name(config.format), static_cast<long long>(config.batch), omp_get_max_threads(),
+              static_cast<long long>(steps), static_cast<long long>(warmup), static_cast<long long>(skipped));
+  std::printf("%-4s %-16s %-14s %12s %12s %8s\n", "id", "layer", "kind", "forward ms", "backward ms", "share");
+  double layers_ms = 0;
+  for (int i = 0; i < model.num_layers(); ++i) {
+    const auto& t = times[static_cast<std::size_t>(i)];
+    const double f = 1e3 * t.forward / count, b = 1e3 * t.backward / count;
+    layers_ms += f + b;
+    std::printf("%-4d %-16s %-14s %12.3f %12.3f %7.1f%%\n", i, model.layer(i).name().c_str(),
+                model.layer(i).kind().c_str(), f, b, 100.0 * (f + b) / mean_ms);
+  }
+  std::printf("%-36s %25.3f %7.1f%%\n", "layers (forward + backward)", layers_ms, 100.0 * layers_ms / mean_ms);
+  std::printf("%-36s %25.3f %7.1f%%\n", "rest (weights, loss, scaler, optimizer)", mean_ms - layers_ms,
+              100.0 * (mean_ms - layers_ms) / mean_ms);
+  const double per_epoch = static_cast<double>(batches.batches_per_epoch());
+  std::printf("step: mean %.3f ms, median %.3f ms, %.1f steps/s; one epoch of %lld samples (%lld steps) "
+              "takes about %.2f s\n",
+              mean_ms, median_ms, 1e3 / mean_ms, static_cast<long long>(trainer.data().train.size()),
+              static_cast<long long>(batches.batches_per_epoch()), per_epoch * mean_ms / 1e3);
+  return 0;
+}
+
 int run_bench(const std::vector<std::string>& args) {
   po::options_description desc("options");
   std::string what;
   std::size_t n = std::size_t{1} << 24;
   int repeats = 5;
-  desc.add_options()("what", po::value(&what)->required(), "benchmark: numeric")(
-      "elements", po::value(&n), "number of floats (default 16M)")("repeats", po::value(&repeats),
-                                                                   "runs per figure; the best is printed");
+  std::int64_t steps = 50, warmup = 5;
+  desc.add_options()("what", po::value(&what)->required(), "benchmark: numeric | step")(
+      "elements", po::value(&n), "numeric: number of floats (default 16M)")(
+      "repeats", po::value(&repeats), "numeric: runs per figure; the best is printed")(
+      "steps", po::value(&steps), "step: timed training steps (default 50)")(
+      "warmup", po::value(&warmup), "step: untimed steps first (default 5)");
+  po::options_description train("step: the training run (as for `gradscale train`; see docs/config.md)");
+  add_train_options(train);
+  desc.add(train);
   po::positional_options_description pos;
   pos.add("what", 1);
   po::variables_map vm;
-  if (!parse_options("gradscale bench numeric [--elements N] [--repeats R]", desc, args, vm, &pos)) return 0;
-  GS_CHECK_CONFIG(repeats >= 1, "--repeats must be >= 1 (got " << repeats << ")");
-  GS_CHECK_CONFIG(n >= 1, "--elements must be >= 1");
-  if (what == "numeric") return bench_numeric(n, repeats);
-  throw ConfigError("unknown benchmark '" + what + "' (allowed: numeric)");
+  if (!parse_options("gradscale bench numeric [--elements N] [--repeats R]\n"
+                     "       gradscale bench step [--steps N] [--warmup N] [train options]",
+                     desc, args, vm, &pos))
+    return 0;
+  if (what == "numeric") {
+    GS_CHECK_CONFIG(repeats >= 1, "--repeats must be >= 1 (got " << repeats << ")");
+    GS_CHECK_CONFIG(n >= 1, "--elements must be >= 1");
+    return bench_numeric(n, repeats);
+  }
+  if (what == "step") return bench_step(train_config_from(vm), steps, warmup);
+  throw ConfigError("unknown benchmark '" + what + "' (allowed: numeric, step)");
 }
 
 }  // namespace

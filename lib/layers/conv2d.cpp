@@ -1,5 +1,5 @@
 // Conv2d (see conv2d.h). Per sample: cols = im2col(x) [C·k·k, Ho·Wo], y = W·cols; backward
-// dW += g·colsᵀ, gx = col2im(Wᵀ·g). The batch is split statically over OpenMP threads; Eigen sees it
+// dW += g·colsᵀ, gx = col2im(Wᵀ·g), or the sparse path for a mostly-zero g. The batch is split statically over OpenMP threads; Eigen sees it
 // is inside a parallel region and runs each GEMM single-threaded.
 #include "lib/layers/conv2d.h"
 
@@ -141,17 +141,69 @@ void Conv2d::col2im(const float* cols, const Geometry& g, float* gx) const {
   }
 }
 
-void Conv2d::ensure_thread_buffers(int threads, std::int64_t col_size) {
+void Conv2d::sparse_backward_sample(const float* x, const float* g, const Geometry& geo, const float* wp,
+                                    float* xpad, float* gxpad, float* grad_wp, float* gx) const {
+  const std::int64_t c_in = in_ch_, hp = geo.h + 2 * pad_, wp_cols = geo.w + 2 * pad_;
+  const std::int64_t row = kernel_ * c_in, plane = geo.ho * geo.wo, pad_size = hp * wp_cols * c_in;
+  // Channels-last copy of x with a zero border: patch (oh, ow), kernel row ki, is the k·C floats from
+  // xpad[oh·stride + ki][ow·stride][0], in the [kj][c] order of the [O, k, k, C] weight layout.
+  std::fill(xpad, xpad + pad_size, 0.0f);
+  for (std::int64_t c = 0; c < c_in; ++c)
+    for (std::int64_t ih = 0; ih < geo.h; ++ih) {
+      const float* src = x + (c * geo.h + ih) * geo.w;
+      float* dst = xpad + ((ih + pad_) * wp_cols + pad_) * c_in + c;
+      for (std::int64_t iw = 0; iw < geo.w; ++iw) dst[iw * c_in] = src[iw];
+    }
+  if (gx) std::fill(gxpad, gxpad + pad_size, 0.0f);
+
+  for (std::int64_t o = 0; o < out_ch_; ++o) {
+    const float* go = g + o * plane;
+    float* dwo = grad_wp + o * kernel_ * row;
+    const float* wo = wp + o * kernel_ * row;
+    for (std::int64_t p = 0; p < plane; ++p) {
+      const float v = go[p];
+      if (v == 0.0f) continue;
+      const std::int64_t at = ((p / geo.wo) * stride_ * wp_cols + (p % geo.wo) * stride_) * c_in;
+      for (std::int64_t ki = 0; ki < kernel_; ++ki) {
+        const std::int64_t off = at + ki * wp_cols * c_in;
+        const float* __restrict xr = xpad + off;
+        float* __restrict dwr = dwo + ki * row;
+        for (std::int64_t t = 0; t < row; ++t) dwr[t] += v * xr[t];
+        if (!gx) continue;
+        const float* __restrict wr = wo + ki * row;
+        float* __restrict gr = gxpad + off;
+        for (std::int64_t t = 0; t < row; ++t) gr[t] += v * wr[t];
+      }
+    }
+  }
+
+  if (!gx) return;
+  for (std::int64_t c = 0; c < c_in; ++c)
+    for (std::int64_t ih = 0; ih < geo.h; ++ih) {
+      const float* src = gxpad + ((ih + pad_) * wp_cols + pad_) * c_in + c;
+      float* dst = gx + (c * geo.h + ih) * geo.w;
+      for (std::int64_t iw = 0; iw < geo.w; ++iw) dst[iw] = src[iw * c_in];
+    }
+}
+
+void Conv2d::ensure_thread_buffers(int threads, std::int64_t col_size, std::int64_t pad_size) {
   const auto t = static_cast<std::size_t>(threads);
   if (thread_cols_.size() < t) {
     thread_cols_.resize(t);
     thread_grad_w_.resize(t);
     thread_grad_b_.resize(t);
+    thread_xpad_.resize(t);
+    thread_gxpad_.resize(t);
+    thread_grad_wp_.resize(t);
   }
   for (std::size_t i = 0; i < t; ++i) {
     thread_cols_[i].resize({col_size});
     thread_grad_w_[i].resize(weight_.value.shape());
     thread_grad_b_[i].resize({out_ch_});
+    if (pad_size == 0) continue;
+    thread_xpad_[i].resize({pad_size});
+    thread_gxpad_[i].resize({pad_size});
+    thread_grad_wp_[i].resize({weight_.value.size()});
   }
 }
 
@@ -195,11 +247,24 @@ void Conv2d::backward(const std::vector<const Tensor*>& inputs, const Tensor& /*
   ScaledGrad* gx = grad_inputs[0];
   if (gx) gx->g.resize(x.shape());
   const int threads = omp_get_max_threads();
-  ensure_thread_buffers(threads, ckk * plane);
+  const bool sparse_allowed = sparse_density_ > 0 && kernel_ * in_ch_ >= kSparseMinRow;
+  const std::int64_t pad_size = sparse_allowed ? (geo.h + 2 * pad_) * (geo.w + 2 * pad_) * in_ch_ : 0;
+  ensure_thread_buffers(threads, ckk * plane, pad_size);
   for (int t = 0; t < threads; ++t) {
     thread_grad_w_[static_cast<std::size_t>(t)].fill(0.0f);
     thread_grad_b_[static_cast<std::size_t>(t)].fill(0.0f);
+    if (sparse_allowed) thread_grad_wp_[static_cast<std::size_t>(t)].fill(0.0f);
   }
+  if (sparse_allowed && gx) {  // working weights as [O, k, k, C] for the sparse input gradient
+    weight_work_hwc_.resize({weight_.value.size()});
+    const float* w = weight_work_.data();
+    float* wp = weight_work_hwc_.data();
+    const std::int64_t kk = kernel_ * kernel_;
+    for (std::int64_t o = 0; o < out_ch_; ++o)
+      for (std::int64_t c = 0; c < in_ch_; ++c)
+        for (std::int64_t q = 0; q < kk; ++q) wp[(o * kk + q) * in_ch_ + c] = w[(o * in_ch_ + c) * kk + q];
+  }
+  const auto max_nonzero = static_cast<std::int64_t>(sparse_density_ * static_cast<double>(out_size));
 
   // One pass over the batch: weight-gradient partial sums at scale S, and the fp32 upstream gradient
   // o = col2im(Wᵀ·g) at scale S (SPEC §5 steps 2–3, before the local scale).
@@ -207,15 +272,27 @@ void Conv2d::backward(const std::vector<const Tensor*>& inputs, const Tensor& /*
   const float* xd = x.data();
   const float* gd = grad_output.g.data();
   float* gxd = gx ? gx->g.data() : nullptr;
-#pragma omp parallel for schedule(static)
+  bool any_sparse = false;
+#pragma omp parallel for schedule(static) reduction(|| : any_sparse)
   for (std::int64_t i = 0; i < geo.n; ++i) {
     const auto t = static_cast<std::size_t>(omp_get_thread_num());
+    const ConstRowMap gi(gd + i * out_size, out_ch_, plane);
+    if (has_bias_) VecMap(thread_grad_b_[t].data(), out_ch_) += gi.rowwise().sum();
+    if (sparse_allowed) {
+      std::int64_t nonzero = 0;
+      for (std::int64_t j = 0; j < out_size; ++j) nonzero += gd[i * out_size + j] != 0.0f;
+      if (nonzero <= max_nonzero) {
+        sparse_backward_sample(xd + i * in_size, gd + i * out_size, geo, weight_work_hwc_.data(),
+                               thread_xpad_[t].data(), thread_gxpad_[t].data(), thread_grad_wp_[t].data(),
+                               gxd ? gxd + i * in_size : nullptr);
+        any_sparse = true;
+        continue;
+      }
+    }
     float* cols = thread_cols_[t].data();
     im2col(xd + i * in_size, geo, cols);
-    const ConstRowMap gi(gd + i * out_size, out_ch_, plane);
     RowMap(thread_grad_w_[t].data(), out_ch_, ckk).noalias() +=
         gi * ConstRowMap(cols, ckk, plane).transpose();
-    if (has_bias_) VecMap(thread_grad_b_[t].data(), out_ch_) += gi.rowwise().sum();
     if (gxd) {
       RowMap(cols, ckk, plane).noalias() = w.transpose() * gi;  // reuses the buffer: cols are done
       col2im(cols, geo, gxd + i * in_size);
@@ -231,6 +308,16 @@ void Conv2d::backward(const std::vector<const Tensor*>& inputs, const Tensor& /*
               static_cast<std::size_t>(grad_w_.size()) * sizeof(float));
   for (int t = 1; t < threads; ++t)
     grad_w_.rows_view() += thread_grad_w_[static_cast<std::size_t>(t)].rows_view();
+  if (any_sparse) {  // the sparse partial sums, [O, k, k, C] -> [O, C, k, k], in thread order
+    const std::int64_t kk = kernel_ * kernel_;
+    float* gw = grad_w_.data();
+    for (int t = 0; t < threads; ++t) {
+      const float* wp = thread_grad_wp_[static_cast<std::size_t>(t)].data();
+      for (std::int64_t o = 0; o < out_ch_; ++o)
+        for (std::int64_t c = 0; c < in_ch_; ++c)
+          for (std::int64_t q = 0; q < kk; ++q) gw[(o * in_ch_ + c) * kk + q] += wp[(o * kk + q) * in_ch_ + c];
+    }
+  }
   accumulate_weight_grad(grad_w_, scale, weight_, id_, ctx.precision, ctx.monitor);
   if (has_bias_) {
     grad_b_.resize(bias_.value.shape());

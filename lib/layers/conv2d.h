@@ -29,12 +29,25 @@ class Conv2d final : public Layer {
   // combined in thread order: for a given thread count the result is deterministic. The columns are
   // recomputed from the input, not kept from forward: measured faster on the cnn model (they stay in
   // cache) and it saves N·C·k²·Ho·Wo floats. The upstream GEMM is skipped when grad_inputs[0] is null.
+  //
+  // A sample whose output gradient is mostly zeros (after ReLU and max pooling at most a quarter of it
+  // is non-zero) takes the sparse path instead of the two GEMMs: every non-zero g[o, p] adds g·patch(p)
+  // to dW[o] and g·W[o] to the input-gradient patch of p, reading the input and writing the gradient
+  // in a padded channels-last copy where a patch row is k·C contiguous floats. Same products, fewer of
+  // them; only the order of the fp32 sums differs from the GEMMs.
   void backward(const std::vector<const Tensor*>& inputs, const Tensor& output, const ScaledGrad& grad_output,
                 const std::vector<ScaledGrad*>& grad_inputs, BackwardContext& ctx) override;
   std::vector<Parameter*> parameters() override;
   void prepare_weights(const Precision& p) override;
   nlohmann::json describe() const override;
   std::int64_t reduction_length() const override { return out_ch_ * kernel_ * kernel_; }  // K (SPEC §6.1)
+
+  // A sample takes the sparse backward path when at most this fraction of its output gradient is
+  // non-zero (and a patch row, kernel·in_channels, is at least kSparseMinRow floats long). 0 turns the
+  // sparse path off, 1 uses it for every sample (tests compare the two).
+  static constexpr double kDefaultSparseDensity = 0.3;
+  static constexpr std::int64_t kSparseMinRow = 16;
+  void set_sparse_backward_density(double max_density) { sparse_density_ = max_density; }
 
  private:
   struct Geometry {
@@ -44,8 +57,12 @@ class Conv2d final : public Layer {
   // One sample: x [C, H, W] -> cols [C·k·k, Ho·Wo]; and its adjoint, accumulating into gx [C, H, W].
   void im2col(const float* x, const Geometry& g, float* cols) const;
   void col2im(const float* cols, const Geometry& g, float* gx) const;
+  // The sparse backward path for one sample (see backward): x [C, H, W], g [O, Ho·Wo]; adds to
+  // grad_wp (layout [O, k, k, C]) and, when gx is not null, writes gx [C, H, W].
+  void sparse_backward_sample(const float* x, const float* g, const Geometry& geo, const float* wp,
+                              float* xpad, float* gxpad, float* grad_wp, float* gx) const;
   // Makes sure every per-thread scratch buffer exists for `threads` threads.
-  void ensure_thread_buffers(int threads, std::int64_t col_size);
+  void ensure_thread_buffers(int threads, std::int64_t col_size, std::int64_t pad_size = 0);
 
   std::int64_t in_ch_, out_ch_, kernel_, stride_, pad_;
   bool has_bias_;
@@ -53,6 +70,11 @@ class Conv2d final : public Layer {
   Tensor weight_work_, bias_work_;   // working copies in F
   std::vector<Tensor> thread_cols_;  // per thread [C·k·k, Ho·Wo]: columns or column gradients
   std::vector<Tensor> thread_grad_w_, thread_grad_b_;  // per-thread partial weight / bias gradients
+  // Sparse backward: working weights as [O, k, k, C]; per thread the padded channels-last input and
+  // input gradient [H + 2·pad, W + 2·pad, C], and the partial weight gradient as [O, k, k, C].
+  double sparse_density_ = kDefaultSparseDensity;
+  Tensor weight_work_hwc_;
+  std::vector<Tensor> thread_xpad_, thread_gxpad_, thread_grad_wp_;
   Tensor grad_w_, grad_b_;                             // fp32 weight gradients at scale S
 };
 

@@ -3,10 +3,53 @@
 #include "lib/layers/pool.h"
 
 #include <algorithm>
-#include <cmath>
 #include <limits>
 
 namespace gradscale {
+
+namespace {
+
+// Whether v replaces the running maximum `best` of a window visited in row-major order: a larger value,
+// or the first NaN (NaN != NaN is the branch-free isnan).
+inline bool takes_over(float v, float best) { return v > best || (v != v && best == best); }
+
+// The common 2×2, stride-2 window: the same rule as the generic loop, written without branches over
+// two input rows at a time so the compiler can vectorise it.
+void max_pool_2x2(const float* xd, std::int64_t planes, std::int64_t h, std::int64_t w, float* yd,
+                  std::int32_t* idx) {
+  const std::int64_t ho = h / 2, wo = w / 2;
+#pragma omp parallel for schedule(static)
+  for (std::int64_t p = 0; p < planes; ++p) {
+    const float* in = xd + p * h * w;
+    for (std::int64_t oh = 0; oh < ho; ++oh) {
+      const float* r0 = in + 2 * oh * w;
+      const float* r1 = r0 + w;
+      float* y = yd + (p * ho + oh) * wo;
+      std::int32_t* id = idx + (p * ho + oh) * wo;
+      const auto base = static_cast<std::int32_t>(2 * oh * w);
+      const auto down = static_cast<std::int32_t>(w);
+      for (std::int64_t ow = 0; ow < wo; ++ow) {
+        const float a = r0[2 * ow], b = r0[2 * ow + 1], c = r1[2 * ow], d = r1[2 * ow + 1];
+        const auto col = base + static_cast<std::int32_t>(2 * ow);
+        float best = a;
+        std::int32_t at = col;
+        const bool tb = takes_over(b, best);
+        best = tb ? b : best;
+        at = tb ? col + 1 : at;
+        const bool tc = takes_over(c, best);
+        best = tc ? c : best;
+        at = tc ? col + down : at;
+        const bool td = takes_over(d, best);
+        best = td ? d : best;
+        at = td ? col + down + 1 : at;
+        y[ow] = best;
+        id[ow] = at;
+      }
+    }
+  }
+}
+
+}  // namespace
 
 MaxPool2d::MaxPool2d(std::string name, std::int64_t kernel, std::int64_t stride)
     : Layer(std::move(name)), kernel_(kernel), stride_(stride == 0 ? kernel : stride) {
@@ -36,6 +79,10 @@ void MaxPool2d::forward(const std::vector<const Tensor*>& inputs, Tensor& output
   const float* xd = x.data();
   float* yd = output.data();
   std::int32_t* idx = argmax_.data();
+  if (kernel_ == 2 && stride_ == 2) {
+    max_pool_2x2(xd, planes, h, w, yd, idx);
+    return;
+  }
 #pragma omp parallel for schedule(static)
   for (std::int64_t p = 0; p < planes; ++p) {
     const float* in = xd + p * h * w;
@@ -47,7 +94,7 @@ void MaxPool2d::forward(const std::vector<const Tensor*>& inputs, Tensor& output
           for (std::int64_t kj = 0; kj < kernel_; ++kj) {
             const std::int64_t i = (oh * stride_ + ki) * w + ow * stride_ + kj;
             const float v = in[i];
-            if (v > best || (std::isnan(v) && !std::isnan(best))) {
+            if (takes_over(v, best)) {
               best = v;
               best_i = i;
             }
@@ -72,7 +119,6 @@ void MaxPool2d::backward(const std::vector<const Tensor*>& inputs, const Tensor&
       "layer '" << name_ << "': output gradient " << shape_string(grad_output.g.shape())
                 << " does not match the last forward's output " << shape_string(output.shape()));
   gx->g.resize(x.shape());
-  gx->g.fill(0.0f);
   const std::int64_t plane_in = x.dim(2) * x.dim(3), plane_out = output.dim(2) * output.dim(3);
   const std::int64_t planes = x.dim(0) * x.dim(1);
   const float* g = grad_output.g.data();
@@ -81,6 +127,7 @@ void MaxPool2d::backward(const std::vector<const Tensor*>& inputs, const Tensor&
 #pragma omp parallel for schedule(static)
   for (std::int64_t p = 0; p < planes; ++p) {
     float* dp = d + p * plane_in;
+    std::fill(dp, dp + plane_in, 0.0f);
     for (std::int64_t o = p * plane_out; o < (p + 1) * plane_out; ++o) dp[idx[o]] += g[o];
   }
   if (stride_ < kernel_) round_activation_grad(gx->g, id_, ctx.precision, ctx.monitor);

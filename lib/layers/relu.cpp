@@ -6,6 +6,13 @@
 
 namespace gradscale {
 
+namespace {
+
+// Below this many elements a loop stays on one thread (a parallel region costs a few microseconds).
+constexpr std::int64_t kParallelMin = std::int64_t{1} << 15;
+
+}  // namespace
+
 Shape ReLU::output_shape(const std::vector<Shape>& inputs) const {
   GS_CHECK_SHAPE(inputs.size() == 1, "layer '" << name_ << "' takes one input");
   return inputs[0];
@@ -16,7 +23,9 @@ void ReLU::forward(const std::vector<const Tensor*>& inputs, Tensor& output, For
   output.resize(x.shape());
   const float* in = x.data();
   float* out = output.data();
-  for (std::int64_t i = 0; i < x.size(); ++i) out[i] = std::max(in[i], 0.0f);
+  const std::int64_t n = x.size();
+#pragma omp parallel for simd schedule(static) if (n >= kParallelMin)
+  for (std::int64_t i = 0; i < n; ++i) out[i] = in[i] < 0.0f ? 0.0f : in[i];  // std::max(x, 0): NaN passes
 }
 
 void ReLU::backward(const std::vector<const Tensor*>&, const Tensor& output, const ScaledGrad& grad_output,
@@ -27,7 +36,9 @@ void ReLU::backward(const std::vector<const Tensor*>&, const Tensor& output, con
   const float* y = output.data();
   const float* g = grad_output.g.data();
   float* d = gx->g.data();
-  for (std::int64_t i = 0; i < output.size(); ++i) d[i] = y[i] > 0.0f ? g[i] : 0.0f;
+  const std::int64_t n = output.size();
+#pragma omp parallel for simd schedule(static) if (n >= kParallelMin)
+  for (std::int64_t i = 0; i < n; ++i) d[i] = y[i] > 0.0f ? g[i] : 0.0f;
   gx->scale = grad_output.scale;
 }
 

@@ -1,9 +1,19 @@
 // Model graph execution (see model.h).
 #include "lib/model/model.h"
 
+#include <chrono>
+
 #include "lib/model/join.h"
 
 namespace gradscale {
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
 
 int Model::add(std::unique_ptr<Layer> layer, std::vector<int> inputs) {
   GS_CHECK(!finalized_, "model already finalized");
@@ -71,7 +81,9 @@ const Tensor& Model::forward(const Tensor& input, ForwardContext& ctx) {
     ins.clear();
     for (int in : n.inputs)
       ins.push_back(in == kModelInput ? &input : &outputs_[static_cast<std::size_t>(in)]);
+    const auto t0 = profiling_ ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
     n.layer->forward(ins, outputs_[i], ctx);
+    if (profiling_) layer_times_[i].forward += seconds_since(t0);
   }
   return outputs_.back();
 }
@@ -84,6 +96,7 @@ void Model::backward(const ScaledGrad& grad_output, BackwardContext& ctx) {
   // The model input is never differentiated: its edges get no gradient slot.
   for (std::size_t k = nodes_.size(); k-- > 0;) {
     Node& n = nodes_[k];
+    const auto t0 = profiling_ ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
     const ScaledGrad* g = &grad_output;
     if (k + 1 < nodes_.size()) {
       if (n.consumers == 1) {
@@ -105,7 +118,13 @@ void Model::backward(const ScaledGrad& grad_output, BackwardContext& ctx) {
                                            : &pending_[i][static_cast<std::size_t>(n.input_slot[e])]);
     }
     n.layer->backward(ins, outputs_[k], *g, grad_ins, ctx);
+    if (profiling_) layer_times_[k].backward += seconds_since(t0);
   }
+}
+
+void Model::set_profiling(bool on) {
+  profiling_ = on;
+  layer_times_.assign(nodes_.size(), LayerTime{});
 }
 
 void Model::zero_grads() {

@@ -42,6 +42,15 @@ class Model {
   // The layer table of traces: id, name, kind, inputs, parameter shapes, K.
   nlohmann::json layer_table() const;
 
+  // Per-layer wall-clock profile (for `gradscale bench step`): while enabled, forward and backward
+  // add each layer's seconds to its entry (backward includes the join of its
+  // consumers' gradients); off by default (then the cost is one branch per layer).
+  struct LayerTime {
+    double forward = 0, backward = 0;  // seconds, summed since the last reset
+  };
+  void set_profiling(bool on);
+  const std::vector<LayerTime>& layer_times() const { return layer_times_; }
+
  private:
   struct Node {
     std::unique_ptr<Layer> layer;
@@ -56,6 +65,8 @@ class Model {
   std::vector<std::vector<ScaledGrad>> pending_;  // per node: one slot per consumer edge
   std::vector<ScaledGrad> joined_;                // per node: the joined gradient when consumers > 1
   const Tensor* last_input_ = nullptr;            // the input of the last forward, read by backward
+  bool profiling_ = false;
+  std::vector<LayerTime> layer_times_;  // per node, while profiling
 };
 
 }  // namespace gradscale

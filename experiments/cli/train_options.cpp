@@ -1,0 +1,97 @@
+// Training options shared by `gradscale train` and `gradscale bench step` (see train_options.h).
+#include "experiments/cli/train_options.h"
+
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "lib/core/error.h"
+
+namespace gradscale::cli {
+namespace {
+
+using json = nlohmann::json;
+
+json read_json_file(const std::string& path, const char* what) {
+  std::ifstream in(path);
+  GS_CHECK_CONFIG(in, what << " '" << path << "': cannot open");
+  try {
+    return json::parse(in);
+  } catch (const json::parse_error& e) {
+    throw ConfigError(std::string(what) + " '" + path + "' is not valid JSON: " + e.what());
+  }
+}
+
+// "adam" or '{"name":"sgd",...}'.
+json name_or_object(const std::string& text, const char* what) {
+  if (!text.empty() && text.front() == '{') {
+    try {
+      return json::parse(text);
+    } catch (const json::parse_error& e) {
+      throw ConfigError(std::string(what) + ": not valid JSON: " + e.what());
+    }
+  }
+  return text;
+}
+
+}  // namespace
+
+void add_train_options(po::options_description& desc) {
+  desc.add_options()("config", po::value<std::string>(),
+                     "JSON config file; command-line options override it")(
+      "model", po::value<std::string>(),
+      "[model] mlp | cnn | resnet-mini[:n=N] | deep-mlp[:depth=D,width=W,gain=G]")(
+      "model-spec", po::value<std::string>(), "[model_spec] JSON model spec file (docs/models.md)")(
+      "data", po::value<std::string>(), "[data] fashion-mnist | mnist:DIR | synthetic[:N]")(
+      "format", po::value<std::string>(), "[format] fp32 | fp16 | bf16 | fp8_e5m2 | fp8_e4m3")(
+      "weight-grads", po::value<std::string>(), "[weight_grads] format (round to F, default) | fp32")(
+      "scaler", po::value<std::string>(), "[scaler] none | static:S | a policy name | JSON {\"policy\":...}")(
+      "optimizer", po::value<std::string>(), "[optimizer] sgd | adam | adamw | JSON {\"name\":...}")(
+      "schedule", po::value<std::string>(), "[schedule] constant | step | cosine | JSON {\"name\":...}")(
+      "lr", po::value<double>(), "[lr] learning rate")("epochs", po::value<std::int64_t>(), "[epochs]")(
+      "batch", po::value<std::int64_t>(), "[batch] mini-batch size")("eval-batch", po::value<std::int64_t>(),
+                                                                     "[eval_batch] evaluation batch size")(
+      "max-steps", po::value<std::int64_t>(), "[max_steps] stop after this many iterations (0: no limit)")(
+      "seed", po::value<std::int64_t>(), "[seed]")("threads", po::value<int>(), "[threads] 0 = all cores")(
+      "progress-seconds", po::value<double>(), "[progress_seconds] seconds between progress lines")(
+      "checkpoint", po::value<std::string>(), "[checkpoint] directory for checkpoints")(
+      "save-every", po::value<std::int64_t>(), "[save_every] iterations between checkpoints")(
+      "resume", po::value<std::string>(), "[resume] continue from the checkpoint in this directory");
+}
+
+TrainConfig train_config_from(const po::variables_map& vm) {
+  TrainConfig config;
+  if (vm.count("config")) config.merge_json(read_json_file(vm["config"].as<std::string>(), "config file"));
+  json overrides = json::object();
+  auto str = [&](const char* flag, const char* key) {
+    if (vm.count(flag)) overrides[key] = vm[flag].as<std::string>();
+  };
+  str("model", "model");
+  str("model-spec", "model_spec");
+  str("data", "data");
+  str("format", "format");
+  str("weight-grads", "weight_grads");
+  str("scaler", "scaler");
+  str("checkpoint", "checkpoint");
+  str("resume", "resume");
+  if (vm.count("optimizer"))
+    overrides["optimizer"] = name_or_object(vm["optimizer"].as<std::string>(), "--optimizer");
+  if (vm.count("schedule"))
+    overrides["schedule"] = name_or_object(vm["schedule"].as<std::string>(), "--schedule");
+  if (vm.count("lr")) overrides["lr"] = vm["lr"].as<double>();
+  if (vm.count("progress-seconds")) overrides["progress_seconds"] = vm["progress-seconds"].as<double>();
+  if (vm.count("threads")) overrides["threads"] = vm["threads"].as<int>();
+  for (const char* flag : {"epochs", "batch", "eval-batch", "max-steps", "seed", "save-every"}) {
+    if (!vm.count(flag)) continue;
+    std::string key = flag;
+    for (char& ch : key)
+      if (ch == '-') ch = '_';
+    overrides[key] = vm[flag].as<std::int64_t>();
+  }
+  if (vm.count("model") && !vm.count("model-spec"))
+    overrides["model_spec"] = nullptr;  // --model wins over a file's spec
+  config.merge_json(overrides);
+  return config;
+}
+
+}  // namespace gradscale::cli

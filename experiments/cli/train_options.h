@@ -1,0 +1,20 @@
+// The options of a training run (docs/config.md), shared by `gradscale train` and `gradscale bench
+// step`: one description, and one mapping from parsed options (over an optional --config file) to a
+// TrainConfig.
+#pragma once
+
+#include <string>
+
+#include "experiments/cli/parse.h"
+#include "lib/train/config.h"
+
+namespace gradscale::cli {
+
+// Adds --config and every TrainConfig key as an option to `desc`.
+void add_train_options(po::options_description& desc);
+
+// The config: the --config file's keys (if given), then the options present in `vm` over them.
+// Bad values → ConfigError naming the option or key.
+TrainConfig train_config_from(const po::variables_map& vm);
+
+}  // namespace gradscale::cli
