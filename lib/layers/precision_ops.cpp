@@ -2,6 +2,10 @@
 // gradients to F, the found_inf check, and the statistics taken just before rounding. Every layer
 // calls these; none re-implements them.
 
+#include <omp.h>
+
+#include <algorithm>
+
 #include "lib/instrument/edge_count.h"
 #include "lib/layers/layer.h"
 #include "lib/scaler/scaler.h"
@@ -29,8 +33,31 @@ LayerRecord& StepMonitor::record_of(int layer_id) {
   return records[static_cast<std::size_t>(layer_id)];
 }
 
+namespace {
+
+// quantize() in place, split over the OpenMP threads in blocks of whole cache lines when the tensor is
+// large enough to pay for a parallel region. Rounding is element-wise: the bits do not depend on the split.
+void round_in_place(float* d, std::size_t n, const Precision& p) {
+  constexpr std::size_t kParallelMin = std::size_t{1} << 16, kAlign = 16;
+  if (p.format == Format::fp32) return;  // nothing to round
+  const int threads = omp_get_max_threads();
+  if (n < kParallelMin || threads == 1 || omp_in_parallel()) {
+    quantize(d, d, n, p.format, p.round);
+    return;
+  }
+  const std::size_t block = (n / static_cast<std::size_t>(threads) + kAlign - 1) / kAlign * kAlign;
+#pragma omp parallel num_threads(threads)
+  {
+    const std::size_t begin = std::min(n, block * static_cast<std::size_t>(omp_get_thread_num()));
+    const std::size_t end = std::min(n, begin + block);
+    quantize(d + begin, d + begin, end - begin, p.format, p.round);
+  }
+}
+
+}  // namespace
+
 void round_output(Tensor& t, const Precision& p) {
-  quantize(t.data(), t.data(), static_cast<std::size_t>(t.size()), p.format, p.round);
+  round_in_place(t.data(), static_cast<std::size_t>(t.size()), p);
 }
 
 void round_working_copy(const Parameter& master, Tensor& working, const Precision& p) {
@@ -72,7 +99,7 @@ void round_activation_grad(Tensor& t, int layer_id, const Precision& p, StepMoni
     r.activation_grad = tensor_stats(t.data(), n, p.format, p.round);
     r.has_activation_grad = true;
   }
-  quantize(t.data(), t.data(), n, p.format, p.round);
+  round_in_place(t.data(), n, p);
   if (!all_finite(t.data(), n)) monitor.note_nonfinite(layer_id);
 }
 

@@ -47,6 +47,9 @@ void Model::finalize(const Shape& sample_shape) {
       n.input_slot.push_back(in == kModelInput ? 0 : nodes_[static_cast<std::size_t>(in)].consumers++);
     }
     shapes[i] = n.layer->output_shape(in_shapes);
+    n.needs_grad = !n.layer->parameters().empty();
+    for (int in : n.inputs)
+      n.needs_grad = n.needs_grad || (in != kModelInput && nodes_[static_cast<std::size_t>(in)].needs_grad);
   }
   for (std::size_t i = 0; i + 1 < nodes_.size(); ++i)
     GS_CHECK_CONFIG(
@@ -93,9 +96,10 @@ void Model::backward(const ScaledGrad& grad_output, BackwardContext& ctx) {
   std::vector<const Tensor*> ins;
   std::vector<ScaledGrad*> grad_ins;
   std::vector<const ScaledGrad*> parts;
-  // The model input is never differentiated: its edges get no gradient slot.
+  // The model input, and nodes with no parameter on or before them, get no gradient.
   for (std::size_t k = nodes_.size(); k-- > 0;) {
     Node& n = nodes_[k];
+    if (!n.needs_grad) continue;  // nothing to differentiate on or before this node
     const auto t0 = profiling_ ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
     const ScaledGrad* g = &grad_output;
     if (k + 1 < nodes_.size()) {
@@ -114,8 +118,9 @@ void Model::backward(const ScaledGrad& grad_output, BackwardContext& ctx) {
       const int in = n.inputs[e];
       const auto i = static_cast<std::size_t>(in);
       ins.push_back(in == kModelInput ? last_input_ : &outputs_[i]);
-      grad_ins.push_back(in == kModelInput ? nullptr
-                                           : &pending_[i][static_cast<std::size_t>(n.input_slot[e])]);
+      grad_ins.push_back(in == kModelInput || !nodes_[i].needs_grad
+                             ? nullptr
+                             : &pending_[i][static_cast<std::size_t>(n.input_slot[e])]);
     }
     n.layer->backward(ins, outputs_[k], *g, grad_ins, ctx);
     if (profiling_) layer_times_[k].backward += seconds_since(t0);

@@ -29,7 +29,8 @@ class Model {
   // Runs every layer; returns the output node's tensor (owned by the model, valid until next forward).
   const Tensor& forward(const Tensor& input, ForwardContext& ctx);
   // Backward from the scaled gradient of the output of the last forward (whose input must still be
-  // alive). Parameter gradients are added to Parameter::grad.
+  // alive). Parameter gradients are added to Parameter::grad. A layer is asked for the gradient of an
+  // input only when some parameter lies on or before that input (never for the model input itself).
   void backward(const ScaledGrad& grad_output, BackwardContext& ctx);
   void zero_grads();
 
@@ -57,6 +58,7 @@ class Model {
     std::vector<int> inputs;
     std::vector<int> input_slot;  // for each input edge, the slot in the input node's pending list
     int consumers = 0;
+    bool needs_grad = false;  // some parameter lies on or before this node: its output gradient is used
   };
   std::vector<Node> nodes_;
   Shape sample_shape_;
