@@ -179,3 +179,75 @@ TEST_CASE("a residual graph's parameter gradients match central differences", "[
   }
   model->prepare_weights(p);
 }
+
+namespace {
+
+// Counts the local-scale queries per layer id: a query means the layer computed an input gradient.
+class QueryCounter final : public Scaler {
+ public:
+  std::vector<int> asked;
+  std::string policy() const override { return "count"; }
+  double loss_scale() const override { return 1.0; }
+  double local_scale(const LocalScaleQuery& q) override {
+    asked.push_back(q.layer_id);
+    return 1.0;
+  }
+  StepReport update(const StepStatistics&) override { return {}; }
+  json config() const override { return {{"policy", "count"}}; }
+  json state() const override { return json::object(); }
+  void restore_state(const json&) override {}
+};
+
+}  // namespace
+
+TEST_CASE("backward skips input gradients with no parameter upstream; profiling times each layer", "[model]") {
+  // flatten (no parameters, fed by the model input) -> a -> relu -> b: layer a must not compute the
+  // gradient of its input (nothing upstream to train), b must; flatten's backward must not run.
+  const json spec = {{"input", {2, 3, 3}},
+                     {"layers",
+                      {{{"type", "flatten"}, {"name", "f"}},
+                       {{"type", "linear"}, {"name", "a"}, {"out", 5}},
+                       {{"type", "relu"}, {"name", "r"}},
+                       {{"type", "linear"}, {"name", "b"}, {"out", 3}}}}};
+  Rng rng(9);
+  auto model = build_model(spec, rng);
+  Precision p;
+  Tensor x({4, 2, 3, 3});
+  for (std::int64_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(std::cos(0.3 * static_cast<double>(i)));
+  const std::vector<std::int32_t> y = {0, 1, 2, 1};
+  for (bool profile : {false, true}) {
+    INFO("profiling " << profile);
+    model->set_profiling(profile);
+    model->prepare_weights(p);
+    StepMonitor monitor;
+    monitor.reset(model->num_layers(), false, 0);
+    ForwardContext f{p, true, nullptr};
+    ScaledGrad g;
+    softmax_cross_entropy(model->forward(x, f), y.data(), 1.0, p, &g, &monitor, model->num_layers() - 1);
+    model->zero_grads();
+    QueryCounter counter;
+    BackwardContext b{p, counter, monitor};
+    model->backward(g, b);
+    CHECK(counter.asked == std::vector<int>{3});  // only b asks for a local scale
+    for (Parameter* param : model->parameters()) {
+      bool any = false;
+      for (std::int64_t i = 0; i < param->grad.size(); ++i) any = any || param->grad[i] != 0.0f;
+      CHECK(any);  // every parameter still gets its gradient
+    }
+    const auto& times = model->layer_times();
+    REQUIRE(times.size() == 4);
+    double forward = 0, backward = 0;
+    for (const auto& t : times) {
+      forward += t.forward;
+      backward += t.backward;
+    }
+    CHECK(times[0].backward == 0.0);  // flatten's backward never ran
+    if (profile) {
+      CHECK(forward > 0.0);
+      CHECK(backward > 0.0);
+    } else {
+      CHECK(forward == 0.0);
+      CHECK(backward == 0.0);
+    }
+  }
+}

@@ -3,42 +3,24 @@
 // syntax, and exit status 2 with one clear line for bad input.
 #include <catch2/catch.hpp>
 
-#include <sys/wait.h>
-
-#include <cstdio>
-#include <sstream>
 #include <string>
 #include <vector>
+
+#include "tests/cli_run.h"
 
 using Catch::Matchers::Contains;
 using Catch::Matchers::StartsWith;
 
 namespace {
 
-struct Result {
-  int status = -1;
-  std::vector<std::string> lines;  // stdout and stderr together
-};
+using Result = gradscale::test::CliResult;
 
 std::string quote(const std::string& s) {
   return "'" + s + "'";
 }  // no argument here contains a quote
 
 Result replay(const std::string& arguments) {
-  const std::string command = std::string(GRADSCALE_CLI) + " replay " + arguments + " 2>&1";
-  Result r;
-  FILE* pipe = popen(command.c_str(), "r");
-  REQUIRE(pipe != nullptr);
-  std::string out;
-  char buf[4096];
-  std::size_t n = 0;
-  while ((n = std::fread(buf, 1, sizeof buf, pipe)) > 0) out.append(buf, n);
-  const int wait_status = pclose(pipe);
-  REQUIRE(WIFEXITED(wait_status));
-  r.status = WEXITSTATUS(wait_status);
-  std::istringstream is(out);
-  for (std::string line; std::getline(is, line);) r.lines.push_back(line);
-  return r;
+  return gradscale::test::run_cli("replay " + arguments);
 }
 
 }  // namespace
