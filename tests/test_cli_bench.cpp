@@ -23,9 +23,9 @@ bool has_line(const CliResult& r, const std::string& start) {
 }  // namespace
 
 TEST_CASE("bench step prints one row per layer and the step time", "[cli][bench]") {
-  const CliResult r =
-      run_cli("bench step --model mlp --data synthetic:256 --steps 2 --warmup 1 --threads 1 --format fp16 "
-              "--scaler static:1024");
+  const CliResult r = run_cli(
+      "bench step --model mlp --data synthetic:256 --steps 2 --warmup 1 --threads 1 --format fp16 "
+      "--scaler static:1024");
   REQUIRE(r.status == 0);
   CHECK(has_line(r, "gradscale bench step: model mlp, fp16, batch 128, threads 1, 2 steps after 1 warm-up"));
   for (const char* row : {"0    flatten", "1    fc1", "2    relu1", "3    fc2", "4    relu2", "5    fc3"})
@@ -45,6 +45,10 @@ TEST_CASE("bench rejects bad input with one line and exit 2", "[cli][bench]") {
   CHECK(what.status == 2);
   REQUIRE(what.lines.size() == 1);
   CHECK_THAT(what.lines[0], Contains("unknown benchmark 'gemm'"));
+  const CliResult epochs = run_cli("bench step --data synthetic:64 --epochs 3");
+  CHECK(epochs.status == 2);
+  REQUIRE(epochs.lines.size() == 1);
+  CHECK_THAT(epochs.lines[0], Contains("--epochs does not apply to bench step"));
   const CliResult model = run_cli("bench step --data synthetic:64 --model lenet");
   CHECK(model.status == 2);
   CHECK_THAT(model.lines.back(), Contains("lenet"));

@@ -200,7 +200,8 @@ class QueryCounter final : public Scaler {
 
 }  // namespace
 
-TEST_CASE("backward skips input gradients with no parameter upstream; profiling times each layer", "[model]") {
+TEST_CASE("backward skips input gradients with no parameter upstream; profiling times each layer",
+          "[model]") {
   // flatten (no parameters, fed by the model input) -> a -> relu -> b: layer a must not compute the
   // gradient of its input (nothing upstream to train), b must; flatten's backward must not run.
   const json spec = {{"input", {2, 3, 3}},
@@ -213,7 +214,8 @@ TEST_CASE("backward skips input gradients with no parameter upstream; profiling 
   auto model = build_model(spec, rng);
   Precision p;
   Tensor x({4, 2, 3, 3});
-  for (std::int64_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(std::cos(0.3 * static_cast<double>(i)));
+  for (std::int64_t i = 0; i < x.size(); ++i)
+    x[i] = static_cast<float>(std::cos(0.3 * static_cast<double>(i)));
   const std::vector<std::int32_t> y = {0, 1, 2, 1};
   for (bool profile : {false, true}) {
     INFO("profiling " << profile);

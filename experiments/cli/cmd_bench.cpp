@@ -84,7 +84,6 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 int bench_step(TrainConfig config, std::int64_t steps, std::int64_t warmup) {
   GS_CHECK_CONFIG(steps >= 1, "--steps must be >= 1 (got " << steps << ")");
   GS_CHECK_CONFIG(warmup >= 0, "--warmup must be >= 0 (got " << warmup << ")");
-  config.progress_seconds = 1e300;
   Trainer trainer(config, &std::cerr);  // prints which data it uses
   Batcher batches(trainer.data().train, config.batch, config.seed);
   Tensor x;
@@ -115,12 +114,14 @@ int bench_step(TrainConfig config, std::int64_t steps, std::int64_t warmup) {
   std::vector<double> sorted = step_seconds;
   std::sort(sorted.begin(), sorted.end());
   const double mean_ms = 1e3 * total / count, median_ms = 1e3 * sorted[sorted.size() / 2];
-  std::printf("gradscale bench step: model %s, %s, batch %lld, threads %d, %lld steps after %lld warm-up "
-              "(%lld skipped)\n",
-              config.model_spec.is_object() && !config.model_spec.empty() ? "(spec)" : config.model.c_str(),
-              format_name(config.format), static_cast<long long>(config.batch), omp_get_max_threads(),
-              static_cast<long long>(steps), static_cast<long long>(warmup), static_cast<long long>(skipped));
-  std::printf("%-4s %-16s %-14s %12s %12s %8s\n", "id", "layer", "kind", "forward ms", "backward ms", "share");
+  std::printf(
+      "gradscale bench step: model %s, %s, batch %lld, threads %d, %lld steps after %lld warm-up "
+      "(%lld skipped)\n",
+      config.model_spec.is_object() && !config.model_spec.empty() ? "(spec)" : config.model.c_str(),
+      format_name(config.format), static_cast<long long>(config.batch), omp_get_max_threads(),
+      static_cast<long long>(steps), static_cast<long long>(warmup), static_cast<long long>(skipped));
+  std::printf("%-4s %-16s %-14s %12s %12s %8s\n", "id", "layer", "kind", "forward ms", "backward ms",
+              "share");
   double layers_ms = 0;
   for (int i = 0; i < model.num_layers(); ++i) {
     const auto& t = times[static_cast<std::size_t>(i)];
@@ -129,14 +130,16 @@ int bench_step(TrainConfig config, std::int64_t steps, std::int64_t warmup) {
     std::printf("%-4d %-16s %-14s %12.3f %12.3f %7.1f%%\n", i, model.layer(i).name().c_str(),
                 model.layer(i).kind().c_str(), f, b, 100.0 * (f + b) / mean_ms);
   }
-  std::printf("%-36s %25.3f %7.1f%%\n", "layers (forward + backward)", layers_ms, 100.0 * layers_ms / mean_ms);
+  std::printf("%-36s %25.3f %7.1f%%\n", "layers (forward + backward)", layers_ms,
+              100.0 * layers_ms / mean_ms);
   std::printf("%-36s %25.3f %7.1f%%\n", "rest (weights, loss, scaler, optimizer)", mean_ms - layers_ms,
               100.0 * (mean_ms - layers_ms) / mean_ms);
   const double per_epoch = static_cast<double>(batches.batches_per_epoch());
-  std::printf("step: mean %.3f ms, median %.3f ms, %.1f steps/s; one epoch of %lld samples (%lld steps) "
-              "takes about %.2f s\n",
-              mean_ms, median_ms, 1e3 / mean_ms, static_cast<long long>(trainer.data().train.size()),
-              static_cast<long long>(batches.batches_per_epoch()), per_epoch * mean_ms / 1e3);
+  std::printf(
+      "step: mean %.3f ms, median %.3f ms, %.1f steps/s; one epoch of %lld samples (%lld steps) "
+      "takes about %.2f s\n",
+      mean_ms, median_ms, 1e3 / mean_ms, static_cast<long long>(trainer.data().train.size()),
+      static_cast<long long>(batches.batches_per_epoch()), per_epoch * mean_ms / 1e3);
   return 0;
 }
 
@@ -166,7 +169,15 @@ int run_bench(const std::vector<std::string>& args) {
     GS_CHECK_CONFIG(n >= 1, "--elements must be >= 1");
     return bench_numeric(n, repeats);
   }
-  if (what == "step") return bench_step(train_config_from(vm), steps, warmup);
+  if (what == "step") {
+    // Options about a whole run have nothing to act on here; say so rather than ignore them.
+    for (const char* flag :
+         {"epochs", "max-steps", "eval-batch", "progress-seconds", "checkpoint", "save-every"})
+      GS_CHECK_CONFIG(!vm.count(flag), "--" << flag
+                                            << " does not apply to bench step (it times --steps steps "
+                                               "after --warmup steps)");
+    return bench_step(train_config_from(vm), steps, warmup);
+  }
   throw ConfigError("unknown benchmark '" + what + "' (allowed: numeric, step)");
 }
 

@@ -1,6 +1,7 @@
 // Conv2d (see conv2d.h). Per sample: cols = im2col(x) [C·k·k, Ho·Wo], y = W·cols; backward
-// dW += g·colsᵀ, gx = col2im(Wᵀ·g), or the sparse path for a mostly-zero g. The batch is split statically over OpenMP threads; Eigen sees it
-// is inside a parallel region and runs each GEMM single-threaded.
+// dW += g·colsᵀ, gx = col2im(Wᵀ·g), or the sparse path for a mostly-zero g. The batch is split
+// statically over OpenMP threads; Eigen sees it is inside a parallel region and runs each GEMM
+// single-threaded.
 #include "lib/layers/conv2d.h"
 
 #include <omp.h>
@@ -315,7 +316,8 @@ void Conv2d::backward(const std::vector<const Tensor*>& inputs, const Tensor& /*
       const float* wp = thread_grad_wp_[static_cast<std::size_t>(t)].data();
       for (std::int64_t o = 0; o < out_ch_; ++o)
         for (std::int64_t c = 0; c < in_ch_; ++c)
-          for (std::int64_t q = 0; q < kk; ++q) gw[(o * in_ch_ + c) * kk + q] += wp[(o * kk + q) * in_ch_ + c];
+          for (std::int64_t q = 0; q < kk; ++q)
+            gw[(o * in_ch_ + c) * kk + q] += wp[(o * kk + q) * in_ch_ + c];
     }
   }
   accumulate_weight_grad(grad_w_, scale, weight_, id_, ctx.precision, ctx.monitor);

@@ -75,7 +75,7 @@ class Conv2d final : public Layer {
   double sparse_density_ = kDefaultSparseDensity;
   Tensor weight_work_hwc_;
   std::vector<Tensor> thread_xpad_, thread_gxpad_, thread_grad_wp_;
-  Tensor grad_w_, grad_b_;                             // fp32 weight gradients at scale S
+  Tensor grad_w_, grad_b_;  // fp32 weight gradients at scale S
 };
 
 }  // namespace gradscale

@@ -11,7 +11,9 @@ namespace {
 
 // Whether v replaces the running maximum `best` of a window visited in row-major order: a larger value,
 // or the first NaN (NaN != NaN is the branch-free isnan).
-inline bool takes_over(float v, float best) { return v > best || (v != v && best == best); }
+inline bool takes_over(float v, float best) {
+  return v > best || (v != v && best == best);
+}
 
 // The common 2×2, stride-2 window: the same rule as the generic loop, written without branches over
 // two input rows at a time so the compiler can vectorise it.
