@@ -154,7 +154,8 @@ int run_bench(const std::vector<std::string>& args) {
       "repeats", po::value(&repeats), "numeric: runs per figure; the best is printed")(
       "steps", po::value(&steps), "step: timed training steps (default 50)")(
       "warmup", po::value(&warmup), "step: untimed steps first (default 5)");
-  po::options_description train("step: the training run (the options of `gradscale train` but the whole-run ones; docs/config.md)");
+  po::options_description train(
+      "step: the training run (the options of `gradscale train` but the whole-run ones; docs/config.md)");
   add_train_options(train);
   desc.add(train);
   po::positional_options_description pos;
