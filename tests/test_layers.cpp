@@ -129,6 +129,24 @@ struct Runner {
   }
 };
 
+// One Conv2d forward and backward of g from zeroed parameter gradients; returns the input gradient
+// (empty when not requested) followed by every parameter gradient.
+std::vector<Tensor> conv_gradients(Conv2d& conv, const Tensor& x, const Tensor& g, bool with_input,
+                                   bool training_forward = true) {
+  Runner r;
+  r.monitor.reset(1, false, 0.0);
+  r.training = training_forward;
+  conv.set_id(0);
+  conv.prepare_weights(r.precision);
+  for (Parameter* p : conv.parameters()) p->grad.fill(0.0f);
+  Tensor y;
+  r.forward(conv, {x}, y);
+  auto gx = r.backward(conv, {x}, y, ScaledGrad{g, 1.0}, !with_input);
+  std::vector<Tensor> out{gx[0].g};
+  for (Parameter* p : conv.parameters()) out.push_back(p->grad);
+  return out;
+}
+
 // ---- finite differences ----------------------------------------------------------------------------
 // L = Σ w_out·y is evaluated in double from the layer's float outputs. Its error has two sources:
 // (a) the forward's own rounding, modelled per output element as forward_rel·|y| + forward_abs;
@@ -365,17 +383,7 @@ TEST_CASE("Conv2d sparse and dense backward paths give the same bits on exact va
       if ((i / per_sample) % 2 == 0 && uniform_below(keep, 5) != 0) g[i] = 0.0f;
     auto run = [&](double density, bool with_input) {
       conv.set_sparse_backward_density(density);
-      Runner r;
-      r.monitor.reset(1, false, 0.0);
-      conv.set_id(0);
-      conv.prepare_weights(r.precision);
-      for (Parameter* p : conv.parameters()) p->grad.fill(0.0f);
-      Tensor y;
-      r.forward(conv, {x}, y);
-      auto gx = r.backward(conv, {x}, y, ScaledGrad{g, 1.0}, !with_input);
-      std::vector<Tensor> out{gx[0].g};
-      for (Parameter* p : conv.parameters()) out.push_back(p->grad);
-      return out;
+      return conv_gradients(conv, x, g, with_input);
     };
     for (int threads : {1, 2}) {
       INFO(threads << " threads");
@@ -904,19 +912,9 @@ TEST_CASE("Conv2d backward is bit-deterministic and skips the upstream gradient 
   Rng rng(46);
   Conv2d conv("conv", 4, 8, 3, 1, 1, true, kaiming(), rng);
   const Tensor x = make_normal({6, 4, 9, 9}, 47), g = make_normal({6, 8, 9, 9}, 48);
+  // The forward mode (training or not) must not change what backward computes.
   auto run = [&](bool with_input, bool training_forward) {
-    Runner r;
-    r.monitor.reset(1, false, 0.0);
-    r.training = training_forward;  // the forward mode must not change what backward computes
-    conv.set_id(0);
-    conv.prepare_weights(r.precision);
-    for (Parameter* p : conv.parameters()) p->grad.fill(0.0f);
-    Tensor y;
-    r.forward(conv, {x}, y);
-    auto gx = r.backward(conv, {x}, y, ScaledGrad{g, 1.0}, !with_input);
-    std::vector<Tensor> out{gx[0].g};
-    for (Parameter* p : conv.parameters()) out.push_back(p->grad);
-    return out;
+    return conv_gradients(conv, x, g, with_input, training_forward);
   };
   const int saved_threads = omp_get_max_threads();
   for (int threads : {1, 2}) {

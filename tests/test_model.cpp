@@ -128,6 +128,20 @@ class UnitScaler final : public Scaler {
   void restore_state(const json&) override {}
 };
 
+// One fp32 gradient step without the update: working weights, forward, loss, zeroed gradients, backward.
+void compute_gradients(Model& model, const Tensor& x, const std::vector<std::int32_t>& y, Scaler& scaler) {
+  const Precision p;
+  model.prepare_weights(p);
+  StepMonitor monitor;
+  monitor.reset(model.num_layers(), false, 0);
+  ForwardContext f{p, true, nullptr};
+  ScaledGrad g;
+  softmax_cross_entropy(model.forward(x, f), y.data(), 1.0, p, &g, &monitor, model.num_layers() - 1);
+  model.zero_grads();
+  BackwardContext b{p, scaler, monitor};
+  model.backward(g, b);
+}
+
 double loss_of(Model& m, const Tensor& x, const std::vector<std::int32_t>& y, const Precision& p) {
   ForwardContext f{p, true, nullptr};
   return softmax_cross_entropy(m.forward(x, f), y.data(), 1.0, p, nullptr, nullptr, -1).loss;
@@ -151,16 +165,8 @@ TEST_CASE("a residual graph's parameter gradients match central differences", "[
   for (std::int64_t i = 0; i < x.size(); ++i)
     x[i] = static_cast<float>(std::sin(0.7 * static_cast<double>(i)));
   const std::vector<std::int32_t> y = {0, 2, 1, 2};
-  model->prepare_weights(p);
-  StepMonitor monitor;
-  monitor.reset(model->num_layers(), false, 0);
-  ForwardContext f{p, true, nullptr};
-  ScaledGrad g;
-  softmax_cross_entropy(model->forward(x, f), y.data(), 1.0, p, &g, &monitor, model->num_layers() - 1);
-  model->zero_grads();
   UnitScaler unit;
-  BackwardContext b{p, unit, monitor};
-  model->backward(g, b);
+  compute_gradients(*model, x, y, unit);
   for (Parameter* param : model->parameters()) {
     for (std::int64_t i = 0; i < param->value.size(); i += 3) {
       const float keep = param->value[i];
@@ -212,7 +218,6 @@ TEST_CASE("backward skips input gradients with no parameter upstream; profiling 
                        {{"type", "linear"}, {"name", "b"}, {"out", 3}}}}};
   Rng rng(9);
   auto model = build_model(spec, rng);
-  Precision p;
   Tensor x({4, 2, 3, 3});
   for (std::int64_t i = 0; i < x.size(); ++i)
     x[i] = static_cast<float>(std::cos(0.3 * static_cast<double>(i)));
@@ -220,16 +225,8 @@ TEST_CASE("backward skips input gradients with no parameter upstream; profiling 
   for (bool profile : {false, true}) {
     INFO("profiling " << profile);
     model->set_profiling(profile);
-    model->prepare_weights(p);
-    StepMonitor monitor;
-    monitor.reset(model->num_layers(), false, 0);
-    ForwardContext f{p, true, nullptr};
-    ScaledGrad g;
-    softmax_cross_entropy(model->forward(x, f), y.data(), 1.0, p, &g, &monitor, model->num_layers() - 1);
-    model->zero_grads();
     QueryCounter counter;
-    BackwardContext b{p, counter, monitor};
-    model->backward(g, b);
+    compute_gradients(*model, x, y, counter);
     CHECK(counter.asked == std::vector<int>{3});  // only b asks for a local scale
     for (Parameter* param : model->parameters()) {
       bool any = false;
