@@ -10,6 +10,7 @@
 #include "baselines/none.h"
 #include "baselines/popart_als.h"
 #include "baselines/static.h"
+#include "baselines/te_delayed.h"
 #include "baselines/torch.h"
 
 namespace gradscale::baselines {
@@ -21,6 +22,7 @@ std::vector<std::pair<std::string, ScalerFactory>> builtin_scalers() {
       {"megatron", make_megatron_scaler}, {"apex", make_apex_scaler},
       {"keras", make_keras_scaler},       {"jmp", make_jmp_scaler},
       {"cerebras", make_cerebras_scaler}, {"popart_als", make_popart_als_scaler},
+      {"te_delayed", make_te_delayed_scaler},
   };
 }
 

@@ -1,5 +1,5 @@
 // The built-in loss-scaling policies of baselines/, listed once for the registry
-// (lib/scaler/registry.cpp). gradscale_lib is a static library, so self-registering static objects in
+// (policies/catalogue.cpp). gradscale_lib is a static library, so self-registering static objects in
 // the policy files would be dropped by the linker; the registry asks for this list on first use instead.
 #pragma once
 
@@ -12,7 +12,7 @@
 namespace gradscale::baselines {
 
 // {policy name, factory} for none, static, torch, deepspeed, megatron, apex, keras, jmp, cerebras and
-// popart_als.
+// popart_als, and the per-layer te_delayed.
 std::vector<std::pair<std::string, ScalerFactory>> builtin_scalers();
 
 }  // namespace gradscale::baselines

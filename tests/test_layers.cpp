@@ -34,7 +34,7 @@ constexpr std::uint64_t kMaskSeed = 77;   // every forward of a check reseeds he
 
 // A global-style scaler for tests: S0 = 1, a settable local scale, never skips. It keeps a copy of
 // the last query so tests can see what a layer told the controller.
-class TestScaler final : public Scaler {
+class TestScaler final : public Scaler, public LayerController {
  public:
   double local = 1.0;
   LocalScaleQuery last;
@@ -43,11 +43,16 @@ class TestScaler final : public Scaler {
 
   std::string policy() const override { return "test"; }
   double loss_scale() const override { return 1.0; }
-  double local_scale(const LocalScaleQuery& q) override {
+  LayerController* layer_controller() override { return this; }
+  void bind(const std::vector<LayerInfo>&, Format) override {}
+  void begin_step(const StepBegin&) override {}
+  StatNeeds needs(int) const override { return 0; }
+  void end_step(const StepMonitor&) override {}
+  LocalScale decide(const LocalScaleQuery& q) override {
     last = q;
     last_upstream.assign(q.upstream, q.upstream + q.upstream_size);
     ++queries;
-    return local;
+    return {local, local};
   }
   StepReport update(const StepStatistics&) override { return StepReport{}; }
   json config() const override { return json::object(); }

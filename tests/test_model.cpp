@@ -189,14 +189,19 @@ TEST_CASE("a residual graph's parameter gradients match central differences", "[
 namespace {
 
 // Counts the local-scale queries per layer id: a query means the layer computed an input gradient.
-class QueryCounter final : public Scaler {
+class QueryCounter final : public Scaler, public LayerController {
  public:
   std::vector<int> asked;
   std::string policy() const override { return "count"; }
   double loss_scale() const override { return 1.0; }
-  double local_scale(const LocalScaleQuery& q) override {
+  LayerController* layer_controller() override { return this; }
+  void bind(const std::vector<LayerInfo>&, Format) override {}
+  void begin_step(const StepBegin&) override {}
+  StatNeeds needs(int) const override { return 0; }
+  void end_step(const StepMonitor&) override {}
+  LocalScale decide(const LocalScaleQuery& q) override {
     asked.push_back(q.layer_id);
-    return 1.0;
+    return {1.0, 1.0};
   }
   StepReport update(const StepStatistics&) override { return {}; }
   json config() const override { return {{"policy", "count"}}; }

@@ -44,6 +44,8 @@ void add_train_options(po::options_description& desc) {
       "model-spec", po::value<std::string>(), "[model_spec] JSON model spec file (docs/models.md)")(
       "data", po::value<std::string>(), "[data] fashion-mnist | mnist:DIR | synthetic[:N]")(
       "format", po::value<std::string>(), "[format] fp32 | fp16 | bf16 | fp8_e5m2 | fp8_e4m3")(
+      "grad-format", po::value<std::string>(),
+      "[grad_format] format of activation and weight gradients (default: --format)")(
       "weight-grads", po::value<std::string>(), "[weight_grads] format (round to F, default) | fp32")(
       "scaler", po::value<std::string>(), "[scaler] none | static:S | a policy name | JSON {\"policy\":...}")(
       "optimizer", po::value<std::string>(), "[optimizer] sgd | adam | adamw | JSON {\"name\":...}")(
@@ -56,7 +58,10 @@ void add_train_options(po::options_description& desc) {
       "progress-seconds", po::value<double>(), "[progress_seconds] seconds between progress lines")(
       "checkpoint", po::value<std::string>(), "[checkpoint] directory for checkpoints")(
       "save-every", po::value<std::int64_t>(), "[save_every] iterations between checkpoints")(
-      "resume", po::value<std::string>(), "[resume] continue from the checkpoint in this directory");
+      "resume", po::value<std::string>(), "[resume] continue from the checkpoint in this directory")(
+      "trace", po::value<std::string>(), "[trace] write a per-layer scale trace to PATH.jsonl and PATH.json")(
+      "trace-every", po::value<std::int64_t>(), "[trace_every] a traced step every N iterations (default 10)")(
+      "trace-hist", po::bool_switch(), "[trace_hist] add binade histograms to the trace");
 }
 
 TrainConfig train_config_from(const po::variables_map& vm) {
@@ -70,6 +75,8 @@ TrainConfig train_config_from(const po::variables_map& vm) {
   str("model-spec", "model_spec");
   str("data", "data");
   str("format", "format");
+  str("grad-format", "grad_format");
+  str("trace", "trace");
   str("weight-grads", "weight_grads");
   str("scaler", "scaler");
   str("checkpoint", "checkpoint");
@@ -81,7 +88,8 @@ TrainConfig train_config_from(const po::variables_map& vm) {
   if (vm.count("lr")) overrides["lr"] = vm["lr"].as<double>();
   if (vm.count("progress-seconds")) overrides["progress_seconds"] = vm["progress-seconds"].as<double>();
   if (vm.count("threads")) overrides["threads"] = vm["threads"].as<int>();
-  for (const char* flag : {"epochs", "batch", "eval-batch", "max-steps", "seed", "save-every"}) {
+  if (vm.count("trace-hist") && vm["trace-hist"].as<bool>()) overrides["trace_hist"] = true;
+  for (const char* flag : {"epochs", "batch", "eval-batch", "max-steps", "seed", "save-every", "trace-every"}) {
     if (!vm.count(flag)) continue;
     std::string key = flag;
     for (char& ch : key)

@@ -8,6 +8,9 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <vector>
+
+#include <omp.h>
 
 #include <nlohmann/json.hpp>
 
@@ -113,9 +116,11 @@ struct LaneAccumulators {
   std::uint64_t ge[5][kLanes] = {};  // a != 0, a >= first_nonzero, first_normal, first_overflow, inf
   double sum[kLanes] = {}, sq[kLanes] = {};
   float lo[kLanes], hi[kLanes];
+  std::uint32_t nz_m1[kLanes];  // min of (a − 1) as unsigned: 0 wraps to the top, so this is min non-zero a − 1
   LaneAccumulators() {
     std::fill(lo, lo + kLanes, std::numeric_limits<float>::infinity());
     std::fill(hi, hi + kLanes, -std::numeric_limits<float>::infinity());
+    std::fill(nz_m1, nz_m1 + kLanes, 0xFFFFFFFFu);
   }
 };
 
@@ -127,6 +132,7 @@ inline void accumulate_one(LaneAccumulators& acc, std::size_t l, std::uint32_t a
   acc.ge[2][l] += a >= th.first_normal;
   acc.ge[3][l] += a >= th.first_overflow;
   acc.ge[4][l] += !finite;
+  acc.nz_m1[l] = std::min(acc.nz_m1[l], a - 1u);
   if (finite) {
     const double d = xv;
     acc.sum[l] += d;
@@ -157,8 +163,11 @@ __attribute__((target("avx2"))) void accumulate_block_avx2(LaneAccumulators& acc
   __m256d s_lo = _mm256_loadu_pd(acc.sum), s_hi = _mm256_loadu_pd(acc.sum + 4);
   __m256d q_lo = _mm256_loadu_pd(acc.sq), q_hi = _mm256_loadu_pd(acc.sq + 4);
   __m256 lo = _mm256_loadu_ps(acc.lo), hi = _mm256_loadu_ps(acc.hi);
+  __m256i nz = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(acc.nz_m1));
+  const __m256i one = _mm256_set1_epi32(1);
   for (std::size_t i = 0; i < m; i += kLanes) {
     const __m256i av = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + i));
+    nz = _mm256_min_epu32(nz, _mm256_sub_epi32(av, one));
     const __m256 xv = _mm256_loadu_ps(x + i);
     // a <= 0x7FFFFFFF, so signed compares are exact; a mask is -1, so subtracting it counts.
     c0 = _mm256_sub_epi32(c0, _mm256_cmpgt_epi32(av, zero));
@@ -184,6 +193,7 @@ __attribute__((target("avx2"))) void accumulate_block_avx2(LaneAccumulators& acc
   _mm256_storeu_pd(acc.sq + 4, q_hi);
   _mm256_storeu_ps(acc.lo, lo);
   _mm256_storeu_ps(acc.hi, hi);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(acc.nz_m1), nz);
   alignas(32) std::int32_t c[5][kLanes];
   const __m256i cs[5] = {c0, c1, c2, c3, c4};
   for (int k = 0; k < 5; ++k) {
@@ -202,10 +212,10 @@ bool use_avx2() {
 #endif
 }
 
-}  // namespace
 
-TensorStats tensor_stats(const float* v, std::size_t n, Format f, RoundOptions opt) {
-  const RoundThresholds& th = cached_thresholds(f, opt);
+// One block-wise pass over v[0..n): the lane loop (counts, moments, smallest non-zero) and, when
+// `histogram`, the binade bins.
+TensorStats stats_pass(const float* v, std::size_t n, const RoundThresholds& th, bool histogram) {
   // The tensor is read once, in blocks that stay in L1: a lane-parallel loop counts threshold crossings
   // and adds the moments, then a second loop over the same block fills the binade histogram, indexed
   // by the float exponent field (float subnormals, rare, take a side branch).
@@ -225,6 +235,7 @@ TensorStats tensor_stats(const float* v, std::size_t n, Format f, RoundOptions o
     else
 #endif
       accumulate_block_portable(acc, x, a_block, m, th);
+    if (!histogram) continue;
     for (std::size_t i = 0; i < m; ++i) {
       const std::uint32_t a = a_block[i];
       ++by_field[i & 3][a >> 23];
@@ -237,7 +248,9 @@ TensorStats tensor_stats(const float* v, std::size_t n, Format f, RoundOptions o
 
   std::uint64_t c[5] = {};
   float mn = std::numeric_limits<float>::infinity(), mx = -mn;
+  std::uint32_t nz_m1 = 0xFFFFFFFFu;
   for (std::size_t l = 0; l < kLanes; ++l) {
+    nz_m1 = std::min(nz_m1, acc.nz_m1[l]);
     for (int k = 0; k < 5; ++k) c[k] += acc.ge[k][l];
     s.sum += acc.sum[l];
     s.sum_squares += acc.sq[l];
@@ -258,8 +271,53 @@ TensorStats tensor_stats(const float* v, std::size_t n, Format f, RoundOptions o
     s.max = mx;
     s.max_abs = std::max(-s.min, s.max);
   }
+  if (nz_m1 + 1u < kInfBits && nz_m1 != 0xFFFFFFFFu) s.min_nonzero_abs = from_bits(nz_m1 + 1u);
   return s;
 }
+
+// Splits a large tensor over the threads in whole blocks and merges the parts in thread order.
+TensorStats split_pass(const float* v, std::size_t n, const RoundThresholds& th, bool histogram) {
+  constexpr std::size_t kParallelMin = std::size_t{1} << 17;
+  const int threads = omp_get_max_threads();
+  if (n < kParallelMin || threads == 1 || omp_in_parallel()) return stats_pass(v, n, th, histogram);
+  const auto t = static_cast<std::size_t>(threads);
+  const std::size_t chunk = (n / t + kBlock - 1) / kBlock * kBlock;
+  std::vector<TensorStats> parts(t);
+#pragma omp parallel num_threads(threads)
+  {
+    const auto i = static_cast<std::size_t>(omp_get_thread_num());
+    const std::size_t begin = std::min(n, chunk * i), end = std::min(n, begin + chunk);
+    parts[i] = stats_pass(v + begin, end - begin, th, histogram);
+  }
+  TensorStats s = parts[0];
+  for (std::size_t i = 1; i < t; ++i) s.merge(parts[i]);
+  return s;
+}
+
+}  // namespace
+
+TensorStats tensor_stats(const float* v, std::size_t n, Format f, RoundOptions opt) {
+  return split_pass(v, n, cached_thresholds(f, opt), true);
+}
+
+TensorStats tensor_moments(const float* v, std::size_t n) {
+  TensorStats s = split_pass(v, n, cached_thresholds(Format::fp32, {}), false);
+  s.zero = s.underflow = s.subnormal = s.normal = s.overflow = 0;  // not computed here (see header)
+  return s;
+}
+
+float max_abs(const float* v, std::size_t n) {
+  // Unsigned max of the magnitude bits, with NaN clamped to inf's pattern: branch-free, vectorises.
+  std::uint32_t m = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    std::uint32_t b;
+    std::memcpy(&b, v + i, sizeof b);
+    m = std::max(m, std::min(b & kAbs, kInfBits));
+  }
+  return from_bits(m);
+}
+
+
 
 bool all_finite(const float* v, std::size_t n) {
   // OR of (|v| >= inf) over the array, branch-free so it vectorises; one test per 1024 elements.
@@ -302,6 +360,8 @@ void TensorStats::merge(const TensorStats& o) {
     max = count ? std::max(max, o.max) : o.max;
     max_abs = std::max(max_abs, o.max_abs);
   }
+  if (o.min_nonzero_abs > 0)
+    min_nonzero_abs = min_nonzero_abs > 0 ? std::min(min_nonzero_abs, o.min_nonzero_abs) : o.min_nonzero_abs;
   zero += o.zero;
   underflow += o.underflow;
   subnormal += o.subnormal;
@@ -329,6 +389,7 @@ nlohmann::json stats_to_json(const TensorStats& s, bool with_binades) {
                       {"min", s.min},
                       {"max", s.max},
                       {"max_abs", s.max_abs},
+                      {"min_nonzero_abs", s.min_nonzero_abs},
                       {"underflow_rate", s.underflow_rate()}};
   if (with_binades) {
     nlohmann::json b = nlohmann::json::object();

@@ -38,6 +38,7 @@ struct TensorStats {
   std::uint64_t count = 0;
   double sum = 0, sum_squares = 0;
   double min = 0, max = 0, max_abs = 0;  // 0 when count == 0
+  double min_nonzero_abs = 0;            // smallest non-zero finite |v| (abs_range); 0 when none
 
   double mean() const;
   double variance() const;        // population variance (zeros included)
@@ -65,9 +66,20 @@ RoundClass classify_rounding(float v, Format f, RoundOptions opt = {});
 const char* round_class_name(RoundClass c);
 
 // One pass over v[0..n) for format F. Throws nothing; NaN/inf are counted, never propagated.
+// Tensors of 2^17 elements or more are split over the OpenMP threads (counts and bins are exact for any
+// split; the double sums are added in thread order, so they are reproducible for a thread count).
 TensorStats tensor_stats(const float* v, std::size_t n, Format f, RoundOptions opt = {});
 
-// True when every v[i] is finite (the cheap found_inf check of the hot path).
+// The moments only (count, sum, sum_squares, min, max, max_abs, min_nonzero_abs, elements, nonfinite):
+// what the moment-based controllers read (approx_range, abs_range), several times cheaper than the
+// full pass. The class counts and bins stay 0 (zero = underflow = ... = 0), so never read them from here.
+TensorStats tensor_moments(const float* v, std::size_t n);
+
+// max |v[i]|, with NaN counted as +inf; 0 for an empty array. One pass that serves both the found_inf
+// check (a result of inf means some value was not finite) and the join's max|g| (SPEC §5).
+float max_abs(const float* v, std::size_t n);
+
+// True when every v[i] is finite.
 bool all_finite(const float* v, std::size_t n);
 
 // JSON with the counts and moments, and the non-empty binades as {"e": count} when with_binades.

@@ -114,7 +114,6 @@ void BatchNorm::backward(const std::vector<const Tensor*>& inputs, const Tensor&
   const float* xd = x.data();
   const float* gd = grad_output.g.data();
   const double scale = grad_output.scale;
-  ctx.monitor.record_of(id_).scale_in = scale;
 
   // dβ = Σ g, dγ = Σ g·x̂ per channel, at scale S.
   grad_gamma_.resize(gamma_.value.shape());

@@ -243,7 +243,6 @@ void Conv2d::backward(const std::vector<const Tensor*>& inputs, const Tensor& /*
   const std::int64_t ckk = in_ch_ * kernel_ * kernel_, plane = geo.ho * geo.wo;
   const std::int64_t in_size = in_ch_ * geo.h * geo.w, out_size = out_ch_ * plane;
   const double scale = grad_output.scale;
-  ctx.monitor.record_of(id_).scale_in = scale;
 
   ScaledGrad* gx = grad_inputs[0];
   if (gx) gx->g.resize(x.shape());
@@ -301,7 +300,12 @@ void Conv2d::backward(const std::vector<const Tensor*>& inputs, const Tensor& /*
   }
 
   // Upstream gradient (steps 1–2): s from the controller, round(s·o) once, carried at s·S.
-  if (gx) scale_upstream_grad(*this, grad_output, weight_work_, *gx, ctx);
+  if (gx) {
+    const ConvGeometry cg{geo.n, in_ch_, out_ch_, kernel_, stride_, pad_, geo.h, geo.w, geo.ho, geo.wo};
+    const UpstreamProduct product{weight_work_, reduction_length(),
+                                  [&] { return conv_product_range(gd, weight_work_.data(), cg); }};
+    scale_upstream_grad(*this, grad_output, product, *gx, ctx);
+  }
 
   // Weight gradients at scale S (step 3): partial sums combined in thread order.
   grad_w_.resize(weight_.value.shape());

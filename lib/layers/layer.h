@@ -11,7 +11,13 @@
 
 #include <nlohmann/json.hpp>
 
+#include <functional>
+#include <optional>
+
 #include "lib/instrument/histogram.h"
+#include "lib/instrument/product_range.h"
+#include "lib/instrument/step_monitor.h"
+#include "lib/scaler/controller.h"
 #include "lib/numeric/quantize.h"
 #include "lib/optim/parameter.h"
 #include "lib/tensor/tensor.h"
@@ -20,11 +26,14 @@ namespace gradscale {
 
 class Scaler;
 
-// Where values live (SPEC §4): F for activations, activation gradients, working weights.
+// Where values live (SPEC §4): `format` for forward values and working weights, the gradient format
+// (`grad_format`, by default the same) for activation and weight gradients.
 struct Precision {
   Format format = Format::fp32;
+  std::optional<Format> grad_format = std::nullopt;  // unset: gradients in `format`
   RoundOptions round{};
   bool quantize_weight_grads = true;  // false: weight gradients stay fp32 (ablation)
+  Format gradient_format() const { return grad_format.value_or(format); }
 };
 
 // A gradient travelling backward: the true gradient is g / scale.
@@ -33,29 +42,11 @@ struct ScaledGrad {
   double scale = 1.0;
 };
 
-// What one backward pass observed, per layer (filled only when statistics are recorded).
-struct LayerRecord {
-  int layer_id = -1;
-  double local_scale = 1.0;     // s chosen by the controller
-  double scale_in = 1.0;        // S of the gradient the layer received
-  TensorStats activation_grad;  // the fp32 upstream gradient (times s) just before rounding to F
-  TensorStats weight_grad;      // the fp32 weight gradient before rounding to F (scaled by S)
-  bool has_activation_grad = false, has_weight_grad = false;
-};
-
-// Collects found_inf and per-layer statistics during one iteration. Passed explicitly.
-struct StepMonitor {
-  bool found_inf = false;
-  int first_nonfinite_layer = -1;  // in backward order: the first layer that produced a non-finite value
-  bool record = false;             // take full tensor_stats (trace steps, statistics-driven scalers)
-  double gradient_edge = 0.0;      // > 0: count weight gradients about this edge (popart_als)
-  std::uint64_t grad_below_edge = 0, grad_above_edge = 0;
-  std::vector<LayerRecord> records;  // indexed by layer id
-
-  // Clears everything for an iteration of a model with `num_layers` layers.
-  void reset(int num_layers, bool record_stats, double edge);
-  void note_nonfinite(int layer_id);
-  LayerRecord& record_of(int layer_id);
+// The local-scale step of one parametric layer (SPEC §5 steps 1–2), as the layer describes it.
+struct UpstreamProduct {
+  const Tensor& weight;          // working weight W (values in F)
+  std::int64_t reduction = 1;    // K
+  std::function<ProductRange()> product_range;  // the exact partial-product range (element_wise), on demand
 };
 
 struct ForwardContext {
@@ -66,8 +57,9 @@ struct ForwardContext {
 
 struct BackwardContext {
   const Precision& precision;
-  Scaler& scaler;
+  Scaler& scaler;  // the loss-level policy; its layer_controller() chooses local scales
   StepMonitor& monitor;
+  std::int64_t step = 0;  // iteration index, for the controller's queries
 };
 
 class Layer {
@@ -111,23 +103,46 @@ class Layer {
 };
 
 // Shared steps of the precision model, used by every layer (one implementation).
-// Rounds `t` (an fp32 activation gradient, already multiplied by the local scale) in place to F,
-// records its statistics before rounding when the monitor records, and reports non-finite values.
+
+// Where a gradient is rounded: the gradient a layer sends upstream, a joined gradient at a fork, a weight
+// or bias gradient, or the loss gradient. Each site has its own slot in the monitor's records.
+enum class GradSite : std::uint8_t { upstream, join, weight, loss };
+
+// The one rounding of a gradient (SPEC §4–§5): d[0..n) ← quantize(multiplier · d, gradient format), with
+// the multiplier (a local scale or S0) applied in fp32 before the one rounding. When the monitor
+// records, the §3 statistics of the fp32 values (after the multiplier) go to the site's slot of `node`'s
+// record (weight gradients merge over weight and bias). A non-finite result, or — for a saturating
+// format — a value at or beyond the overflow threshold before rounding, sets found_inf under `node`.
+// Returns max|d| before rounding (the fp32 values after the multiplier; inf when something is not finite).
+float round_gradient(float* d, std::size_t n, float multiplier, GradSite site, int node, const Precision& p,
+                     StepMonitor& monitor);
+// Rounds `t` (an fp32 activation gradient a non-parametric layer sends upstream, at an unchanged scale)
+// in place to the gradient format: round_gradient at the upstream site with multiplier 1.
 void round_activation_grad(Tensor& t, int layer_id, const Precision& p, StepMonitor& monitor);
 // Rounds a forward output in place to F.
 void round_output(Tensor& t, const Precision& p);
 // working = quantize(master, F): the per-step working copy of a parameter (SPEC §4).
 void round_working_copy(const Parameter& master, Tensor& working, const Precision& p);
-// SPEC §5 steps 1–2 of a parametric layer: `gx.g` holds the fp32 upstream product g ⊗ Wᵀ at the
-// scale S of `grad_output`. Asks the scaler for s (with the layer's working weight and K), multiplies
-// gx.g by s, rounds it to F once (round_activation_grad) and sets gx.scale = s·S.
-void scale_upstream_grad(const Layer& layer, const ScaledGrad& grad_output, const Tensor& weight_working,
+// SPEC §5 steps 1–2 of a parametric layer: `gx.g` holds the fp32 upstream product g ⊗ Wᵀ at the scale S
+// of `grad_output`. Asks the scaler's controller (if any) which statistics it needs, computes them
+// (lib/instrument), gets s, and rounds s·gx.g once (round_gradient); sets gx.scale = s·S.
+void scale_upstream_grad(const Layer& layer, const ScaledGrad& grad_output, const UpstreamProduct& product,
                          ScaledGrad& gx, BackwardContext& ctx);
-// Weight-gradient step (SPEC §4): `g` is the fp32 gradient at scale S; it is rounded to F (unless the
-// precision keeps weight gradients in fp32), checked for non-finite values, counted about the
-// monitor's edge, and g/S is added to `param.grad`.
-// Statistics go to the layer's record (merged over its weight and bias) when the monitor records.
+// Weight-gradient step (SPEC §4): `g` is the fp32 gradient at scale S; it is rounded to the gradient
+// format (unless the precision keeps weight gradients in fp32), checked for non-finite values, counted
+// about the monitor's edge, and g/S is added to `param.grad`.
 void accumulate_weight_grad(Tensor& g, double scale, Parameter& param, int layer_id, const Precision& p,
                             StepMonitor& monitor);
+// The statistics a controller asked for (StatNeeds), computed once with lib/instrument on the query's raw
+// views; attach() computes them and points the query at them (this object must outlive the query's use).
+struct QueryStatistics {
+  TensorStats grad_moments, weight_moments, upstream_stats;
+  ProductRange products;
+  LogMoments grad_log_moments;
+  void attach(StatNeeds needs, LocalScaleQuery& q, RoundOptions round,
+              const std::function<ProductRange()>& product_range = nullptr);
+};
+// Marks the start of a layer's backward in the monitor: it ran, and received a gradient at scale S_in.
+void note_backward(int layer_id, double scale_in, StepMonitor& monitor);
 
 }  // namespace gradscale

@@ -55,14 +55,16 @@ void Linear::backward(const std::vector<const Tensor*>& inputs, const Tensor& /*
   const std::int64_t n = x.dim(0);
   const auto g = grad_output.g.matrix(n, out_);
   const double scale = grad_output.scale;
-  ctx.monitor.record_of(id_).scale_in = scale;
 
   // Upstream gradient first (SPEC §5 steps 1–2): o = g·W in fp32, s from the controller, round(s·o).
   if (ScaledGrad* gx = grad_inputs[0]) {
     gx->g.resize(x.shape());
     auto o = gx->g.matrix(n, in_);
     o.noalias() = g * weight_work_.matrix(out_, in_);
-    scale_upstream_grad(*this, grad_output, weight_work_, *gx, ctx);
+    const float* gd = grad_output.g.data();
+    const float* wd = weight_work_.data();
+    const UpstreamProduct product{weight_work_, out_, [=] { return dense_product_range(gd, n, out_, wd, in_); }};
+    scale_upstream_grad(*this, grad_output, product, *gx, ctx);
   }
 
   // Weight gradients at scale S (step 3).

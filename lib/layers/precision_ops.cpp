@@ -1,48 +1,29 @@
-// The shared steps of the precision model (SPEC §4): rounding activation gradients and weight
-// gradients to F, the found_inf check, and the statistics taken just before rounding. Every layer
-// calls these; none re-implements them.
+// The shared steps of the precision model (SPEC §4–§5): rounding activation, joined, weight and loss
+// gradients to the gradient format (one function, round_gradient), the found_inf check, the statistics
+// taken just before rounding, and the local-scale step of parametric layers. Every layer calls these;
+// none re-implements them.
 
 #include <omp.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cmath>
 
 #include "lib/instrument/edge_count.h"
 #include "lib/layers/layer.h"
 #include "lib/scaler/scaler.h"
 
 namespace gradscale {
-
-void StepMonitor::reset(int num_layers, bool record_stats, double edge) {
-  found_inf = false;
-  first_nonfinite_layer = -1;
-  record = record_stats;
-  gradient_edge = edge;
-  grad_below_edge = grad_above_edge = 0;
-  records.assign(static_cast<std::size_t>(num_layers), LayerRecord{});
-  for (int i = 0; i < num_layers; ++i) records[static_cast<std::size_t>(i)].layer_id = i;
-}
-
-void StepMonitor::note_nonfinite(int layer_id) {
-  if (!found_inf) first_nonfinite_layer = layer_id;
-  found_inf = true;
-}
-
-LayerRecord& StepMonitor::record_of(int layer_id) {
-  GS_CHECK(layer_id >= 0 && static_cast<std::size_t>(layer_id) < records.size(),
-           "layer id " << layer_id << " outside the monitor's " << records.size() << " layers");
-  return records[static_cast<std::size_t>(layer_id)];
-}
-
 namespace {
 
 // quantize() in place, split over the OpenMP threads in blocks of whole cache lines when the tensor is
 // large enough to pay for a parallel region. Rounding is element-wise: the bits do not depend on the split.
-void round_in_place(float* d, std::size_t n, const Precision& p) {
+void round_in_place(float* d, std::size_t n, Format f, RoundOptions opt) {
   constexpr std::size_t kParallelMin = std::size_t{1} << 16, kAlign = 16;
-  if (p.format == Format::fp32) return;  // nothing to round
+  if (f == Format::fp32) return;  // nothing to round
   const int threads = omp_get_max_threads();
   if (n < kParallelMin || threads == 1 || omp_in_parallel()) {
-    quantize(d, d, n, p.format, p.round);
+    quantize(d, d, n, f, opt);
     return;
   }
   const std::size_t block = (n / static_cast<std::size_t>(threads) + kAlign - 1) / kAlign * kAlign;
@@ -50,14 +31,75 @@ void round_in_place(float* d, std::size_t n, const Precision& p) {
   {
     const std::size_t begin = std::min(n, block * static_cast<std::size_t>(omp_get_thread_num()));
     const std::size_t end = std::min(n, begin + block);
-    quantize(d + begin, d + begin, end - begin, p.format, p.round);
+    quantize(d + begin, d + begin, end - begin, f, opt);
   }
+}
+
+void scale_in_place(float* d, std::size_t n, float s) {
+  if (s == 1.0f) return;
+  for (std::size_t i = 0; i < n; ++i) d[i] *= s;
+}
+
+TensorStats* stats_slot(StepMonitor& monitor, GradSite site, int node, bool& merge) {
+  merge = false;
+  if (site == GradSite::loss) {
+    monitor.has_loss_grad = true;
+    return &monitor.loss_grad;
+  }
+  LayerRecord& r = monitor.record_of(node);
+  switch (site) {
+    case GradSite::upstream:
+      r.has_activation_grad = true;
+      return &r.activation_grad;
+    case GradSite::join:
+      r.has_joined_grad = true;
+      return &r.joined_grad;
+    case GradSite::weight:
+      merge = r.has_weight_grad;
+      r.has_weight_grad = true;
+      return &r.weight_grad;
+    case GradSite::loss:
+      break;
+  }
+  return nullptr;
 }
 
 }  // namespace
 
+float round_gradient(float* d, std::size_t n, float multiplier, GradSite site, int node, const Precision& p,
+                     StepMonitor& monitor) {
+  const Format f = p.gradient_format();
+  const bool quantized = site != GradSite::weight || p.quantize_weight_grads;
+  scale_in_place(d, n, multiplier);
+  if (monitor.record) {
+    bool merge = false;
+    TensorStats* slot = stats_slot(monitor, site, node, merge);
+    const TensorStats s = tensor_stats(d, n, f, p.round);
+    if (merge)
+      slot->merge(s);
+    else
+      *slot = s;
+  }
+  // found_inf from the largest magnitude before rounding: rounding is monotone, so the result holds a
+  // non-finite value exactly when that maximum is not finite or rounds to the overflow class — which
+  // also catches a saturating format (fp8_e4m3) clamping an overflow to a finite value (SPEC §4), at
+  // the same threshold tensor_stats counts as overflow.
+  const float m = max_abs(d, n);
+  if (!std::isfinite(m) || (quantized && classify_rounding(m, f, p.round) == RoundClass::overflow))
+    monitor.note_nonfinite(node);
+  if (quantized) round_in_place(d, n, f, p.round);
+  return m;
+}
+
+void round_activation_grad(Tensor& t, int layer_id, const Precision& p, StepMonitor& monitor) {
+  LayerRecord& r = monitor.record_of(layer_id);
+  r.sent_grad = true;
+  r.sent_max_abs = round_gradient(t.data(), static_cast<std::size_t>(t.size()), 1.0f, GradSite::upstream,
+                                  layer_id, p, monitor);
+}
+
 void round_output(Tensor& t, const Precision& p) {
-  round_in_place(t.data(), static_cast<std::size_t>(t.size()), p);
+  round_in_place(t.data(), static_cast<std::size_t>(t.size()), p.format, p.round);
 }
 
 void round_working_copy(const Parameter& master, Tensor& working, const Precision& p) {
@@ -66,41 +108,76 @@ void round_working_copy(const Parameter& master, Tensor& working, const Precisio
            p.round);
 }
 
-void scale_upstream_grad(const Layer& layer, const ScaledGrad& grad_output, const Tensor& weight_working,
-                         ScaledGrad& gx, BackwardContext& ctx) {
-  LocalScaleQuery q;
-  q.layer_id = layer.id();
-  q.layer_name = layer.name();
-  q.format = ctx.precision.format;
-  q.scale_in = grad_output.scale;
-  q.grad = grad_output.g.data();
-  q.grad_size = grad_output.g.size();
-  q.weight = weight_working.data();
-  q.weight_size = weight_working.size();
-  q.reduction = layer.reduction_length();
-  q.upstream = gx.g.data();
-  q.upstream_size = gx.g.size();
-  const double s = ctx.scaler.local_scale(q);
-  // s multiplies the fp32 accumulator before the one rounding, so s·g itself never overflows.
-  if (s != 1.0) {
-    const auto sf = static_cast<float>(s);
-    float* d = gx.g.data();
-    for (std::int64_t i = 0; i < gx.g.size(); ++i) d[i] *= sf;
-  }
-  ctx.monitor.record_of(layer.id()).local_scale = s;
-  round_activation_grad(gx.g, layer.id(), ctx.precision, ctx.monitor);
-  gx.scale = s * grad_output.scale;
+void note_backward(int layer_id, double scale_in, StepMonitor& monitor) {
+  LayerRecord& r = monitor.record_of(layer_id);
+  r.ran = true;
+  r.scale_in = r.scale_out = scale_in;
 }
 
-void round_activation_grad(Tensor& t, int layer_id, const Precision& p, StepMonitor& monitor) {
-  const auto n = static_cast<std::size_t>(t.size());
-  if (monitor.record) {
-    LayerRecord& r = monitor.record_of(layer_id);
-    r.activation_grad = tensor_stats(t.data(), n, p.format, p.round);
-    r.has_activation_grad = true;
+void QueryStatistics::attach(StatNeeds needs, LocalScaleQuery& q, RoundOptions round,
+                             const std::function<ProductRange()>& product_range) {
+  const auto grad_n = static_cast<std::size_t>(q.grad_size);
+  if (needs & kNeedGradMoments) {
+    grad_moments = tensor_moments(q.grad, grad_n);
+    q.grad_moments = &grad_moments;
   }
-  round_in_place(t.data(), n, p);
-  if (!all_finite(t.data(), n)) monitor.note_nonfinite(layer_id);
+  if (needs & kNeedGradLogMoments) {
+    grad_log_moments = log_abs_moments(q.grad, grad_n);
+    q.grad_log_moments = &grad_log_moments;
+  }
+  if ((needs & kNeedWeightMoments) && q.weight) {
+    weight_moments = tensor_moments(q.weight, static_cast<std::size_t>(q.weight_size));
+    q.weight_moments = &weight_moments;
+  }
+  if ((needs & kNeedUpstreamStats) && q.upstream) {
+    upstream_stats = tensor_stats(q.upstream, static_cast<std::size_t>(q.upstream_size), q.format, round);
+    q.upstream_stats = &upstream_stats;
+  }
+  if ((needs & kNeedProductRange) && product_range) {
+    products = product_range();
+    q.products = &products;
+  }
+}
+
+void scale_upstream_grad(const Layer& layer, const ScaledGrad& grad_output, const UpstreamProduct& product,
+                         ScaledGrad& gx, BackwardContext& ctx) {
+  LocalScale decision;
+  if (LayerController* controller = ctx.scaler.layer_controller()) {
+    const auto t0 = std::chrono::steady_clock::now();
+    LocalScaleQuery q;
+    q.layer_id = layer.id();
+    q.layer_name = layer.name();
+    q.step = ctx.step;
+    q.format = ctx.precision.gradient_format();
+    q.scale_in = grad_output.scale;
+    q.reduction = product.reduction;
+    q.grad_shape = grad_output.g.shape();
+    q.weight_shape = product.weight.shape();
+    q.upstream_shape = gx.g.shape();
+    q.grad = grad_output.g.data();
+    q.grad_size = grad_output.g.size();
+    q.weight = product.weight.data();
+    q.weight_size = product.weight.size();
+    q.upstream = gx.g.data();
+    q.upstream_size = gx.g.size();
+    QueryStatistics stats;
+    stats.attach(controller->needs(layer.id()), q, ctx.precision.round, product.product_range);
+    decision = controller->decide(q);
+    GS_CHECK_NUMERIC(std::isfinite(decision.s) && decision.s > 0,
+                     "the controller of policy '" << ctx.scaler.policy() << "' chose local scale " << decision.s
+                                                  << " at layer '" << layer.name() << "' (must be finite and > 0)");
+    ctx.monitor.scaler_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  // s multiplies the fp32 accumulator before the one rounding, so s·g itself never overflows.
+  LayerRecord& r = ctx.monitor.record_of(layer.id());
+  r.local_scale = decision.s;
+  r.unbound_scale = decision.unbound;
+  r.sent_grad = true;
+  r.sent_max_abs = round_gradient(gx.g.data(), static_cast<std::size_t>(gx.g.size()),
+                                  static_cast<float>(decision.s), GradSite::upstream, layer.id(),
+                                  ctx.precision, ctx.monitor);
+  gx.scale = decision.s * grad_output.scale;
+  r.scale_out = gx.scale;
 }
 
 void accumulate_weight_grad(Tensor& g, double scale, Parameter& param, int layer_id, const Precision& p,
@@ -109,17 +186,7 @@ void accumulate_weight_grad(Tensor& g, double scale, Parameter& param, int layer
                  "gradient of " << param.name << " has shape " << shape_string(g.shape())
                                 << ", parameter has " << shape_string(param.grad.shape()));
   const auto n = static_cast<std::size_t>(g.size());
-  if (monitor.record) {
-    LayerRecord& r = monitor.record_of(layer_id);
-    const TensorStats s = tensor_stats(g.data(), n, p.format, p.round);
-    if (r.has_weight_grad)
-      r.weight_grad.merge(s);
-    else
-      r.weight_grad = s;
-    r.has_weight_grad = true;
-  }
-  if (p.quantize_weight_grads) quantize(g.data(), g.data(), n, p.format, p.round);
-  if (!all_finite(g.data(), n)) monitor.note_nonfinite(layer_id);
+  round_gradient(g.data(), n, 1.0f, GradSite::weight, layer_id, p, monitor);
   if (monitor.gradient_edge > 0) {
     const EdgeCounts c = count_about_edge(g.data(), n, static_cast<float>(monitor.gradient_edge));
     monitor.grad_below_edge += c.below;

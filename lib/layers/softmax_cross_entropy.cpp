@@ -5,15 +5,12 @@
 
 namespace gradscale {
 
-LossResult softmax_cross_entropy(const Tensor& logits, const std::int32_t* labels, double loss_scale,
-                                 const Precision& p, ScaledGrad* grad, StepMonitor* monitor, int layer_id) {
+LossResult softmax_cross_entropy_fp32(const Tensor& logits, const std::int32_t* labels, double loss_scale,
+                                      Tensor* grad) {
   GS_CHECK_SHAPE(logits.rank() == 2, "logits must be [N, classes], got " << shape_string(logits.shape()));
   const std::int64_t n = logits.dim(0), c = logits.dim(1);
   LossResult r;
-  if (grad) {
-    grad->g.resize(logits.shape());
-    grad->scale = loss_scale;
-  }
+  if (grad) grad->resize(logits.shape());
   const auto scale_over_n = static_cast<float>(loss_scale / static_cast<double>(n));
   for (std::int64_t i = 0; i < n; ++i) {
     const float* z = logits.data() + i * c;
@@ -28,7 +25,7 @@ LossResult softmax_cross_entropy(const Tensor& logits, const std::int32_t* label
     r.loss += std::log(sum) + zmax - static_cast<double>(z[y]);
     r.correct += arg == y;
     if (grad) {
-      float* g = grad->g.data() + i * c;
+      float* g = grad->data() + i * c;
       // fp32 gradient (softmax − onehot)/N, times S0 in fp32 before the one rounding to F.
       for (std::int64_t k = 0; k < c; ++k) {
         const auto prob = static_cast<float>(std::exp(static_cast<double>(z[k]) - zmax) / sum);
@@ -37,10 +34,18 @@ LossResult softmax_cross_entropy(const Tensor& logits, const std::int32_t* label
     }
   }
   r.loss /= static_cast<double>(n);
+  return r;
+}
+
+LossResult softmax_cross_entropy(const Tensor& logits, const std::int32_t* labels, double loss_scale,
+                                 const Precision& p, ScaledGrad* grad, StepMonitor* monitor, int layer_id) {
+  const LossResult r = softmax_cross_entropy_fp32(logits, labels, loss_scale, grad ? &grad->g : nullptr);
   if (grad) {
-    quantize(grad->g.data(), grad->g.data(), static_cast<std::size_t>(grad->g.size()), p.format, p.round);
-    if (monitor && !all_finite(grad->g.data(), static_cast<std::size_t>(grad->g.size())))
-      monitor->note_nonfinite(layer_id);
+    grad->scale = loss_scale;
+    StepMonitor unused;  // callers without a monitor still round the same way
+    StepMonitor& m = monitor ? *monitor : unused;
+    m.loss_grad_max_abs = round_gradient(grad->g.data(), static_cast<std::size_t>(grad->g.size()), 1.0f,
+                                         GradSite::loss, layer_id, p, m);
   }
   return r;
 }

@@ -14,9 +14,14 @@ struct LossResult {
 };
 
 // logits [N, classes] (values in F), labels[N] in [0, classes). When `grad` is non-null it receives
-// quantize(S0 · ∂loss/∂logits, F) at scale S0; non-finite values are reported to `monitor` under
-// `layer_id` (the output layer). Throws NumericError when a label is out of range.
+// quantize(S0 · ∂loss/∂logits, gradient format) at scale S0, rounded by round_gradient at the loss site
+// (statistics when `monitor` records; non-finite values reported under `layer_id`, the output layer).
+// Throws NumericError when a label is out of range.
 LossResult softmax_cross_entropy(const Tensor& logits, const std::int32_t* labels, double loss_scale,
                                  const Precision& p, ScaledGrad* grad, StepMonitor* monitor, int layer_id);
+// The same loss and the fp32 gradient S0 · ∂loss/∂logits before rounding (into `grad`, resized to the
+// logits' shape; may be null): what a policy that chooses S0 from the loss gradient looks at.
+LossResult softmax_cross_entropy_fp32(const Tensor& logits, const std::int32_t* labels, double loss_scale,
+                                      Tensor* grad);
 
 }  // namespace gradscale

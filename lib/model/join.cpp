@@ -31,22 +31,16 @@ double join_target_scale(const std::vector<double>& max_abs, const std::vector<d
 void join_scaled_grads(const std::vector<const ScaledGrad*>& parts, ScaledGrad& out, const Precision& p,
                        StepMonitor& monitor, int node_id) {
   GS_CHECK(!parts.empty(), "join of no gradients");
-  std::vector<double> max_abs, scales;
+  std::vector<double> max_abs_parts, scales;
   for (const ScaledGrad* part : parts) {
     GS_CHECK_SHAPE(part->g.shape() == parts[0]->g.shape(), "join: gradient shapes "
                                                                << shape_string(part->g.shape()) << " and "
                                                                << shape_string(parts[0]->g.shape()));
-    // One pass: max |g|, where NaN counts as infinite (nothing fits a non-finite part).
-    const float* g = part->g.data();
-    float a = 0;
-    for (std::int64_t i = 0; i < part->g.size(); ++i) {
-      const float v = std::fabs(g[i]);
-      a = std::isnan(v) ? std::numeric_limits<float>::infinity() : std::max(a, v);
-    }
-    max_abs.push_back(a);
+    // max |g| from lib/instrument, where NaN counts as infinite (nothing fits a non-finite part).
+    max_abs_parts.push_back(max_abs(part->g.data(), static_cast<std::size_t>(part->g.size())));
     scales.push_back(part->scale);
   }
-  const double target = join_target_scale(max_abs, scales, p.format);
+  const double target = join_target_scale(max_abs_parts, scales, p.gradient_format());
   out.g.resize(parts[0]->g.shape());
   out.g.fill(0.0f);
   float* dst = out.g.data();
@@ -56,8 +50,7 @@ void join_scaled_grads(const std::vector<const ScaledGrad*>& parts, ScaledGrad& 
     for (std::int64_t i = 0; i < out.g.size(); ++i) dst[i] += g[i] * factor;
   }
   out.scale = target;
-  quantize(dst, dst, static_cast<std::size_t>(out.g.size()), p.format, p.round);
-  if (!all_finite(dst, static_cast<std::size_t>(out.g.size()))) monitor.note_nonfinite(node_id);
+  round_gradient(dst, static_cast<std::size_t>(out.g.size()), 1.0f, GradSite::join, node_id, p, monitor);
 }
 
 }  // namespace gradscale

@@ -12,8 +12,9 @@ namespace gradscale {
 // min S_i halved until it does. (The 2 keeps headroom for the sum.)
 double join_target_scale(const std::vector<double>& max_abs, const std::vector<double>& scales, Format f);
 
-// out = quantize(Σ g_i · T/S_i, F) at scale T; the sum is in fp32 and rounded once. Non-finite results
-// are reported to the monitor under `node_id`. All parts must have the same shape.
+// out = quantize(Σ g_i · T/S_i, F) at scale T; the sum is in fp32 and rounded once (round_gradient at the
+// join site of `node_id`: statistics when recording, non-finite results reported). All parts must have
+// the same shape.
 void join_scaled_grads(const std::vector<const ScaledGrad*>& parts, ScaledGrad& out, const Precision& p,
                        StepMonitor& monitor, int node_id);
 

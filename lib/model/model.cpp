@@ -122,6 +122,7 @@ void Model::backward(const ScaledGrad& grad_output, BackwardContext& ctx) {
                              ? nullptr
                              : &pending_[i][static_cast<std::size_t>(n.input_slot[e])]);
     }
+    note_backward(static_cast<int>(k), g->scale, ctx.monitor);
     n.layer->backward(ins, outputs_[k], *g, grad_ins, ctx);
     if (profiling_) layer_times_[k].backward += seconds_since(t0);
   }
@@ -156,6 +157,23 @@ std::int64_t Model::num_parameters() {
   return total;
 }
 
+std::vector<LayerInfo> Model::layer_infos() const {
+  std::vector<LayerInfo> infos;
+  for (std::size_t i = 0; i < nodes_.size(); ++i) {
+    Layer& l = *nodes_[i].layer;
+    LayerInfo info;
+    info.id = static_cast<int>(i);
+    info.name = l.name();
+    info.kind = l.kind();
+    info.reduction = l.reduction_length();
+    info.parametric = info.reduction > 0;
+    const std::vector<Parameter*> ps = l.parameters();
+    if (info.parametric && !ps.empty()) info.weight_shape = ps[0]->value.shape();
+    infos.push_back(std::move(info));
+  }
+  return infos;
+}
+
 nlohmann::json Model::layer_table() const {
   nlohmann::json table = nlohmann::json::array();
   for (std::size_t i = 0; i < nodes_.size(); ++i) {
@@ -164,6 +182,7 @@ nlohmann::json Model::layer_table() const {
     row["id"] = i;
     row["inputs"] = n.inputs;
     row["K"] = n.layer->reduction_length();
+    row["parametric"] = n.layer->reduction_length() > 0;
     nlohmann::json params = nlohmann::json::array();
     for (Parameter* p : n.layer->parameters())
       params.push_back({{"name", p->name}, {"shape", p->value.shape()}});

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "lib/layers/layer.h"
+#include "lib/scaler/controller.h"
 
 namespace gradscale {
 
@@ -42,6 +43,8 @@ class Model {
   std::int64_t num_parameters();
   // The layer table of traces: id, name, kind, inputs, parameter shapes, K.
   nlohmann::json layer_table() const;
+  // The layer table as a controller is bound to it (Scaler::bind).
+  std::vector<LayerInfo> layer_infos() const;
 
   // Per-layer wall-clock profile (for `gradscale bench step`): while enabled, forward and backward
   // add each layer's seconds to its entry (backward includes the join of its

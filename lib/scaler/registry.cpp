@@ -1,6 +1,7 @@
-// The scaler registry (see scaler.h): policy name -> factory, filled with the built-in policies of
-// baselines/ on first use, and the command-line forms of a scaler spec (JSON object, bare policy name,
-// static:S).
+// The scaler registry (see scaler.h): policy name -> factory, filled on first use with the built-in
+// policies listed by the policy catalogue (builtin_scalers(), defined in policies/catalogue.cpp above
+// lib/, so lib/ includes neither baselines/ nor adaptive/), and the command-line forms of a scaler spec
+// (JSON object, bare policy name, static:S).
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -8,7 +9,6 @@
 #include <mutex>
 #include <string>
 
-#include "baselines/builtin.h"
 #include "lib/scaler/scaler.h"
 
 namespace gradscale {
@@ -17,10 +17,14 @@ namespace {
 struct Registry {
   // Built-ins are added here rather than by static objects in baselines/, which a static library drops.
   Registry() {
-    for (auto& [name, factory] : baselines::builtin_scalers()) factories.emplace(name, std::move(factory));
+    for (BuiltinScaler& b : builtin_scalers()) factories.emplace(b.name, Entry{std::move(b.factory), b.kind});
   }
+  struct Entry {
+    ScalerFactory factory;
+    ScalerKind kind;
+  };
   std::mutex mutex;
-  std::map<std::string, ScalerFactory> factories;
+  std::map<std::string, Entry> factories;
 };
 
 Registry& registry() {
@@ -28,10 +32,16 @@ Registry& registry() {
   return r;
 }
 
+// "apex, cerebras, ...; per-layer: adaptive, te_delayed": the global policies, then the per-layer ones.
 std::string known_policies() {
-  std::string out;
-  for (const std::string& name : scaler_policies()) out += (out.empty() ? "" : ", ") + name;
-  return out;
+  Registry& r = registry();
+  const std::lock_guard<std::mutex> lock(r.mutex);
+  std::string global, per_layer;
+  for (const auto& [name, entry] : r.factories) {
+    std::string& out = entry.kind == ScalerKind::global ? global : per_layer;
+    out += (out.empty() ? "" : ", ") + name;
+  }
+  return per_layer.empty() ? global : global + "; per-layer: " + per_layer;
 }
 
 bool is_policy_name(std::string_view s) {
@@ -50,12 +60,12 @@ std::string_view trim(std::string_view s) {
 
 }  // namespace
 
-void register_scaler(const std::string& policy, ScalerFactory factory) {
+void register_scaler(const std::string& policy, ScalerFactory factory, ScalerKind kind) {
   GS_CHECK(is_policy_name(policy), "scaler policy names are [a-z0-9_]+, got '" << policy << "'");
   GS_CHECK(factory != nullptr, "no factory given for scaler policy '" << policy << "'");
   Registry& r = registry();
   const std::lock_guard<std::mutex> lock(r.mutex);
-  const bool added = r.factories.emplace(policy, std::move(factory)).second;
+  const bool added = r.factories.emplace(policy, Registry::Entry{std::move(factory), kind}).second;
   GS_CHECK(added, "scaler policy '" << policy << "' is already registered");
 }
 
@@ -82,7 +92,7 @@ std::unique_ptr<Scaler> make_scaler(const nlohmann::json& config, Format format)
     Registry& r = registry();
     const std::lock_guard<std::mutex> lock(r.mutex);
     const auto it = r.factories.find(name);
-    if (it != r.factories.end()) factory = it->second;
+    if (it != r.factories.end()) factory = it->second.factory;
   }
   GS_CHECK_CONFIG(factory != nullptr,
                   "unknown scaler policy '" << name << "' (known: " << known_policies() << ")");

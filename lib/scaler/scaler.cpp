@@ -1,11 +1,18 @@
-// The scaler interface (see scaler.h): the default local scale of a global (loss-level) policy.
+// The scaler interface (see scaler.h): the defaults of a global (loss-level) policy.
 #include "lib/scaler/scaler.h"
 
 namespace gradscale {
 
-// Global policies scale only at the loss (SPEC §5): every parametric layer passes its gradient on with s = 1.
-double Scaler::local_scale(const LocalScaleQuery& /*query*/) {
-  return 1.0;
+void Scaler::bind(const std::vector<LayerInfo>& layers, Format grad_format) {
+  if (LayerController* c = layer_controller()) c->bind(layers, grad_format);
+}
+
+void Scaler::begin_step(std::int64_t step) {
+  if (LayerController* c = layer_controller()) c->begin_step(StepBegin{step, 1.0});
+}
+
+double Scaler::choose_loss_scale(const LocalScaleQuery& /*loss_grad*/) {
+  return loss_scale();
 }
 
 }  // namespace gradscale

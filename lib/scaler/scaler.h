@@ -1,7 +1,8 @@
-// The scaler interface (SPEC §5–§7): what training asks of a loss-scaling policy. A scaler gives the
-// initial scale S0 that enters at the loss, the local scale s at each parametric layer (1 for every
-// global policy; the adaptive controllers choose it per layer), and after each iteration decides from
-// found_inf and the step's statistics whether the optimizer step is applied or skipped.
+// The scaler interface (SPEC §5–§7): what training asks of a loss-scaling policy. A scaler is the
+// loss-level policy: it gives the initial scale S0 that enters at the loss and, after each iteration,
+// decides from found_inf and the step's statistics whether the optimizer step is applied or skipped.
+// A per-layer policy also owns a LayerController (controller.h) that chooses the local scale s at each
+// parametric layer; global policies have none, and every layer then passes its gradient on with s = 1.
 #pragma once
 
 #include <cstdint>
@@ -9,12 +10,14 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "lib/core/error.h"
 #include "lib/numeric/format.h"
+#include "lib/scaler/controller.h"
 
 namespace gradscale {
 
@@ -24,26 +27,12 @@ class ScalerError : public Error {
   using Error::Error;
 };
 
-// What a parametric layer (Linear, Conv2d) tells the controller during backward (SPEC §5 step 1).
-// All pointers are borrowed for the duration of the call.
-struct LocalScaleQuery {
-  int layer_id = -1;
-  std::string_view layer_name;
-  Format format = Format::fp32;
-  double scale_in = 1.0;        // S_in: the accumulated scale of `grad`
-  const float* grad = nullptr;  // incoming gradient g (values in F), grad_size elements
-  std::int64_t grad_size = 0;
-  const float* weight = nullptr;  // working weight W (values in F); null at cast points
-  std::int64_t weight_size = 0;
-  std::int64_t reduction = 1;       // K: reduction length of the upstream GEMM
-  const float* upstream = nullptr;  // g ⊗ Wᵀ in fp32 at scale S_in, before rounding (may be null)
-  std::int64_t upstream_size = 0;
-};
-
 // What training measured during one iteration, handed to update().
 struct StepStatistics {
   bool found_inf = false;
   int first_nonfinite_layer = -1;  // layer id, -1 when none
+  std::int64_t step = 0;           // iteration index, from 0
+  const StepMonitor* monitor = nullptr;  // per-layer records of the iteration (null in replay)
   // Counts of |g| over all weight-layer gradients (in F, at the loss scale, before unscaling) below and
   // at-or-above gradient_edge(): filled only when the scaler asks for an edge (popart_als).
   std::uint64_t grad_below_edge = 0;
@@ -62,10 +51,19 @@ class Scaler {
   virtual ~Scaler() = default;
 
   virtual std::string policy() const = 0;
-  // S0: the scale at the loss for the next iteration.
+  // S0: the scale at the loss for the next iteration, as far as it is known before that iteration's
+  // loss gradient (progress lines, replay); choose_loss_scale() gives the one actually used.
   virtual double loss_scale() const = 0;
-  // s for one parametric layer; global policies return 1.
-  virtual double local_scale(const LocalScaleQuery& query);
+  // The per-layer controller, or null for a global policy (then s = 1 at every layer).
+  virtual LayerController* layer_controller() { return nullptr; }
+  // Once before training: the model's layer table and the gradient format (binds the controller).
+  virtual void bind(const std::vector<LayerInfo>& layers, Format grad_format);
+  // At the start of each iteration (tells the controller, with the policy's φ).
+  virtual void begin_step(std::int64_t step);
+  // S0 for this iteration from the fp32 loss gradient at scale 1 (layer_id -1, no weight), carrying the
+  // statistics asked for by loss_needs(). Default: loss_scale().
+  virtual StatNeeds loss_needs() const { return 0; }
+  virtual double choose_loss_scale(const LocalScaleQuery& loss_grad);
   // For statistics-driven policies (popart_als): the |g| edge to count weight gradients against, in
   // the units of the stored (scaled) gradients. 0 = the policy needs no such counts.
   virtual double gradient_edge() const { return 0.0; }
@@ -86,7 +84,18 @@ class Scaler {
 // of range values throw ConfigError naming the parameter and the allowed range.
 using ScalerFactory = std::function<std::unique_ptr<Scaler>(const nlohmann::json& config, Format format)>;
 
-void register_scaler(const std::string& policy, ScalerFactory factory);
+// Whether a policy scales only at the loss or also per layer (it has a LayerController): error messages
+// and listings group the policies by it.
+enum class ScalerKind : std::uint8_t { global, per_layer };
+void register_scaler(const std::string& policy, ScalerFactory factory, ScalerKind kind = ScalerKind::global);
+struct BuiltinScaler {
+  std::string name;
+  ScalerFactory factory;
+  ScalerKind kind = ScalerKind::global;
+};
+// The built-in policies: defined by the policy catalogue (policies/catalogue.cpp), the one place that
+// lists baselines/ and adaptive/. The registry reads it on first use.
+std::vector<BuiltinScaler> builtin_scalers();
 std::vector<std::string> scaler_policies();  // sorted
 // From a configuration object {"policy": NAME, ...}.
 std::unique_ptr<Scaler> make_scaler(const nlohmann::json& config, Format format);

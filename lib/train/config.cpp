@@ -41,7 +41,8 @@ void TrainConfig::merge_json(const json& j) {
                                              "weight_grads", "scaler",     "optimizer", "schedule",
                                              "lr",           "epochs",     "batch",     "eval_batch",
                                              "max_steps",    "seed",       "threads",   "progress_seconds",
-                                             "checkpoint",   "save_every", "resume"};
+                                             "checkpoint",   "save_every", "resume",
+                                             "grad_format",  "trace",      "trace_every", "trace_hist"};
   for (const auto& [k, v] : j.items()) {
     if (!keys.count(k)) {
       std::string allowed;
@@ -68,6 +69,18 @@ void TrainConfig::merge_json(const json& j) {
       data = text(v, "data");
     } else if (k == "format") {
       format = parse_format(text(v, "format"));
+    } else if (k == "grad_format") {
+      if (v.is_null())
+        grad_format.reset();
+      else
+        grad_format = parse_format(text(v, "grad_format"));
+    } else if (k == "trace") {
+      trace_path = text(v, "trace");
+    } else if (k == "trace_every") {
+      trace_every = integer_in(v, "trace_every", 1, std::int64_t{1} << 40);
+    } else if (k == "trace_hist") {
+      GS_CHECK_CONFIG(v.is_boolean(), "config key 'trace_hist' must be true or false, got " << v.dump());
+      trace_hist = v.get<bool>();
     } else if (k == "weight_grads") {
       const std::string w = text(v, "weight_grads");
       GS_CHECK_CONFIG(w == "format" || w == "fp32",
@@ -115,6 +128,7 @@ json TrainConfig::to_json() const {
   json j = {{"model", model},
             {"data", data},
             {"format", format_name(format)},
+            {"grad_format", format_name(grad_format.value_or(format))},
             {"weight_grads", quantize_weight_grads ? "format" : "fp32"},
             {"scaler", scaler},
             {"optimizer", optimizer},
@@ -129,7 +143,10 @@ json TrainConfig::to_json() const {
             {"progress_seconds", progress_seconds},
             {"checkpoint", checkpoint_dir},
             {"save_every", save_every},
-            {"resume", resume_dir}};
+            {"resume", resume_dir},
+            {"trace", trace_path},
+            {"trace_every", trace_every},
+            {"trace_hist", trace_hist}};
   if (!model_spec.is_null()) j["model_spec"] = model_spec;
   return j;
 }

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -17,6 +18,7 @@ struct TrainConfig {
   nlohmann::json model_spec;           // a JSON model spec object; when set, `model` is only its label
   std::string data = "fashion-mnist";  // fashion-mnist | mnist:DIR | synthetic[:N]
   Format format = Format::fp32;
+  std::optional<Format> grad_format;  // activation and weight gradients (unset: `format`)
   bool quantize_weight_grads = true;  // false: weight gradients stay fp32 (ablation, SPEC §4)
   nlohmann::json scaler = {{"policy", "none"}};
   nlohmann::json optimizer = {{"name", "adam"}};
@@ -32,6 +34,9 @@ struct TrainConfig {
   std::string checkpoint_dir;     // with save_every > 0: checkpoints go here
   std::int64_t save_every = 0;    // iterations between checkpoints (also one at the end)
   std::string resume_dir;         // continue from the checkpoint in this directory
+  std::string trace_path;         // non-empty: write a trace to PATH.jsonl and PATH.json (SPEC §8)
+  std::int64_t trace_every = 10;  // a traced step every N iterations (plus notable ones)
+  bool trace_hist = false;        // binade histograms in the trace
 
   // Reads the keys present in `j` over the current values; unknown keys or bad values → ConfigError
   // naming the key and what is allowed.

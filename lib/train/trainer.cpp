@@ -15,6 +15,7 @@
 #include "lib/layers/softmax_cross_entropy.h"
 #include "lib/model/spec.h"
 #include "lib/train/checkpoint.h"
+#include "lib/train/trace.h"
 
 namespace gradscale {
 namespace {
@@ -57,7 +58,10 @@ EpochSummary epoch_from_json(const nlohmann::json& j) {
 
 // The identity of what is being trained: a checkpoint is only resumed into the same model and format.
 nlohmann::json identity(const TrainConfig& c, const nlohmann::json& spec) {
-  return {{"model_spec", spec}, {"format", format_name(c.format)}, {"weight_grads", c.quantize_weight_grads}};
+  return {{"model_spec", spec},
+          {"format", format_name(c.format)},
+          {"grad_format", format_name(c.grad_format.value_or(c.format))},
+          {"weight_grads", c.quantize_weight_grads}};
 }
 
 }  // namespace
@@ -68,6 +72,7 @@ Trainer::Trainer(TrainConfig config, std::ostream* log) : config_(std::move(conf
     Eigen::setNbThreads(config_.threads);
   }
   precision_.format = config_.format;
+  precision_.grad_format = config_.grad_format;
   precision_.quantize_weight_grads = config_.quantize_weight_grads;
 
   data_ = load_data(config_.data, config_.seed);
@@ -81,8 +86,10 @@ Trainer::Trainer(TrainConfig config, std::ostream* log) : config_(std::move(conf
                                                         << shape_string(model_->sample_shape())
                                                         << ", the data has " << shape_string(sample));
 
-  scaler_ = make_scaler(config_.scaler, config_.format);
+  // Scalers size themselves for the format they scale: the gradients'.
+  scaler_ = make_scaler(config_.scaler, precision_.gradient_format());
   config_.scaler = scaler_->config();
+  scaler_->bind(model_->layer_infos(), precision_.gradient_format());
   optimizer_ = make_optimizer(config_.optimizer);
   config_.optimizer = optimizer_->config();
   batcher_ = std::make_unique<Batcher>(data_.train, config_.batch, config_.seed);
@@ -95,6 +102,19 @@ Trainer::Trainer(TrainConfig config, std::ostream* log) : config_(std::move(conf
   rng_.seed(config_.seed ^ 0x9E3779B97F4A7C15ull);
 
   if (!config_.resume_dir.empty()) load_checkpoint(config_.resume_dir);
+  if (!config_.trace_path.empty()) {
+    nlohmann::json header = {{"version", GRADSCALE_VERSION},
+                             {"config", config_.to_json()},
+                             {"format", format_name(precision_.format)},
+                             {"grad_format", format_name(precision_.gradient_format())},
+                             {"scaler", config_.scaler},
+                             {"seed", config_.seed},
+                             {"trace_every", config_.trace_every},
+                             {"trace_hist", config_.trace_hist},
+                             {"layers", model_->layer_table()}};
+    trace_ = std::make_unique<TraceWriter>(config_.trace_path, std::move(header), config_.trace_every,
+                                           config_.trace_hist, config_.resume_dir.empty() ? -1 : steps_);
+  }
 }
 
 Trainer::~Trainer() = default;
@@ -105,20 +125,49 @@ StepOutcome Trainer::train_step(const Tensor& images, const std::vector<std::int
   ForwardContext fctx{precision_, true, &rng_};
   const Tensor& logits = model_->forward(images, fctx);
 
-  monitor_.reset(model_->num_layers(), false, scaler_->gradient_edge());
-  out.loss_scale = scaler_->loss_scale();
+  const std::int64_t step = steps_;  // this iteration's index, from 0
+  const bool sampled = trace_ && trace_->samples(step + 1);
+  monitor_.reset(model_->num_layers(), sampled, scaler_->gradient_edge());
+  const auto t0 = std::chrono::steady_clock::now();
+  scaler_->begin_step(step);
+  // S0: a policy that chooses it from the loss gradient sees that gradient in fp32 at scale 1 first.
+  LocalScaleQuery loss_query;
+  QueryStatistics loss_stats;
+  if (const StatNeeds needs = scaler_->loss_needs()) {
+    softmax_cross_entropy_fp32(logits, labels.data(), 1.0, &loss_fp32_);
+    loss_query.layer_name = "loss";
+    loss_query.step = step;
+    loss_query.format = precision_.gradient_format();
+    loss_query.reduction = 0;
+    loss_query.grad_shape = loss_fp32_.shape();
+    loss_query.grad = loss_fp32_.data();
+    loss_query.grad_size = loss_fp32_.size();
+    loss_stats.attach(needs, loss_query, precision_.round);
+  }
+  out.loss_scale = scaler_->choose_loss_scale(loss_query);
+  GS_CHECK_NUMERIC(std::isfinite(out.loss_scale) && out.loss_scale > 0,
+                   "scaler '" << scaler_->policy() << "' chose loss scale " << out.loss_scale);
+  double scaler_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
   const LossResult loss = softmax_cross_entropy(logits, labels.data(), out.loss_scale, precision_,
                                                 &loss_grad_, &monitor_, model_->num_layers() - 1);
   model_->zero_grads();
-  BackwardContext bctx{precision_, *scaler_, monitor_};
+  BackwardContext bctx{precision_, *scaler_, monitor_, step};
   model_->backward(loss_grad_, bctx);
 
+  const auto t1 = std::chrono::steady_clock::now();
+  if (LayerController* controller = scaler_->layer_controller()) controller->end_step(monitor_);
   StepStatistics stats;
   stats.found_inf = monitor_.found_inf;
   stats.first_nonfinite_layer = monitor_.first_nonfinite_layer;
   stats.grad_below_edge = monitor_.grad_below_edge;
   stats.grad_above_edge = monitor_.grad_above_edge;
+  stats.step = step;
+  stats.monitor = &monitor_;
   out.report = scaler_->update(stats);
+  scaler_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count() +
+                    monitor_.scaler_seconds;
+  scaler_seconds_ += scaler_seconds;
   out.found_inf = stats.found_inf;
   out.first_nonfinite_layer = stats.first_nonfinite_layer;
   out.skipped = out.report.skipped;
@@ -129,6 +178,17 @@ StepOutcome Trainer::train_step(const Tensor& images, const std::vector<std::int
   out.correct = loss.correct;
   ++steps_;
   skipped_ += out.skipped;
+  overflow_steps_ += out.found_inf;
+  if (trace_) {
+    TraceStep t;
+    t.step = steps_;
+    t.epoch = batcher_->epoch() + 1;
+    t.loss = out.loss;
+    t.loss_scale = out.loss_scale;
+    t.phi = out.report.state.is_object() ? out.report.state.value("phi", 1.0) : 1.0;
+    t.skipped = out.skipped;
+    trace_->write_step(t, monitor_);
+  }
   return out;
 }
 
@@ -235,7 +295,20 @@ nlohmann::json Trainer::run() {
     }
   }
   if (!config_.checkpoint_dir.empty() && config_.save_every > 0) save_checkpoint(config_.checkpoint_dir);
-  return result_json();
+  nlohmann::json result = result_json();
+  if (trace_) {
+    trace_->finish({{"steps", steps_},
+                    {"skipped", skipped_},
+                    {"overflows", overflow_steps_},
+                    {"train_loss", result["train_loss"]},
+                    {"train_accuracy", result["train_accuracy"]},
+                    {"test_loss", result["test_loss"]},
+                    {"test_accuracy", result["test_accuracy"]},
+                    {"wall_seconds", now_seconds() - run_start_},
+                    {"scaler_seconds", scaler_seconds_}});
+    result["trace"] = {{"jsonl", trace_->jsonl_path()}, {"json", trace_->json_path()}};
+  }
+  return result;
 }
 
 nlohmann::json Trainer::result_json() {
@@ -251,6 +324,8 @@ nlohmann::json Trainer::result_json() {
   r["complete"] = batcher_->epoch() >= config_.epochs;
   r["steps"] = steps_;
   r["skipped_steps"] = skipped_;
+  r["overflow_steps"] = overflow_steps_;
+  r["scaler_seconds"] = scaler_seconds_;
   r["applied_steps"] = optimizer_->step_count();
   r["epochs_done"] = history_.size();
   r["epoch_seconds"] = seconds;
@@ -287,6 +362,8 @@ void Trainer::save_checkpoint(const std::string& dir) {
                          {"config", config_.to_json()},
                          {"steps", steps_},
                          {"skipped_steps", skipped_},
+                         {"overflow_steps", overflow_steps_},
+                         {"scaler_seconds", scaler_seconds_},
                          {"epoch_loss_sum", epoch_loss_sum_},
                          {"epoch_correct", epoch_correct_},
                          {"epoch_seen", epoch_seen_},
@@ -333,6 +410,8 @@ void Trainer::load_checkpoint(const std::string& dir) {
   rng_state >> rng_;
   steps_ = c.meta.at("steps");
   skipped_ = c.meta.at("skipped_steps");
+  overflow_steps_ = c.meta.value("overflow_steps", std::int64_t{0});
+  scaler_seconds_ = c.meta.value("scaler_seconds", 0.0);
   epoch_loss_sum_ = c.meta.at("epoch_loss_sum");
   epoch_correct_ = c.meta.at("epoch_correct");
   epoch_seen_ = c.meta.at("epoch_seen");

@@ -44,6 +44,8 @@ struct StepOutcome {
   StepReport report;      // the scaler's verdict and counters
 };
 
+class TraceWriter;
+
 class Trainer {
  public:
   // Builds data, model, scaler, optimizer from the config (and restores a checkpoint when
@@ -67,6 +69,7 @@ class Trainer {
   const DataSplit& data() const { return data_; }
   const TrainConfig& config() const { return config_; }
   const Precision& precision() const { return precision_; }
+  double scaler_seconds() const { return scaler_seconds_; }
 
  private:
   void load_checkpoint(const std::string& dir);
@@ -85,11 +88,14 @@ class Trainer {
   Rng rng_;  // dropout masks
   StepMonitor monitor_;
   ScaledGrad loss_grad_;
+  Tensor loss_fp32_;  // the loss gradient at scale 1, for policies that choose S0 from it
+  std::unique_ptr<TraceWriter> trace_;
   Tensor batch_x_;
   std::vector<std::int32_t> batch_y_;
 
   // Counters (all saved in checkpoints).
-  std::int64_t steps_ = 0, skipped_ = 0;
+  std::int64_t steps_ = 0, skipped_ = 0, overflow_steps_ = 0;
+  double scaler_seconds_ = 0;  // time in the scaler and its controller, statistics for queries included
   double epoch_loss_sum_ = 0;
   std::int64_t epoch_correct_ = 0, epoch_seen_ = 0;
   double epoch_seconds_ = 0;  // training time accumulated in the current epoch

@@ -1,0 +1,245 @@
+// Policy `adaptive` (see adaptive_scaler.h): the shared machinery around the methods.
+#include "adaptive/adaptive_scaler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <optional>
+#include <vector>
+
+#include "adaptive/math.h"
+#include "adaptive/method.h"
+#include "lib/core/error.h"
+#include "lib/optim/config_reader.h"
+
+namespace gradscale::adaptive {
+namespace {
+
+using optim_detail::ConfigReader;
+using optim_detail::Interval;
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+struct AdaptiveConfig {
+  std::string method = "approx_range";
+  double n_uf = 1e-3;
+  double scale_upper_bound = 16, accum_upper_bound = 1024;
+  bool power_of_two = true;
+  std::int64_t update_every = 1;
+  double relu_factor = 0.5;
+  bool auto_init = false;
+  double init_scale = 1;
+  std::string cast_form = "no_weight";
+  std::int64_t recover_every = 200;
+  double fixed_scale = 1;
+  int margin = 4;
+  std::optional<double> u_min, u_max;  // unset: the gradient format's
+};
+
+// The cached decision of one layer (update_every).
+struct LayerCache {
+  std::int64_t computed_at = -1;  // step of the last recomputation, -1 = never
+  double unbound = 1;
+};
+
+class AdaptiveScaler final : public Scaler, public LayerController {
+ public:
+  AdaptiveScaler(AdaptiveConfig c, Format format) : c_(std::move(c)), method_(make_method(c_.method)) {
+    set_format(format);
+  }
+
+  // ---- loss-level policy ----
+  std::string policy() const override { return "adaptive"; }
+  double loss_scale() const override { return c_.auto_init ? last_loss_scale_ : phi_ * c_.init_scale; }
+  LayerController* layer_controller() override { return this; }
+  void begin_step(std::int64_t step) override { begin_step(StepBegin{step, phi_}); }
+  StatNeeds loss_needs() const override {
+    if (!c_.auto_init) return 0;
+    return c_.cast_form == "lognormal" ? kNeedGradLogMoments | kNeedGradMoments : kNeedGradMoments;
+  }
+  double choose_loss_scale(const LocalScaleQuery& g) override {
+    if (!c_.auto_init) return loss_scale();
+    GS_CHECK(g.grad_moments, "adaptive: the loss query lacks the moments it asked for");
+    const double s = c_.cast_form == "lognormal"
+                         ? approx_range_lognormal(*g.grad_log_moments, g.grad_moments->max_abs, params_)
+                         : approx_range_no_weight(*g.grad_moments, params_);
+    last_loss_scale_ = phi_ * power_of_two_floor(s);
+    return last_loss_scale_;
+  }
+
+  StepReport update(const StepStatistics& stats) override {
+    // SPEC §6.4: an overflow skips the step and halves φ; recover_every clean steps double it, to at most 1.
+    if (stats.found_inf) {
+      phi_ *= 0.5;
+      clean_steps_ = 0;
+    } else if (++clean_steps_ >= c_.recover_every) {
+      phi_ = std::min(1.0, phi_ * 2);
+      clean_steps_ = 0;
+    }
+    return {stats.found_inf, loss_scale(), state()};
+  }
+
+  // ---- per-layer controller ----
+  void bind(const std::vector<LayerInfo>& layers, Format grad_format) override {
+    set_format(grad_format);
+    cache_.assign(layers.size(), LayerCache{});
+  }
+  void begin_step(const StepBegin& b) override { step_ = b.step; }
+  StatNeeds needs(int layer_id) const override { return due(layer_id) ? method_->needs() : 0; }
+  LocalScale decide(const LocalScaleQuery& q) override {
+    LayerCache& entry = cache_at(q.layer_id);
+    if (due(q.layer_id)) {
+      entry.unbound = method_->unbound_scale(q, params_);
+      entry.computed_at = step_;
+    }
+    // SPEC §6.1 bounds, for every method; then a power of two so that scaling is exact.
+    double s = std::min(entry.unbound, c_.scale_upper_bound);
+    s = std::min(s, c_.accum_upper_bound / q.scale_in);
+    if (c_.power_of_two) s = power_of_two_floor(s);
+    return {s, entry.unbound};
+  }
+  void end_step(const StepMonitor& /*monitor*/) override {}  // φ is updated in update()
+
+  nlohmann::json config() const override {
+    nlohmann::json j = {{"policy", "adaptive"},
+                        {"method", c_.method},
+                        {"n_uf", c_.n_uf},
+                        {"scale_upper_bound", c_.scale_upper_bound},
+                        {"accum_upper_bound", c_.accum_upper_bound},
+                        {"power_of_two", c_.power_of_two},
+                        {"update_every", c_.update_every},
+                        {"relu_factor", c_.relu_factor},
+                        {"cast_form", c_.cast_form},
+                        {"recover_every", c_.recover_every},
+                        {"fixed_scale", c_.fixed_scale},
+                        {"margin", c_.margin}};
+    j["init_scale"] = c_.auto_init ? nlohmann::json("auto") : nlohmann::json(c_.init_scale);
+    if (c_.u_min) j["u_min"] = *c_.u_min;
+    if (c_.u_max) j["u_max"] = *c_.u_max;
+    return j;
+  }
+
+  nlohmann::json state() const override {
+    nlohmann::json layers = nlohmann::json::array();
+    for (std::size_t i = 0; i < cache_.size(); ++i)
+      if (cache_[i].computed_at >= 0)
+        layers.push_back({{"id", i}, {"computed_at", cache_[i].computed_at}, {"unbound", cache_[i].unbound}});
+    return {{"phi", phi_}, {"clean_steps", clean_steps_}, {"last_loss_scale", last_loss_scale_}, {"layers", layers}};
+  }
+
+  void restore_state(const nlohmann::json& state) override {
+    const ConfigReader r(state, "scaler 'adaptive' state", {"phi", "clean_steps", "last_loss_scale", "layers"});
+    const double phi = r.required_number("phi", Interval{0, 1, true, false});
+    GS_CHECK_CONFIG(power_of_two_floor(phi) == phi, "scaler 'adaptive' state: 'phi' must be a power of two, got " << phi);
+    const std::int64_t clean = r.required_integer("clean_steps", 0, c_.recover_every - 1);
+    const double last = r.required_number("last_loss_scale", Interval{0, kInf, false, true});
+    const nlohmann::json& layers = state.at("layers");
+    GS_CHECK_CONFIG(layers.is_array(), "scaler 'adaptive' state: 'layers' must be an array");
+    std::vector<LayerCache> cache(cache_.size());
+    for (const nlohmann::json& l : layers) {
+      const ConfigReader lr(l, "scaler 'adaptive' state: a 'layers' entry", {"id", "computed_at", "unbound"});
+      const std::int64_t id = lr.required_integer("id", 0, static_cast<std::int64_t>(cache.size()) - 1);
+      cache[static_cast<std::size_t>(id)].computed_at =
+          lr.required_integer("computed_at", 0, std::numeric_limits<std::int64_t>::max());
+      cache[static_cast<std::size_t>(id)].unbound = lr.required_number("unbound", Interval{0, kInf, true, true});
+    }
+    phi_ = phi;
+    clean_steps_ = clean;
+    last_loss_scale_ = last;
+    cache_ = std::move(cache);
+  }
+
+ private:
+  void set_format(Format f) {
+    const FormatInfo& info = format_info(f);
+    params_.n_uf = c_.n_uf;
+    params_.c = underflow_coefficient(c_.n_uf);
+    params_.u_min = c_.u_min.value_or(info.min_subnormal);
+    params_.u_max = c_.u_max.value_or(info.max_finite);
+    params_.relu_factor = c_.relu_factor;
+    params_.fixed_scale = c_.fixed_scale;
+    params_.margin = c_.margin;
+  }
+  bool due(int layer_id) const {
+    const LayerCache& e = const_cast<AdaptiveScaler*>(this)->cache_at(layer_id);
+    return e.computed_at < 0 || step_ - e.computed_at >= c_.update_every;
+  }
+  LayerCache& cache_at(int layer_id) {
+    // A controller used without bind() (a single layer in a test) grows its table on demand.
+    GS_CHECK(layer_id >= 0, "adaptive: local scale asked for layer id " << layer_id);
+    if (static_cast<std::size_t>(layer_id) >= cache_.size()) cache_.resize(static_cast<std::size_t>(layer_id) + 1);
+    return cache_[static_cast<std::size_t>(layer_id)];
+  }
+
+  AdaptiveConfig c_;
+  std::unique_ptr<Method> method_;
+  MethodParams params_;
+  std::vector<LayerCache> cache_;
+  std::int64_t step_ = 0;
+  double phi_ = 1;
+  std::int64_t clean_steps_ = 0;
+  double last_loss_scale_ = 1;
+};
+
+}  // namespace
+
+const std::vector<std::string>& method_names() {
+  static const std::vector<std::string> names = {"approx_range", "abs_range", "element_wise", "fixed",
+                                                 "measured"};
+  return names;
+}
+
+std::unique_ptr<Method> make_method(const std::string& name) {
+  if (name == "approx_range") return make_approx_range();
+  if (name == "abs_range") return make_abs_range();
+  if (name == "element_wise") return make_element_wise();
+  if (name == "fixed") return make_fixed();
+  if (name == "measured") return make_measured();
+  std::string known;
+  for (const auto& n : method_names()) known += (known.empty() ? "" : ", ") + n;
+  throw ConfigError("scaler 'adaptive': unknown method '" + name + "' (allowed: " + known + ")");
+}
+
+std::unique_ptr<Scaler> make_adaptive_scaler(const nlohmann::json& config, Format format) {
+  const ConfigReader r(config, "scaler 'adaptive'",
+                       {"policy", "method", "n_uf", "scale_upper_bound", "accum_upper_bound", "power_of_two",
+                        "update_every", "relu_factor", "init_scale", "cast_form", "recover_every", "fixed_scale",
+                        "margin", "u_min", "u_max"});
+  AdaptiveConfig c;
+  if (r.has("method")) {
+    GS_CHECK_CONFIG(config.at("method").is_string(), "scaler 'adaptive': 'method' must be a string, got "
+                                                         << config.at("method").dump());
+    c.method = config.at("method").get<std::string>();
+  }
+  make_method(c.method);  // validates the name
+  c.n_uf = r.number("n_uf", c.n_uf, Interval{0, 0.5, true, true});
+  c.scale_upper_bound = r.number("scale_upper_bound", c.scale_upper_bound, Interval{0, kInf, true, true});
+  c.accum_upper_bound = r.number("accum_upper_bound", c.accum_upper_bound, Interval{0, kInf, true, true});
+  c.power_of_two = r.boolean("power_of_two", c.power_of_two);
+  c.update_every = r.integer("update_every", c.update_every, 1, std::int64_t{1} << 40);
+  c.relu_factor = r.number("relu_factor", c.relu_factor, Interval{0, 1, true, false});
+  if (r.has("init_scale") && config.at("init_scale").is_string()) {
+    GS_CHECK_CONFIG(config.at("init_scale") == "auto", "scaler 'adaptive': 'init_scale' must be a number > 0 or \"auto\", got "
+                                                           << config.at("init_scale").dump());
+    c.auto_init = true;
+  } else {
+    c.init_scale = r.number("init_scale", c.init_scale, Interval{0, kInf, true, true});
+  }
+  if (r.has("cast_form")) {
+    const nlohmann::json& f = config.at("cast_form");
+    GS_CHECK_CONFIG(f == "no_weight" || f == "lognormal",
+                    "scaler 'adaptive': 'cast_form' must be \"no_weight\" or \"lognormal\", got " << f.dump());
+    c.cast_form = f.get<std::string>();
+  }
+  c.recover_every = r.integer("recover_every", c.recover_every, 1, std::int64_t{1} << 40);
+  c.fixed_scale = r.number("fixed_scale", c.fixed_scale, Interval{0, kInf, true, true});
+  c.margin = static_cast<int>(r.integer("margin", c.margin, 0, 64));
+  if (r.has("u_min")) c.u_min = r.number("u_min", 0, Interval{0, kInf, true, true});
+  if (r.has("u_max")) c.u_max = r.number("u_max", 0, Interval{0, kInf, true, true});
+  if (c.u_min && c.u_max)
+    GS_CHECK_CONFIG(*c.u_min < *c.u_max, "scaler 'adaptive': 'u_min' (" << *c.u_min << ") must be below 'u_max' ("
+                                                                         << *c.u_max << ")");
+  return std::make_unique<AdaptiveScaler>(std::move(c), format);
+}
+
+}  // namespace gradscale::adaptive

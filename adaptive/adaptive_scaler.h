@@ -1,0 +1,33 @@
+// Policy `adaptive`: the paper's per-layer loss scaling (SPEC §6) behind the controller contract of
+// lib/scaler/controller.h. One object plays both roles: the loss-level policy (S0 = φ·init_scale, or
+// chosen every step from the loss gradient with init_scale "auto"; skip on found_inf; the safety
+// factor φ of §6.4) and the per-layer controller (a Method computes the unbound s, recomputed every
+// update_every steps per layer and cached between; the bounds of §6.1 and the power of two follow).
+#pragma once
+
+#include <memory>
+
+#include <nlohmann/json.hpp>
+
+#include "lib/scaler/scaler.h"
+
+namespace gradscale::adaptive {
+
+// Parameters ({"policy": "adaptive", ...}; docs/scalers.md):
+//   method             approx_range | abs_range | element_wise | fixed | measured   (approx_range)
+//   n_uf               (0, 0.5)     target underflow fraction                          (1e-3)
+//   scale_upper_bound  > 0          s ≤ this                                           (16)
+//   accum_upper_bound  > 0          s ≤ this / S_in                                    (1024)
+//   power_of_two       bool         s = 2^floor(log2 s)                                (true)
+//   update_every       >= 1         statistics recomputed every N steps per layer      (1)
+//   relu_factor        (0, 1]       approx_range: fraction of non-zero products        (0.5)
+//   init_scale         > 0 | "auto" S0 before φ                                        (1)
+//   cast_form          no_weight | lognormal: the form "auto" uses at the loss         (no_weight)
+//   recover_every      >= 1         clean steps before φ doubles back (≤ 1)            (200)
+//   fixed_scale        > 0          fixed: the local scale                             (1)
+//   margin             [0, 64]      measured: bits of headroom below u_max             (4)
+//   u_min, u_max       > 0          representable range (default: the gradient format's min subnormal, max finite)
+// State: {"phi", "clean_steps", "last_loss_scale", "layers": [{"id", "computed_at", "unbound"}, ...]}.
+std::unique_ptr<Scaler> make_adaptive_scaler(const nlohmann::json& config, Format format);
+
+}  // namespace gradscale::adaptive

@@ -1,0 +1,60 @@
+// approx_range (SPEC §6.2), the reference's default method: models the upstream product o = g ⊗ Wᵀ as
+// a zero-mean normal whose spread follows from the moments of g and W, and picks the smallest s that
+// keeps all but a fraction n_uf of s·o above the smallest subnormal, capped so that the largest possible
+// product cannot overflow. Also the two forms used at cast points, where there is no weight.
+#include <algorithm>
+#include <cmath>
+
+#include "adaptive/math.h"
+#include "adaptive/method.h"
+#include "lib/core/error.h"
+
+namespace gradscale::adaptive {
+namespace {
+
+class ApproxRange final : public Method {
+ public:
+  std::string name() const override { return "approx_range"; }
+  StatNeeds needs() const override { return kNeedGradMoments | kNeedWeightMoments; }
+
+  double unbound_scale(const LocalScaleQuery& q, const MethodParams& p) const override {
+    GS_CHECK(q.grad_moments && q.weight_moments, "approx_range: the query lacks the moments it asked for");
+    const TensorStats& g = *q.grad_moments;
+    const TensorStats& w = *q.weight_moments;
+    // Population moments over all elements, zeros included (the reference's μ and σ).
+    const double mg = g.mean(), vg = g.variance(), mw = w.mean(), vw = w.variance();
+    const auto k = static_cast<double>(q.reduction);
+    const double sigma_o = std::sqrt((vg + mg * mg) * (vw + mw * mw)) * std::sqrt(p.relu_factor * k);
+    if (!(sigma_o > 0)) return 1.0;  // an all-zero gradient or weight: nothing to protect
+    double s = std::max(p.u_min / (p.c * sigma_o), 1.0);
+    // The largest |g·w| any product can have, from the signed extremes of both factors.
+    const double o_max = std::max({std::fabs(g.max * w.max), std::fabs(g.min * w.min),
+                                   std::fabs(g.max * w.min), std::fabs(g.min * w.max)});
+    if (o_max > 0) s = std::min(s, (p.u_max / k) / o_max);  // may go below 1
+    return s;
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Method> make_approx_range() {
+  return std::make_unique<ApproxRange>();
+}
+
+double approx_range_no_weight(const TensorStats& g, const MethodParams& p) {
+  const double sigma = std::sqrt(g.variance());
+  if (!(sigma > 0)) return 1.0;
+  double s = std::max(p.u_min / (p.c * sigma), 1.0);
+  if (g.max_abs > 0) s = std::min(s, p.u_max / g.max_abs);
+  return s;
+}
+
+double approx_range_lognormal(const LogMoments& g, double max_abs, const MethodParams& p) {
+  if (g.count == 0) return 1.0;
+  const double z = normal_quantile_above(p.n_uf);
+  double s = std::max(p.u_min * std::exp(z * g.stddev - g.mean), 1.0);
+  if (max_abs > 0) s = std::min(s, p.u_max / max_abs);
+  return s;
+}
+
+}  // namespace gradscale::adaptive

@@ -1,0 +1,12 @@
+// The list of adaptive policies (see builtin.h).
+#include "adaptive/builtin.h"
+
+#include "adaptive/adaptive_scaler.h"
+
+namespace gradscale::adaptive {
+
+std::vector<std::pair<std::string, ScalerFactory>> builtin_scalers() {
+  return {{"adaptive", make_adaptive_scaler}};
+}
+
+}  // namespace gradscale::adaptive

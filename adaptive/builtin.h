@@ -1,0 +1,15 @@
+// The policies of adaptive/, listed once for the policy catalogue (policies/catalogue.cpp).
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "lib/scaler/scaler.h"
+
+namespace gradscale::adaptive {
+
+// {"adaptive", factory}: the per-layer methods are chosen by its "method" key.
+std::vector<std::pair<std::string, ScalerFactory>> builtin_scalers();
+
+}  // namespace gradscale::adaptive

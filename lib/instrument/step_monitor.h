@@ -1,0 +1,50 @@
+// What one iteration's backward pass observed (SPEC §4, §8): found_inf and the first layer that
+// produced a non-finite value, and per layer the scales it used and — on steps that record — the §3
+// statistics of the gradients it rounded. The engine fills it (lib/layers/precision_ops.cpp, the only
+// place gradients are rounded); controllers read it in their update, the trace writer writes it.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "lib/instrument/histogram.h"
+
+namespace gradscale {
+
+struct LayerRecord {
+  int layer_id = -1;
+  bool ran = false;             // the layer's backward ran this iteration
+  double local_scale = 1.0;     // s the layer applied to the gradient it sent upstream
+  double unbound_scale = 1.0;   // the controller's s before bounds and power of two
+  double scale_in = 1.0;        // S of the gradient the layer received
+  double scale_out = 1.0;       // S of the gradient it sent upstream (s·S_in)
+  bool sent_grad = false;       // it sent an activation gradient upstream
+  float sent_max_abs = 0;       // max|g| of that gradient in fp32 before rounding (inf if not finite); always
+  // Full statistics, taken only when the monitor records: the activation gradient sent upstream (fp32,
+  // after s, before rounding), the weight and bias gradients (fp32 at S_in, before rounding, merged),
+  // and the gradient joined at this layer's output when it feeds several layers.
+  TensorStats activation_grad, weight_grad, joined_grad;
+  bool has_activation_grad = false, has_weight_grad = false, has_joined_grad = false;
+};
+
+// Collects found_inf and per-layer records during one iteration. Passed explicitly.
+struct StepMonitor {
+  bool found_inf = false;
+  int first_nonfinite_layer = -1;  // in backward order: the first layer that produced a non-finite value
+  bool record = false;             // take full tensor_stats (trace steps, statistics-driven scalers)
+  double gradient_edge = 0.0;      // > 0: count weight gradients about this edge (popart_als)
+  std::uint64_t grad_below_edge = 0, grad_above_edge = 0;
+  std::vector<LayerRecord> records;  // indexed by layer id
+  // The loss gradient (SPEC §5: fp32 times S0, rounded to F): its max|g| always, its statistics when recording.
+  float loss_grad_max_abs = 0;
+  TensorStats loss_grad;
+  bool has_loss_grad = false;
+  double scaler_seconds = 0;  // wall time spent in controllers and the statistics they asked for
+
+  // Clears everything for an iteration of a model with `num_layers` layers.
+  void reset(int num_layers, bool record_stats, double edge);
+  void note_nonfinite(int layer_id);
+  LayerRecord& record_of(int layer_id);
+};
+
+}  // namespace gradscale

@@ -1,0 +1,95 @@
+// The per-layer controller contract (SPEC §5–§6): what a controller that chooses a local scale s per
+// parametric layer is told, and when. The engine binds it to the model's layer table once, tells it when
+// each iteration begins (step index and the safety factor φ), asks which statistics it needs at a
+// layer before the layer's upstream gradient is rounded, computes exactly those with lib/instrument
+// (never the controller), passes them in a LocalScaleQuery, applies the returned s, and hands the
+// iteration's per-layer records to end_step. A controller is owned by its loss-level policy (Scaler),
+// which serialises its state.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "lib/instrument/histogram.h"
+#include "lib/instrument/log_moments.h"
+#include "lib/instrument/product_range.h"
+#include "lib/instrument/step_monitor.h"
+#include "lib/numeric/format.h"
+#include "lib/tensor/tensor.h"
+
+namespace gradscale {
+
+// One row of the model's layer table, as a controller sees it.
+struct LayerInfo {
+  int id = -1;
+  std::string name, kind;
+  bool parametric = false;   // Linear / Conv2d: asks for a local scale
+  std::int64_t reduction = 0;  // K of SPEC §6.1 (0 for other layers)
+  Shape weight_shape;          // empty for layers without a weight
+};
+
+// Statistics a controller may ask for at a layer (bit set). Each is computed once per query by the
+// engine through lib/instrument.
+using StatNeeds = unsigned;
+enum : StatNeeds {
+  kNeedGradMoments = 1u << 0,    // tensor_moments of the incoming gradient g (stored values, at S_in)
+  kNeedWeightMoments = 1u << 1,  // tensor_moments of the working weight W
+  kNeedUpstreamStats = 1u << 2,  // tensor_stats (classes, binades) of the fp32 upstream product at S_in
+  kNeedProductRange = 1u << 3,   // the exact partial-product range of the upstream GEMM
+  kNeedGradLogMoments = 1u << 4,  // moments of ln|g| (lognormal form at cast points)
+};
+
+// What a layer (or the loss, a cast point) tells the controller (SPEC §5 step 1). Pointers are borrowed
+// for the duration of the call; a statistics pointer is null unless the controller asked for it.
+struct LocalScaleQuery {
+  int layer_id = -1;  // -1: the loss gradient (the cast point every model has)
+  std::string_view layer_name;
+  std::int64_t step = 0;       // iteration index, from 0
+  Format format = Format::fp32;  // the gradient format the result is rounded to
+  double scale_in = 1.0;       // S_in: the accumulated scale of `grad`
+  std::int64_t reduction = 1;  // K: reduction length of the upstream GEMM (0 at cast points)
+  Shape grad_shape, weight_shape, upstream_shape;  // weight_shape empty at cast points
+  // Raw views, for controllers that need more than the statistics below.
+  const float* grad = nullptr;  // incoming gradient g: values in F (layers) or fp32 (the loss)
+  std::int64_t grad_size = 0;
+  const float* weight = nullptr;  // working weight W (values in F); null at cast points
+  std::int64_t weight_size = 0;
+  const float* upstream = nullptr;  // g ⊗ Wᵀ in fp32 at scale S_in, before rounding (null at cast points)
+  std::int64_t upstream_size = 0;
+  // The statistics asked for through needs().
+  const TensorStats* grad_moments = nullptr;
+  const TensorStats* weight_moments = nullptr;
+  const TensorStats* upstream_stats = nullptr;
+  const ProductRange* products = nullptr;
+  const LogMoments* grad_log_moments = nullptr;
+};
+
+// The decision at one layer: s is applied; `unbound` is the controller's choice before its bounds and
+// rounding to a power of two (for traces; equal to s when there are none).
+struct LocalScale {
+  double s = 1.0;
+  double unbound = 1.0;
+};
+
+struct StepBegin {
+  std::int64_t step = 0;  // iteration index, from 0
+  double phi = 1.0;       // overflow safety factor of SPEC §6.4 (1 when the policy has none)
+};
+
+class LayerController {
+ public:
+  virtual ~LayerController() = default;
+  // Once, before the first iteration: the model's layers (ids 0..L-1) and the gradient format.
+  virtual void bind(const std::vector<LayerInfo>& layers, Format grad_format) = 0;
+  virtual void begin_step(const StepBegin& step) = 0;
+  // Statistics the query at `layer_id` must carry in the current iteration (0: none).
+  virtual StatNeeds needs(int layer_id) const = 0;
+  virtual LocalScale decide(const LocalScaleQuery& query) = 0;
+  // After backward: what every layer did and observed (records indexed by layer id; full statistics
+  // only on recording steps, s/S and max|g| always), and whether the iteration overflowed.
+  virtual void end_step(const StepMonitor& monitor) = 0;
+};
+
+}  // namespace gradscale

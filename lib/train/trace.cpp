@@ -1,0 +1,158 @@
+// The trace writer (see trace.h).
+#include "lib/train/trace.h"
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+
+#include "lib/core/error.h"
+#include "lib/train/checkpoint.h"
+
+namespace gradscale {
+namespace {
+
+constexpr const char* kSchema = "gradscale.trace/1";
+
+// A double as JSON: non-finite values become null (JSON has no inf), which readers treat as "overflowed".
+nlohmann::json number(double v) {
+  return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr);
+}
+
+}  // namespace
+
+TraceWriter::TraceWriter(std::string base, nlohmann::json header, std::int64_t every, bool histograms,
+                         std::int64_t resume_steps)
+    : jsonl_path_(base + ".jsonl"), json_path_(base + ".json"), every_(every), histograms_(histograms) {
+  GS_CHECK_CONFIG(!base.empty(), "the trace path is empty");
+  GS_CHECK_CONFIG(every >= 1, "trace_every must be >= 1, got " << every);
+  std::vector<nlohmann::json> keep;
+  if (resume_steps >= 0) {
+    std::ifstream probe(jsonl_path_);
+    if (probe) {
+      const nlohmann::json doc = read_jsonl(jsonl_path_);
+      keep.push_back(doc.at("header"));
+      for (const auto& s : doc.at("steps"))
+        if (s.at("step").get<std::int64_t>() <= resume_steps) keep.push_back(s);
+    }
+  }
+  if (keep.empty()) {
+    header["type"] = "header";
+    header["schema"] = kSchema;
+    keep.push_back(std::move(header));
+  }
+  // Rewrite what is kept (a new file, or the resumed run's lines up to the checkpoint), then append.
+  std::string text;
+  for (const auto& j : keep) text += j.dump() + "\n";
+  write_file_atomic(jsonl_path_, text);
+  out_.open(jsonl_path_, std::ios::app);
+  GS_CHECK_DATA(out_, "cannot open trace file '" << jsonl_path_ << "' for writing");
+  const std::size_t layers = keep.front().value("layers", nlohmann::json::array()).size();
+  rate_sum_.assign(layers, 0.0);
+  rate_max_.assign(layers, 0.0);
+  rate_count_.assign(layers, 0);
+}
+
+void TraceWriter::write_line(const nlohmann::json& j) {
+  out_ << j.dump() << '\n';
+  out_.flush();
+  GS_CHECK_DATA(out_, "writing the trace file '" << jsonl_path_ << "' failed");
+}
+
+bool TraceWriter::write_step(const TraceStep& s, const StepMonitor& m) {
+  std::vector<std::string> why;
+  if (samples(s.step)) why.push_back("every");
+  if (s.skipped) why.push_back("skip");
+  if (m.found_inf) why.push_back("overflow");
+  if (have_last_ && s.loss_scale != last_loss_scale_) why.push_back("scale_change");
+  last_loss_scale_ = s.loss_scale;
+  have_last_ = true;
+  if (why.empty()) return false;
+
+  nlohmann::json j = {{"type", "step"},
+                      {"step", s.step},
+                      {"epoch", s.epoch},
+                      {"loss", number(s.loss)},
+                      {"S0", number(s.loss_scale)},
+                      {"phi", s.phi},
+                      {"skipped", s.skipped},
+                      {"found_inf", m.found_inf},
+                      {"first_nonfinite_layer", m.found_inf ? nlohmann::json(m.first_nonfinite_layer)
+                                                            : nlohmann::json(nullptr)},
+                      {"why", why},
+                      {"stats", m.record}};
+  if (m.has_loss_grad) j["loss_grad"] = stats_to_json(m.loss_grad, histograms_);
+  nlohmann::json layers = nlohmann::json::array();
+  for (const LayerRecord& r : m.records) {
+    if (!r.ran) continue;
+    nlohmann::json l = {{"id", r.layer_id},
+                        {"s", r.local_scale},
+                        {"unbound_s", number(r.unbound_scale)},
+                        {"S_in", number(r.scale_in)},
+                        {"S", number(r.scale_out)}};
+    if (r.has_activation_grad) {
+      l["act"] = stats_to_json(r.activation_grad, histograms_);
+      const auto id = static_cast<std::size_t>(r.layer_id);
+      if (id < rate_sum_.size()) {
+        const double rate = r.activation_grad.underflow_rate();
+        rate_sum_[id] += rate;
+        rate_max_[id] = std::max(rate_max_[id], rate);
+        ++rate_count_[id];
+      }
+    }
+    if (r.has_weight_grad) l["wgrad"] = stats_to_json(r.weight_grad, histograms_);
+    if (r.has_joined_grad) l["join"] = stats_to_json(r.joined_grad, histograms_);
+    layers.push_back(std::move(l));
+  }
+  j["layers"] = std::move(layers);
+  write_line(j);
+  ++traced_;
+  return true;
+}
+
+void TraceWriter::finish(nlohmann::json summary) {
+  summary["type"] = "summary";
+  nlohmann::json layers = nlohmann::json::array();
+  for (std::size_t i = 0; i < rate_sum_.size(); ++i) {
+    if (rate_count_[i] == 0) continue;
+    layers.push_back({{"id", i},
+                      {"mean_underflow_rate", rate_sum_[i] / static_cast<double>(rate_count_[i])},
+                      {"max_underflow_rate", rate_max_[i]}});
+  }
+  summary["layers"] = std::move(layers);
+  write_line(summary);
+  out_.close();
+  write_file_atomic(json_path_, read_jsonl(jsonl_path_).dump() + "\n");
+}
+
+nlohmann::json TraceWriter::read_jsonl(const std::string& path) {
+  std::ifstream in(path);
+  GS_CHECK_DATA(in, "cannot open trace file '" << path << "'");
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);)
+    if (!line.empty()) lines.push_back(line);
+  nlohmann::json doc = {{"schema", kSchema}, {"steps", nlohmann::json::array()}};
+  for (std::size_t i = 0; i < lines.size(); ++i) {
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(lines[i]);
+    } catch (const nlohmann::json::parse_error&) {
+      if (i + 1 == lines.size()) break;  // a run killed mid-line: the last line may be cut
+      throw DataError("trace file '" + path + "' line " + std::to_string(i + 1) + " is not valid JSON");
+    }
+    GS_CHECK_DATA(j.is_object() && j.contains("type"),
+                  "trace file '" << path << "' line " << i + 1 << " has no \"type\"");
+    const std::string type = j["type"].is_string() ? j["type"].get<std::string>() : "";
+    if (type == "header")
+      doc["header"] = std::move(j);
+    else if (type == "step")
+      doc["steps"].push_back(std::move(j));
+    else if (type == "summary")
+      doc["summary"] = std::move(j);
+    else
+      throw DataError("trace file '" + path + "' line " + std::to_string(i + 1) + ": unknown type '" + type + "'");
+  }
+  GS_CHECK_DATA(doc.contains("header"), "trace file '" << path << "' has no header line");
+  return doc;
+}
+
+}  // namespace gradscale

@@ -1,0 +1,62 @@
+// Per-layer scale traces (SPEC §8; schema in docs/trace.md): a JSON Lines file written while training
+// runs — a header, one line per traced iteration, a summary — flushed line by line so a crash loses at
+// most the last line, and at the end one JSON document with the same objects, written atomically.
+#pragma once
+
+#include <cstdint>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "lib/instrument/step_monitor.h"
+
+namespace gradscale {
+
+// What the trainer knows about one iteration besides the monitor's per-layer records.
+struct TraceStep {
+  std::int64_t step = 0;  // 1-based iteration number
+  std::int64_t epoch = 0;  // 1-based
+  double loss = 0, loss_scale = 1, phi = 1;
+  bool skipped = false;
+};
+
+class TraceWriter {
+ public:
+  // Opens `base`.jsonl for writing and writes `header` (which gets "type" and "schema"). With
+  // `resume_steps` >= 0 the run continues a checkpoint: an existing `base`.jsonl keeps its header and
+  // the step lines up to that step (later ones belong to iterations that will be run again).
+  TraceWriter(std::string base, nlohmann::json header, std::int64_t every, bool histograms,
+              std::int64_t resume_steps = -1);
+
+  // Whether iteration `step` (1-based) takes full statistics: every `every`-th iteration.
+  bool samples(std::int64_t step) const { return step % every_ == 0; }
+  // Writes the iteration's line when it was sampled or something notable happened (a skip, found_inf,
+  // a change of S0). Returns whether a line was written.
+  bool write_step(const TraceStep& s, const StepMonitor& m);
+  // Writes the summary line (per-layer underflow of the traced steps is added here) and the JSON document.
+  void finish(nlohmann::json summary);
+
+  const std::string& jsonl_path() const { return jsonl_path_; }
+  const std::string& json_path() const { return json_path_; }
+
+  // Reads a trace JSON Lines file into the document form {"schema", "header", "steps", "summary"}; a cut
+  // last line is dropped. Throws DataError naming the file and line for anything else malformed.
+  static nlohmann::json read_jsonl(const std::string& path);
+
+ private:
+  void write_line(const nlohmann::json& j);
+
+  std::string jsonl_path_, json_path_;
+  std::int64_t every_;
+  bool histograms_;
+  std::ofstream out_;
+  double last_loss_scale_ = 0;
+  bool have_last_ = false;
+  std::int64_t traced_ = 0;
+  std::vector<double> rate_sum_, rate_max_;  // per layer, act underflow rate over traced steps
+  std::vector<std::int64_t> rate_count_;
+};
+
+}  // namespace gradscale
