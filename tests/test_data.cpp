@@ -17,6 +17,8 @@
 #include <vector>
 
 #include <catch2/catch.hpp>
+
+#include "tests/skip.h"
 #include <nlohmann/json.hpp>
 
 #include "lib/core/error.h"
@@ -476,10 +478,7 @@ TEST_CASE("the installed Fashion-MNIST has 60000/10000 images of 28x28 with labe
                         "t10k-labels-idx1-ubyte"}) {
     all = all && (fs::exists(fs::path(dir) / f) || fs::exists(fs::path(dir) / (std::string(f) + ".gz")));
   }
-  if (!all) {
-    WARN("SKIPPED: Fashion-MNIST files not found in " << dir << " (install dataset-fashion-mnist)");
-    return;
-  }
+  if (!all) gradscale::test::skip_test("Fashion-MNIST files not found in " + dir + " (install dataset-fashion-mnist)");
   const DataSplit split = load_data("fashion-mnist", 0);
   CHECK_THAT(split.source, Contains("fashion-mnist from"));
   REQUIRE(split.train.images.shape() == Shape{60000, 1, 28, 28});

@@ -1,0 +1,636 @@
+// The per-layer controllers (SPEC §6, adaptive/) and te_delayed (SPEC §7) on hand-computed inputs, and
+// through the engine: bounds, power of two, update_every, element_wise against brute force, measured's
+// choice and its overflow cap, scales composing exactly through a deep network, local scales applied
+// before rounding, joins, φ, saturation as overflow, traces and resume.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+
+#include "adaptive/math.h"
+#include "adaptive/method.h"
+#include "lib/core/random.h"
+#include "lib/layers/linear.h"
+#include "lib/layers/conv2d.h"
+#include "lib/layers/softmax_cross_entropy.h"
+#include "lib/model/spec.h"
+#include "lib/scaler/scaler.h"
+#include "lib/train/trace.h"
+#include "lib/train/trainer.h"
+
+using namespace gradscale;
+using json = nlohmann::json;
+using Catch::Matchers::Contains;
+
+namespace {
+
+// TensorStats with the given moments over `count` values (what tensor_moments would return).
+TensorStats moments(double mean, double stddev, double mn, double mx, std::uint64_t count = 1000) {
+  TensorStats s;
+  s.elements = s.count = count;
+  s.sum = mean * static_cast<double>(count);
+  s.sum_squares = (stddev * stddev + mean * mean) * static_cast<double>(count);
+  s.min = mn;
+  s.max = mx;
+  s.max_abs = std::max(-mn, mx);
+  return s;
+}
+
+adaptive::MethodParams fp16_params(double n_uf = 1e-3) {
+  adaptive::MethodParams p;
+  p.n_uf = n_uf;
+  p.c = adaptive::underflow_coefficient(n_uf);
+  p.u_min = 0x1p-24;
+  p.u_max = 65504;
+  return p;
+}
+
+std::unique_ptr<Scaler> adaptive_scaler(json cfg, Format f = Format::fp16) {
+  cfg["policy"] = "adaptive";
+  return make_scaler(cfg, f);
+}
+
+bool same_bits(const Tensor& a, const Tensor& b) {
+  return a.shape() == b.shape() &&
+         std::memcmp(a.data(), b.data(), static_cast<std::size_t>(a.size()) * sizeof(float)) == 0;
+}
+
+Tensor normal_tensor(const Shape& s, std::uint64_t seed, double sigma = 1.0) {
+  Tensor t(s);
+  Rng rng(seed);
+  for (std::int64_t i = 0; i < t.size(); ++i) t[i] = static_cast<float>(sigma * standard_normal(rng));
+  return t;
+}
+
+}  // namespace
+
+TEST_CASE("adaptive math: c, z, erfinv and the power of two", "[adaptive]") {
+  CHECK(adaptive::underflow_coefficient(1e-3) == Approx(1.2533e-3).epsilon(1e-4));
+  CHECK(adaptive::normal_quantile_above(1e-3) == Approx(3.0902).epsilon(1e-4));
+  for (double x : {-0.9, -0.3, 1e-6, 0.5, 0.999})
+    CHECK(std::erf(adaptive::erfinv(x)) == Approx(x).epsilon(1e-14));
+  CHECK(adaptive::power_of_two_floor(1.23) == 1.0);
+  CHECK(adaptive::power_of_two_floor(0.23) == 0.125);
+  CHECK(adaptive::power_of_two_floor(1024.0) == 1024.0);
+  CHECK(adaptive::power_of_two_floor(0x1.fffffp-3) == 0.125);
+}
+
+TEST_CASE("approx_range on known moments", "[adaptive]") {
+  const auto method = adaptive::make_approx_range();
+  const adaptive::MethodParams p = fp16_params();
+  LocalScaleQuery q;
+  q.reduction = 64;
+  // g: mean 0, std 1e-6, extremes ±4e-6; W: mean 0.01, std 0.05, extremes -0.2 .. 0.3.
+  const TensorStats g = moments(0, 1e-6, -4e-6, 4e-6), w = moments(0.01, 0.05, -0.2, 0.3);
+  q.grad_moments = &g;
+  q.weight_moments = &w;
+  const double sigma_o = std::sqrt((1e-12) * (0.05 * 0.05 + 0.01 * 0.01)) * std::sqrt(0.5 * 64);
+  const double expect = std::max(0x1p-24 / (adaptive::underflow_coefficient(1e-3) * sigma_o), 1.0);
+  CHECK(method->unbound_scale(q, p) == Approx(expect).epsilon(1e-9));
+  // The overflow cap: large gradients make (u_max/K)/o_max the binding term, below 1.
+  const TensorStats big = moments(0, 100, -30000, 20000);
+  q.grad_moments = &big;
+  CHECK(method->unbound_scale(q, p) == Approx((65504.0 / 64) / (30000 * 0.3)).epsilon(1e-12));
+  // An all-zero gradient: s = 1.
+  const TensorStats zero = moments(0, 0, 0, 0);
+  q.grad_moments = &zero;
+  CHECK(method->unbound_scale(q, p) == 1.0);
+  // The cast forms.
+  const TensorStats lg = moments(0, 1e-5, -2e-5, 3e-5);
+  CHECK(adaptive::approx_range_no_weight(lg, p) == Approx(0x1p-24 / (adaptive::underflow_coefficient(1e-3) * 1e-5)).epsilon(1e-12));
+  LogMoments lm;
+  lm.count = 10;
+  lm.mean = std::log(1e-6);
+  lm.stddev = 1.0;
+  CHECK(adaptive::approx_range_lognormal(lm, 1e-3, p) ==
+        Approx(0x1p-24 * std::exp(3.090232306167813 - std::log(1e-6))).epsilon(1e-6));
+}
+
+TEST_CASE("abs_range and element_wise on hand-computed ranges", "[adaptive]") {
+  const adaptive::MethodParams p = fp16_params();
+  LocalScaleQuery q;
+  q.reduction = 8;
+  TensorStats g = moments(0, 1, -0.5, 0.25), w = moments(0, 1, -2, 1);
+  g.min_nonzero_abs = 1e-7;
+  w.min_nonzero_abs = 1e-3;
+  q.grad_moments = &g;
+  q.weight_moments = &w;
+  // o_min = 1e-10, o_max = 0.5·2 = 1: s = min(max(2^-24/8/1e-10, 1), 65504/8/1) = 74.5...
+  CHECK(adaptive::make_abs_range()->unbound_scale(q, p) == Approx((0x1p-24 / 8) / 1e-10).epsilon(1e-12));
+  ProductRange r;
+  r.min_abs = 1e-9;
+  r.max_abs = 4;
+  q.products = &r;
+  CHECK(adaptive::make_element_wise()->unbound_scale(q, p) == Approx(std::min(0x1p-24 / 1e-9, 65504.0 / 4 / 8)));
+  r = ProductRange{};
+  CHECK(adaptive::make_element_wise()->unbound_scale(q, p) == 1.0);  // no non-zero product
+}
+
+TEST_CASE("the product range equals brute-force enumeration for Linear and Conv2d", "[adaptive]") {
+  Rng rng(3);
+  auto sparse = [&](Tensor t) {  // zeros and a wide spread of magnitudes
+    for (std::int64_t i = 0; i < t.size(); ++i) {
+      const auto u = uniform_below(rng, 5);
+      t[i] = u == 0 ? 0.0f : t[i] * std::ldexp(1.0f, static_cast<int>(uniform_below(rng, 30)) - 15);
+    }
+    return t;
+  };
+  SECTION("Linear: g [n, k] · W [k, m]") {
+    const std::int64_t n = 5, k = 7, m = 4;
+    const Tensor g = sparse(normal_tensor({n, k}, 1)), w = sparse(normal_tensor({k, m}, 2));
+    double lo = std::numeric_limits<double>::infinity(), hi = 0;
+    for (std::int64_t i = 0; i < n; ++i)
+      for (std::int64_t j = 0; j < k; ++j)
+        for (std::int64_t c = 0; c < m; ++c) {
+          const double pr = std::fabs(static_cast<double>(g[i * k + j]) * w[j * m + c]);
+          if (g[i * k + j] == 0 || w[j * m + c] == 0) continue;
+          lo = std::min(lo, pr);
+          hi = std::max(hi, pr);
+        }
+    const ProductRange r = dense_product_range(g.data(), n, k, w.data(), m);
+    CHECK(r.min_abs == lo);
+    CHECK(r.max_abs == hi);
+  }
+  SECTION("Conv2d: taps inside the input only (padding 1, stride 2)") {
+    ConvGeometry geo;
+    geo.n = 2;
+    geo.in_channels = 3;
+    geo.out_channels = 4;
+    geo.kernel = 3;
+    geo.stride = 2;
+    geo.pad = 1;
+    geo.h = 5;
+    geo.w = 6;
+    geo.ho = (geo.h + 2 - 3) / 2 + 1;
+    geo.wo = (geo.w + 2 - 3) / 2 + 1;
+    const Tensor g = sparse(normal_tensor({geo.n, geo.out_channels, geo.ho, geo.wo}, 3));
+    const Tensor w = sparse(normal_tensor({geo.out_channels, geo.in_channels, 3, 3}, 4));
+    double lo = std::numeric_limits<double>::infinity(), hi = 0;
+    for (std::int64_t i = 0; i < geo.n; ++i)
+      for (std::int64_t o = 0; o < geo.out_channels; ++o)
+        for (std::int64_t oh = 0; oh < geo.ho; ++oh)
+          for (std::int64_t ow = 0; ow < geo.wo; ++ow)
+            for (std::int64_t c = 0; c < geo.in_channels; ++c)
+              for (std::int64_t ki = 0; ki < 3; ++ki)
+                for (std::int64_t kj = 0; kj < 3; ++kj) {
+                  const std::int64_t ih = oh * 2 - 1 + ki, iw = ow * 2 - 1 + kj;
+                  if (ih < 0 || ih >= geo.h || iw < 0 || iw >= geo.w) continue;  // a padding tap
+                  const float gv = g[((i * geo.out_channels + o) * geo.ho + oh) * geo.wo + ow];
+                  const float wv = w[((o * geo.in_channels + c) * 3 + ki) * 3 + kj];
+                  if (gv == 0 || wv == 0) continue;
+                  const double pr = std::fabs(static_cast<double>(gv) * wv);
+                  lo = std::min(lo, pr);
+                  hi = std::max(hi, pr);
+                }
+    const ProductRange r = conv_product_range(g.data(), w.data(), geo);
+    REQUIRE(hi > 0);
+    CHECK(r.min_abs == lo);
+    CHECK(r.max_abs == hi);
+  }
+}
+
+TEST_CASE("measured picks the smallest power of two meeting n_uf and never overflows", "[adaptive]") {
+  const auto method = adaptive::make_measured();
+  const adaptive::MethodParams p = fp16_params(1e-2);
+  LocalScaleQuery q;
+  q.format = Format::fp16;
+  auto choose = [&](const std::vector<float>& o) {
+    const TensorStats s = tensor_stats(o.data(), o.size(), Format::fp16);
+    q.upstream_stats = &s;
+    return method->unbound_scale(q, p);
+  };
+  // 1000 values: 980 at 2^-10, 20 (2%) at 2^-30. 2% > 1% must be lifted to binade -24: s = 2^6.
+  std::vector<float> o(1000, 0x1p-10f);
+  for (int i = 0; i < 20; ++i) o[static_cast<std::size_t>(i)] = 0x1p-30f;
+  CHECK(choose(o) == 64.0);
+  // Only 1% underflowing is allowed as is: s = 1.
+  for (int i = 10; i < 20; ++i) o[static_cast<std::size_t>(i)] = 0x1p-10f;
+  CHECK(choose(o) == 1.0);
+  // The straddling binade counts as underflow: values in [2^-25, 2^-24) need one more doubling.
+  std::vector<float> st(100, 0x1.8p-25f);
+  CHECK(choose(st) == 2.0);
+  // The cap: max|s·o| ≤ 65504·2^-4 even when that leaves underflow.
+  std::vector<float> wide(100, 0x1p-40f);
+  wide[0] = 1000.0f;
+  CHECK(choose(wide) == Approx(65504.0 / 16 / 1000.0));
+  // Adversarial: heavy tails at random; the chosen scale never makes anything overflow.
+  Rng rng(9);
+  for (int trial = 0; trial < 50; ++trial) {
+    std::vector<float> v(257);
+    for (float& x : v)
+      x = static_cast<float>(standard_normal(rng) * std::ldexp(1.0, static_cast<int>(uniform_below(rng, 60)) - 40));
+    const double s = adaptive::power_of_two_floor(choose(v));
+    for (float x : v) {
+      const float y = quantize(static_cast<float>(s) * x, Format::fp16);
+      REQUIRE(std::isfinite(y));
+      REQUIRE(std::fabs(static_cast<double>(s) * x) <= 65504.0 / 16);
+    }
+  }
+}
+
+TEST_CASE("bounds are relative to S_in and apply to every method", "[adaptive]") {
+  for (const char* method : {"fixed", "approx_range", "measured"}) {
+    INFO(method);
+    auto s = adaptive_scaler({{"method", method}, {"fixed_scale", 1e6}, {"n_uf", 0.4}, {"u_min", 1e-3}});
+    LayerController* c = s->layer_controller();
+    REQUIRE(c != nullptr);
+    const std::vector<float> g(64, 1e-6f), w(64, 1e-6f), up(64, 1e-6f);
+    const TensorStats gm = tensor_moments(g.data(), g.size()), wm = tensor_moments(w.data(), w.size());
+    const TensorStats us = tensor_stats(up.data(), up.size(), Format::fp16);
+    LocalScaleQuery q;
+    q.reduction = 8;
+    q.grad_moments = &gm;
+    q.weight_moments = &wm;
+    q.upstream_stats = &us;
+    for (int layer = 0; layer < 3; ++layer) {
+      c->begin_step(StepBegin{0, 1.0});
+      q.layer_id = layer;
+      q.scale_in = layer == 0 ? 1.0 : layer == 1 ? 256.0 : 4096.0;
+      const LocalScale d = c->decide(q);
+      CHECK(d.unbound > 16);  // every method wants far more than the bounds allow here
+      const double expect = layer == 0 ? 16.0 : layer == 1 ? 4.0 : 0.25;  // min(16, 1024 / S_in)
+      CHECK(d.s == expect);
+    }
+  }
+}
+
+TEST_CASE("update_every recomputes the statistics every N steps and reuses the cached s", "[adaptive]") {
+  auto s = adaptive_scaler({{"method", "approx_range"}, {"update_every", 3}});
+  s->bind({LayerInfo{0, "fc", "linear", true, 8, {8, 8}}}, Format::fp16);
+  LayerController* c = s->layer_controller();
+  std::vector<double> unbound;
+  std::vector<bool> asked;
+  for (int step = 0; step < 7; ++step) {
+    s->begin_step(step);
+    asked.push_back(c->needs(0) != 0);
+    const TensorStats g = moments(0, 1e-6 * (step + 1), -1e-5, 1e-5), w = moments(0, 0.1, -0.5, 0.5);
+    LocalScaleQuery q;
+    q.layer_id = 0;
+    q.reduction = 8;
+    if (asked.back()) {
+      q.grad_moments = &g;
+      q.weight_moments = &w;
+    }
+    unbound.push_back(c->decide(q).unbound);
+  }
+  CHECK(asked == std::vector<bool>{true, false, false, true, false, false, true});
+  CHECK(unbound[1] == unbound[0]);
+  CHECK(unbound[2] == unbound[0]);
+  CHECK(unbound[3] != unbound[0]);
+  CHECK(unbound[4] == unbound[3]);
+  CHECK(unbound[6] != unbound[3]);
+}
+
+TEST_CASE("phi halves on a forced overflow and recovers after recover_every clean steps", "[adaptive]") {
+  auto s = adaptive_scaler({{"method", "fixed"}, {"init_scale", 64}, {"recover_every", 3}});
+  CHECK(s->loss_scale() == 64);
+  StepStatistics inf;
+  inf.found_inf = true;
+  CHECK(s->update(inf).skipped);
+  CHECK(s->loss_scale() == 32);
+  CHECK(s->update(inf).state["phi"] == 0.25);
+  CHECK(s->loss_scale() == 16);
+  for (int i = 0; i < 2; ++i) CHECK_FALSE(s->update(StepStatistics{}).skipped);
+  CHECK(s->loss_scale() == 16);
+  s->update(StepStatistics{});  // the third clean step
+  CHECK(s->loss_scale() == 32);
+  for (int i = 0; i < 9; ++i) s->update(StepStatistics{});
+  CHECK(s->loss_scale() == 64);  // φ never exceeds 1
+  // State round trip, mid-interval.
+  s->update(inf);
+  s->update(StepStatistics{});
+  auto t = adaptive_scaler({{"method", "fixed"}, {"init_scale", 64}, {"recover_every", 3}});
+  t->restore_state(s->state());
+  CHECK(t->state() == s->state());
+  CHECK_THROWS_WITH(t->restore_state(json{{"phi", 3}, {"clean_steps", 0}, {"last_loss_scale", 1}, {"layers", json::array()}}),
+                    Contains("phi"));
+}
+
+TEST_CASE("adaptive configuration errors name the key and the range", "[adaptive]") {
+  auto error_of = [](json cfg) {
+    cfg["policy"] = "adaptive";
+    try {
+      make_scaler(cfg, Format::fp16);
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  CHECK_THAT(error_of({{"method", "magic"}}), Contains("unknown method 'magic'") && Contains("measured"));
+  CHECK_THAT(error_of({{"n_uf", 0.7}}), Contains("n_uf"));
+  CHECK_THAT(error_of({{"update_every", 0}}), Contains("update_every"));
+  CHECK_THAT(error_of({{"init_scale", "big"}}), Contains("init_scale") && Contains("auto"));
+  CHECK_THAT(error_of({{"init_scale", -1}}), Contains("init_scale"));
+  CHECK_THAT(error_of({{"scale_upper_bound", 0}}), Contains("scale_upper_bound"));
+  CHECK_THAT(error_of({{"cast_form", "x"}}), Contains("cast_form"));
+  CHECK_THAT(error_of({{"nuf", 1e-3}}), Contains("nuf"));
+  CHECK_THAT(error_of({{"u_min", 2}, {"u_max", 1}}), Contains("u_min"));
+}
+
+namespace {
+
+// Backward through a chain of Linear layers fed by `x`, from `g` at scale S0; returns the input gradient.
+ScaledGrad chain_backward(std::vector<std::unique_ptr<Linear>>& layers, const Tensor& x, const Tensor& g,
+                          double s0, Scaler& scaler, const Precision& p) {
+  StepMonitor monitor;
+  monitor.reset(static_cast<int>(layers.size()), false, 0);
+  std::vector<Tensor> acts(layers.size() + 1);
+  acts[0] = x;
+  ForwardContext f{p, true, nullptr};
+  for (std::size_t i = 0; i < layers.size(); ++i) {
+    layers[i]->prepare_weights(p);
+    for (Parameter* par : layers[i]->parameters()) par->grad.fill(0.0f);
+    layers[i]->forward({&acts[i]}, acts[i + 1], f);
+  }
+  Tensor gs = g;
+  for (std::int64_t i = 0; i < gs.size(); ++i) gs[i] *= static_cast<float>(s0);
+  ScaledGrad cur{gs, s0};
+  BackwardContext b{p, scaler, monitor, 0};
+  scaler.begin_step(0);
+  for (std::size_t k = layers.size(); k-- > 0;) {
+    ScaledGrad next;
+    std::vector<ScaledGrad*> gi{&next};
+    layers[k]->backward({&acts[k]}, acts[k + 1], cur, gi, b);
+    cur = next;
+  }
+  return cur;
+}
+
+std::vector<std::unique_ptr<Linear>> six_linears(std::uint64_t seed) {
+  Rng rng(seed);
+  std::vector<std::unique_ptr<Linear>> layers;
+  for (int i = 0; i < 6; ++i) {
+    layers.push_back(std::make_unique<Linear>("fc" + std::to_string(i), 8, 8, true, InitSpec{}, rng));
+    layers.back()->set_id(i);
+  }
+  return layers;
+}
+
+}  // namespace
+
+TEST_CASE("fixed 2 with init_scale 2 through six Linear layers: input gradient at 2^7, fp32 updates bit-identical",
+          "[adaptive]") {
+  const Precision p;  // fp32: power-of-two scales are exact
+  const Tensor x = normal_tensor({4, 8}, 21), g = normal_tensor({4, 8}, 22, 1e-3);
+  auto scaled_layers = six_linears(5), plain_layers = six_linears(5);
+  auto fixed = adaptive_scaler({{"method", "fixed"}, {"fixed_scale", 2}, {"init_scale", 2}}, Format::fp32);
+  auto none = make_scaler("none", Format::fp32);
+  REQUIRE(fixed->choose_loss_scale(LocalScaleQuery{}) == 2.0);
+  const ScaledGrad a = chain_backward(scaled_layers, x, g, 2.0, *fixed, p);
+  const ScaledGrad b = chain_backward(plain_layers, x, g, 1.0, *none, p);
+  CHECK(a.scale == 128.0);  // 2 at the loss, ×2 at each of six layers
+  CHECK(b.scale == 1.0);
+  for (std::int64_t i = 0; i < a.g.size(); ++i) REQUIRE(a.g[i] == 128.0f * b.g[i]);
+  for (std::size_t l = 0; l < 6; ++l) {
+    const auto pa = scaled_layers[l]->parameters(), pb = plain_layers[l]->parameters();
+    for (std::size_t j = 0; j < pa.size(); ++j) CHECK(same_bits(pa[j]->grad, pb[j]->grad));
+  }
+}
+
+TEST_CASE("a local scale is applied before rounding to a non-fp32 format", "[adaptive]") {
+  // o = g·W = 2^-26 underflows fp16 (below 2^-25); with s = 16 the product 2^-22 is exact in fp16.
+  Precision p;
+  p.format = Format::fp16;
+  Rng rng(1);
+  Linear fc("fc", 1, 1, false, InitSpec{}, rng);
+  fc.set_id(0);
+  fc.parameters()[0]->value[0] = 0x1p-6f;
+  fc.prepare_weights(p);
+  const Tensor x({1, 1}, 1.0f), g({1, 1}, 0x1p-20f);
+  Tensor y;
+  ForwardContext f{p, true, nullptr};
+  fc.forward({&x}, y, f);
+  for (double s : {1.0, 16.0}) {
+    auto scaler = adaptive_scaler({{"method", "fixed"}, {"fixed_scale", s}});
+    StepMonitor m;
+    m.reset(1, true, 0);
+    BackwardContext b{p, *scaler, m, 0};
+    ScaledGrad gx;
+    std::vector<ScaledGrad*> gi{&gx};
+    fc.backward({&x}, y, ScaledGrad{g, 1.0}, gi, b);
+    CHECK(gx.scale == s);
+    CHECK(gx.g[0] == (s == 1.0 ? 0.0f : 0x1p-22f));
+    CHECK(m.records[0].activation_grad.underflow == (s == 1.0 ? 1u : 0u));
+    CHECK(m.records[0].local_scale == s);
+  }
+}
+
+TEST_CASE("every method through a residual join: fp32 master gradients equal the unscaled ones", "[adaptive]") {
+  // fp32 storage with fp16's range for the controllers: the scales are > 1 and powers of two, so every
+  // product, join and unscaling is exact and the master gradients must be bit-identical to S = 1.
+  const json spec = {{"input", {6}},
+                     {"layers",
+                      {{{"type", "linear"}, {"name", "a"}, {"out", 5}},
+                       {{"type", "relu"}, {"name", "r"}},
+                       {{"type", "linear"}, {"name", "b"}, {"out", 5}},
+                       {{"type", "add"}, {"name", "j"}, {"inputs", {"b", "a"}}},
+                       {{"type", "linear"}, {"name", "c"}, {"out", 5}},
+                       {{"type", "linear"}, {"name", "out"}, {"out", 3}}}}};
+  Tensor x({4, 6});
+  for (std::int64_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(std::sin(0.7 * static_cast<double>(i)));
+  const std::vector<std::int32_t> y = {0, 2, 1, 2};
+  auto grads = [&](Scaler& scaler) {
+    Rng rng(5);
+    auto model = build_model(spec, rng);
+    scaler.bind(model->layer_infos(), Format::fp32);
+    const Precision p;
+    model->prepare_weights(p);
+    StepMonitor monitor;
+    monitor.reset(model->num_layers(), true, 0);
+    scaler.begin_step(0);
+    ForwardContext f{p, true, nullptr};
+    ScaledGrad g;
+    const double s0 = scaler.choose_loss_scale(LocalScaleQuery{});
+    softmax_cross_entropy(model->forward(x, f), y.data(), s0, p, &g, &monitor, model->num_layers() - 1);
+    model->zero_grads();
+    BackwardContext b{p, scaler, monitor, 0};
+    model->backward(g, b);
+    REQUIRE_FALSE(monitor.found_inf);
+    std::vector<Tensor> out;
+    for (Parameter* q : model->parameters()) out.push_back(q->grad);
+    double largest_s = 1;
+    for (const LayerRecord& r : monitor.records) largest_s = std::max(largest_s, r.local_scale);
+    return std::make_pair(out, largest_s);
+  };
+  auto none = make_scaler("none", Format::fp32);
+  const auto ref = grads(*none).first;
+  for (const std::string& method : adaptive::method_names()) {
+    INFO(method);
+    auto s = adaptive_scaler({{"method", method}, {"u_min", 0x1p-24}, {"u_max", 65504}, {"fixed_scale", 4},
+                              {"init_scale", 0x1p-16}, {"relu_factor", 1}},
+                             Format::fp32);
+    const auto [got, largest] = grads(*s);
+    CHECK(largest > 1);  // the method really scaled somewhere
+    REQUIRE(got.size() == ref.size());
+    for (std::size_t i = 0; i < ref.size(); ++i) CHECK(same_bits(got[i], ref[i]));
+  }
+}
+
+TEST_CASE("fp8_e4m3 saturation is an overflow: found_inf and a backing-off torch scaler", "[adaptive]") {
+  Precision p;
+  p.format = Format::fp16;
+  p.grad_format = Format::fp8_e4m3;
+  StepMonitor m;
+  m.reset(1, true, 0);
+  std::vector<float> v = {1.0f, 500.0f};  // 500 would saturate to 448
+  round_gradient(v.data(), v.size(), 1.0f, GradSite::upstream, 0, p, m);
+  CHECK(m.found_inf);
+  CHECK(v[1] == 448.0f);
+  CHECK(m.records[0].activation_grad.overflow == 1);
+  m.reset(1, false, 0);
+  std::vector<float> ok = {1.0f, 440.0f};  // rounds to 448 without overflowing
+  round_gradient(ok.data(), ok.size(), 1.0f, GradSite::upstream, 0, p, m);
+  CHECK_FALSE(m.found_inf);
+  // In training: the torch scaler now backs off from 65536 with fp8_e4m3 gradients.
+  TrainConfig c;
+  c.model = "mlp";
+  c.data = "synthetic:256";
+  c.batch = 64;
+  c.max_steps = 4;
+  c.threads = 1;
+  c.format = Format::fp16;
+  c.grad_format = Format::fp8_e4m3;
+  c.scaler = {{"policy", "torch"}};
+  Trainer t(c);
+  const json r = t.run();
+  CHECK(r["skipped_steps"].get<int>() == 4);
+  CHECK(r["final_scale"].get<double>() == 4096.0);
+}
+
+TEST_CASE("te_delayed: scale = max_finite / amax of the history, delayed; loss and layers", "[adaptive]") {
+  auto s = make_scaler(json{{"policy", "te_delayed"}, {"amax_history_len", 2}, {"margin", 1}}, Format::fp16);
+  s->bind({LayerInfo{0, "fc", "linear", true, 4, {4, 4}}}, Format::fp16);
+  LayerController* c = s->layer_controller();
+  REQUIRE(c != nullptr);
+  CHECK(s->loss_scale() == 1.0);
+  LocalScaleQuery q;
+  q.layer_id = 0;
+  q.scale_in = 8.0;
+  CHECK(c->decide(q).s == 1.0 / 8);  // the layer's gradient goes out at its own scale, 1
+  StepMonitor m;
+  auto step = [&](float loss_amax, float layer_amax) {
+    m.reset(1, false, 0);
+    m.loss_grad_max_abs = loss_amax * static_cast<float>(s->loss_scale());
+    m.records[0].sent_grad = true;
+    m.records[0].scale_out = 1.0;
+    m.records[0].sent_max_abs = layer_amax;
+    c->end_step(m);
+    s->update(StepStatistics{});
+  };
+  step(0.5f, 2.0f);
+  CHECK(s->loss_scale() == 65504.0 / 0.5 / 2);
+  CHECK(c->decide(q).s == 65504.0 / 2.0 / 2 / 8);
+  step(0.25f, 0.0f);  // history max still 0.5 and 2 (zeros keep the previous)
+  CHECK(s->loss_scale() == 65504.0 / 0.5 / 2);
+  step(0.25f, 0.0f);  // history of 2: 0.5 has left
+  CHECK(s->loss_scale() == 65504.0 / 0.25 / 2);
+  CHECK(c->decide(q).s == 65504.0 / 2.0 / 2 / 8);  // layer history all zero now: scale kept
+  auto t = make_scaler(json{{"policy", "te_delayed"}, {"amax_history_len", 2}, {"margin", 1}}, Format::fp16);
+  t->bind({LayerInfo{0, "fc", "linear", true, 4, {4, 4}}}, Format::fp16);
+  t->restore_state(s->state());
+  CHECK(t->state() == s->state());
+}
+
+namespace {
+
+TrainConfig tiny_config() {
+  TrainConfig c;
+  c.model = "mlp";
+  c.data = "synthetic:512";
+  c.batch = 64;
+  c.epochs = 2;
+  c.threads = 1;
+  c.seed = 11;
+  c.format = Format::fp16;
+  return c;
+}
+
+std::string temp_path(const std::string& name) {
+  const auto p = std::filesystem::temp_directory_path() / ("gradscale_adaptive_" + name);
+  std::filesystem::remove_all(p);
+  return p.string();
+}
+
+json strip_timing(json r) {
+  for (const char* k : {"epoch_seconds", "config", "scaler_seconds", "trace"}) r.erase(k);
+  for (auto& e : r["history"]) e.erase("seconds");
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("adaptive and te_delayed resume bit-identically in the middle of an update_every interval",
+          "[adaptive][checkpoint]") {
+  const std::vector<json> scalers = {
+      {{"policy", "adaptive"}, {"method", "approx_range"}, {"init_scale", "auto"}, {"update_every", 3}},
+      {{"policy", "adaptive"}, {"method", "measured"}, {"update_every", 5}, {"recover_every", 4}, {"init_scale", 4096}},
+      {{"policy", "te_delayed"}, {"amax_history_len", 4}}};
+  for (const json& sc : scalers) {
+    INFO(sc.dump());
+    TrainConfig c = tiny_config();
+    c.scaler = sc;
+    Trainer whole(c);
+    const json full = whole.run();
+    const std::string dir = temp_path("resume");
+    TrainConfig first = c;
+    first.max_steps = 10;  // inside epoch 2, inside an interval
+    first.checkpoint_dir = dir;
+    first.save_every = 5;
+    Trainer(first).run();
+    TrainConfig second = c;
+    second.resume_dir = dir;
+    Trainer resumed(second);
+    const json rest = resumed.run();
+    CHECK(strip_timing(rest) == strip_timing(full));
+  }
+}
+
+TEST_CASE("a trace: JSON Lines while running, one document at the end, the same content", "[adaptive][trace]") {
+  const std::string base = temp_path("trace");
+  TrainConfig c = tiny_config();
+  c.epochs = 1;
+  c.trace_path = base;
+  c.trace_every = 3;
+  c.trace_hist = true;
+  c.scaler = {{"policy", "adaptive"}, {"method", "measured"}, {"init_scale", "auto"}};
+  Trainer t(c);
+  const json r = t.run();
+  const json doc = json::parse(std::ifstream(base + ".json"));
+  CHECK(doc == TraceWriter::read_jsonl(base + ".jsonl"));
+  CHECK(doc["schema"] == "gradscale.trace/1");
+  const json& h = doc["header"];
+  CHECK(h["schema"] == "gradscale.trace/1");
+  CHECK(h["grad_format"] == "fp16");
+  CHECK(h["layers"].size() == static_cast<std::size_t>(t.model().num_layers()));
+  const json& steps = doc["steps"];
+  REQUIRE(steps.size() >= 2);
+  std::int64_t last = 0;
+  for (const json& s : steps) {
+    CHECK(s["step"].get<std::int64_t>() > last);
+    last = s["step"];
+    const bool every = s["step"].get<std::int64_t>() % 3 == 0;
+    CHECK(s["stats"] == every);
+    for (const json& l : s["layers"]) {
+      const json& row = h["layers"][l["id"].get<std::size_t>()];
+      CHECK(l["S"].get<double>() == l["s"].get<double>() * l["S_in"].get<double>());
+      if (!every) continue;
+      if (row["parametric"] == true) {
+        REQUIRE(l.contains("wgrad"));
+        CHECK(l["wgrad"].contains("binades"));
+      }
+      if (l.contains("act")) {
+        const json& a = l["act"];
+        CHECK(a["zero"].get<std::uint64_t>() + a["underflow"].get<std::uint64_t>() + a["subnormal"].get<std::uint64_t>() +
+                  a["normal"].get<std::uint64_t>() + a["overflow"].get<std::uint64_t>() +
+                  a["nonfinite"].get<std::uint64_t>() ==
+              a["elements"].get<std::uint64_t>());
+      }
+    }
+  }
+  CHECK(doc["summary"]["steps"] == r["steps"]);
+  CHECK(doc["summary"]["test_accuracy"] == r["test_accuracy"]);
+  CHECK(doc["summary"]["layers"].size() >= 1);
+}
