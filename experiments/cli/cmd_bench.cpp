@@ -97,6 +97,7 @@ int bench_step(TrainConfig config, std::int64_t steps, std::int64_t warmup) {
   }
   Model& model = trainer.model();
   model.set_profiling(true);
+  const double scaler_before = trainer.scaler_seconds();
   std::vector<double> step_seconds;
   std::int64_t skipped = 0;
   for (std::int64_t i = 0; i < steps; ++i) {
@@ -105,6 +106,7 @@ int bench_step(TrainConfig config, std::int64_t steps, std::int64_t warmup) {
     skipped += trainer.train_step(x, y).skipped;
     step_seconds.push_back(seconds_since(t0));
   }
+  const double scaler_ms = 1e3 * (trainer.scaler_seconds() - scaler_before) / static_cast<double>(steps);
   const std::vector<Model::LayerTime> times = model.layer_times();
   model.set_profiling(false);
 
@@ -134,6 +136,8 @@ int bench_step(TrainConfig config, std::int64_t steps, std::int64_t warmup) {
               100.0 * layers_ms / mean_ms);
   std::printf("%-36s %25.3f %7.1f%%\n", "rest (weights, loss, scaler, optimizer)", mean_ms - layers_ms,
               100.0 * (mean_ms - layers_ms) / mean_ms);
+  std::printf("%-36s %25.3f %7.1f%%   (policy %s: S0, controller, the statistics it asked for, update)\n",
+              "of which in the scaler", scaler_ms, 100.0 * scaler_ms / mean_ms, trainer.scaler().policy().c_str());
   const double per_epoch = static_cast<double>(batches.batches_per_epoch());
   std::printf(
       "step: mean %.3f ms, median %.3f ms, %.1f steps/s; one epoch of %lld samples (%lld steps) "
