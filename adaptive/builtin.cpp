@@ -5,8 +5,8 @@
 
 namespace gradscale::adaptive {
 
-std::vector<std::pair<std::string, ScalerFactory>> builtin_scalers() {
-  return {{"adaptive", make_adaptive_scaler}};
+std::vector<BuiltinScaler> builtin_scalers() {
+  return {{"adaptive", make_adaptive_scaler, ScalerKind::per_layer}};
 }
 
 }  // namespace gradscale::adaptive

@@ -10,6 +10,6 @@
 namespace gradscale::adaptive {
 
 // {"adaptive", factory}: the per-layer methods are chosen by its "method" key.
-std::vector<std::pair<std::string, ScalerFactory>> builtin_scalers();
+std::vector<BuiltinScaler> builtin_scalers();
 
 }  // namespace gradscale::adaptive

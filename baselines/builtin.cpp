@@ -15,14 +15,19 @@
 
 namespace gradscale::baselines {
 
-std::vector<std::pair<std::string, ScalerFactory>> builtin_scalers() {
+std::vector<BuiltinScaler> builtin_scalers() {
   return {
-      {"none", make_none_scaler},         {"static", make_static_scaler},
-      {"torch", make_torch_scaler},       {"deepspeed", make_deepspeed_scaler},
-      {"megatron", make_megatron_scaler}, {"apex", make_apex_scaler},
-      {"keras", make_keras_scaler},       {"jmp", make_jmp_scaler},
-      {"cerebras", make_cerebras_scaler}, {"popart_als", make_popart_als_scaler},
-      {"te_delayed", make_te_delayed_scaler},
+      {"none", make_none_scaler},
+      {"static", make_static_scaler},
+      {"torch", make_torch_scaler},
+      {"deepspeed", make_deepspeed_scaler},
+      {"megatron", make_megatron_scaler},
+      {"apex", make_apex_scaler},
+      {"keras", make_keras_scaler},
+      {"jmp", make_jmp_scaler},
+      {"cerebras", make_cerebras_scaler},
+      {"popart_als", make_popart_als_scaler},
+      {"te_delayed", make_te_delayed_scaler, ScalerKind::per_layer},
   };
 }
 

@@ -13,6 +13,6 @@ namespace gradscale::baselines {
 
 // {policy name, factory} for none, static, torch, deepspeed, megatron, apex, keras, jmp, cerebras and
 // popart_als, and the per-layer te_delayed.
-std::vector<std::pair<std::string, ScalerFactory>> builtin_scalers();
+std::vector<BuiltinScaler> builtin_scalers();
 
 }  // namespace gradscale::baselines

@@ -8,12 +8,8 @@
 namespace gradscale {
 
 std::vector<BuiltinScaler> builtin_scalers() {
-  std::vector<BuiltinScaler> all;
-  for (auto& [name, factory] : baselines::builtin_scalers()) {
-    const ScalerKind kind = name == "te_delayed" ? ScalerKind::per_layer : ScalerKind::global;
-    all.push_back({name, std::move(factory), kind});
-  }
-  for (auto& [name, factory] : adaptive::builtin_scalers()) all.push_back({name, std::move(factory), ScalerKind::per_layer});
+  std::vector<BuiltinScaler> all = baselines::builtin_scalers();
+  for (BuiltinScaler& b : adaptive::builtin_scalers()) all.push_back(std::move(b));
   return all;
 }
 
