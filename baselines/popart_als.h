@@ -20,7 +20,7 @@ namespace gradscale::baselines {
 //                          fp8_e5m2: 2^15, fp8_e4m3: 2^8, bf16 and fp32: 2^127)
 // Statistics: gradient_edge() = bin_edge * max_finite(F) in the units of the stored (scaled) weight
 // gradients; the trainer fills StepStatistics::grad_below_edge / grad_above_edge with
-// count_about_edge() (lib/instrument/edge_count.h) over all weight-layer gradients.
+// count_about_edge() (lib/instrument/histogram.h) over all weight-layer gradients.
 // Update: counter = (counter + 1) mod update_period (it starts at -1, so the first step updates); when
 // counter == 0 (statistics of other steps are not used, as in PopART):
 //   factor = factor * 0.5 if above > (threshold / (1 - threshold)) * below (PopART's float32 form of

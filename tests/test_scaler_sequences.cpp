@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "lib/core/error.h"
-#include "lib/instrument/edge_count.h"
+#include "lib/instrument/histogram.h"
 #include "lib/scaler/scaler.h"
 
 using Catch::Matchers::Contains;

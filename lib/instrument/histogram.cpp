@@ -14,6 +14,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "lib/core/error.h"
+
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -318,6 +320,25 @@ float max_abs(const float* v, std::size_t n) {
 }
 
 
+
+EdgeCounts count_about_edge(const float* v, std::size_t n, float edge, Format f, RoundOptions opt) {
+  GS_CHECK_NUMERIC(edge > 0.0f && std::isfinite(edge),
+                   "count_about_edge: the edge must be a positive finite float, got " << edge);
+  GS_CHECK_NUMERIC(v != nullptr || n == 0, "count_about_edge: null data with n = " << n);
+  // Smallest |v| (as bits) whose rounding reaches the edge (an overflow to NaN counts as reaching it,
+  // which keeps the predicate monotone); NaN inputs lie above inf's pattern and count in neither bin.
+  const std::uint32_t t =
+      first_true(1u, kInfBits, [&](std::uint32_t a) { return !(std::fabs(quantize(from_bits(a), f, opt)) < edge); });
+  EdgeCounts c;
+  for (std::size_t i = 0; i < n; ++i) {
+    std::uint32_t b;
+    std::memcpy(&b, v + i, sizeof b);
+    const std::uint32_t a = b & kAbs;
+    c.below += a < t;
+    c.above += a >= t && a <= kInfBits;
+  }
+  return c;
+}
 
 bool all_finite(const float* v, std::size_t n) {
   // OR of (|v| >= inf) over the array, branch-free so it vectorises; one test per 1024 elements.

@@ -79,6 +79,24 @@ TensorStats tensor_moments(const float* v, std::size_t n);
 // check (a result of inf means some value was not finite) and the join's max|g| (SPEC §5).
 float max_abs(const float* v, std::size_t n);
 
+// Two-bin counts for statistics-driven loss scaling (SPEC §7, popart_als): how many values lie below an
+// edge and how many at or above it, as they will be after rounding to F — |round(v, F)| against the edge,
+// which (rounding being monotone) is |v| against the smallest float that rounds to at least the edge,
+// found once by binary search over quantize() like every other threshold here; F = fp32 counts the
+// values as they are. Zeros count below, ±inf above, NaN in neither (a NaN sets found_inf anyway).
+// `edge` must be a positive finite float (else NumericError); `v` may be null when n == 0.
+struct EdgeCounts {
+  std::uint64_t below = 0;  // |v| < edge
+  std::uint64_t above = 0;  // |v| >= edge
+  EdgeCounts& operator+=(const EdgeCounts& other) {
+    below += other.below;
+    above += other.above;
+    return *this;
+  }
+};
+EdgeCounts count_about_edge(const float* v, std::size_t n, float edge, Format f = Format::fp32,
+                            RoundOptions opt = {});
+
 // True when every v[i] is finite.
 bool all_finite(const float* v, std::size_t n);
 

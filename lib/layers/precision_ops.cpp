@@ -9,7 +9,6 @@
 #include <chrono>
 #include <cmath>
 
-#include "lib/instrument/edge_count.h"
 #include "lib/layers/layer.h"
 #include "lib/scaler/scaler.h"
 
@@ -84,6 +83,13 @@ float round_gradient(float* d, std::size_t n, float multiplier, GradSite site, i
   // non-finite value exactly when that maximum is not finite or rounds to the overflow class — which
   // also catches a saturating format (fp8_e4m3) clamping an overflow to a finite value (SPEC §4), at
   // the same threshold tensor_stats counts as overflow.
+  // popart_als counts the weight gradients about its edge as they will be stored in F (histogram.h).
+  if (site == GradSite::weight && monitor.gradient_edge > 0) {
+    const EdgeCounts c = count_about_edge(d, n, static_cast<float>(monitor.gradient_edge),
+                                          quantized ? f : Format::fp32, p.round);
+    monitor.grad_below_edge += c.below;
+    monitor.grad_above_edge += c.above;
+  }
   const float m = max_abs(d, n);
   if (!std::isfinite(m) || (quantized && classify_rounding(m, f, p.round) == RoundClass::overflow))
     monitor.note_nonfinite(node);
@@ -187,11 +193,6 @@ void accumulate_weight_grad(Tensor& g, double scale, Parameter& param, int layer
                                 << ", parameter has " << shape_string(param.grad.shape()));
   const auto n = static_cast<std::size_t>(g.size());
   round_gradient(g.data(), n, 1.0f, GradSite::weight, layer_id, p, monitor);
-  if (monitor.gradient_edge > 0) {
-    const EdgeCounts c = count_about_edge(g.data(), n, static_cast<float>(monitor.gradient_edge));
-    monitor.grad_below_edge += c.below;
-    monitor.grad_above_edge += c.above;
-  }
   // Unscale in fp32 (SPEC §4): master grad += g / S (exact for power-of-two S).
   const auto s = static_cast<float>(scale);
   float* dst = param.grad.data();
