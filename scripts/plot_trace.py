@@ -107,7 +107,8 @@ def load_trace(path):
             raise PlotError("%s: header layers[%d] is not {\"id\": %d, \"name\": ...}" % (path, i, i))
     for i, st in enumerate(steps):
         if not isinstance(st, dict) or number(st.get("step")) is None or number(st.get("S0")) is None \
-                or not isinstance(st.get("layers"), list) or not isinstance(st.get("loss_grad"), dict):
+                or not isinstance(st.get("layers"), list) \
+                or not isinstance(st.get("loss_grad", {}), dict):
             raise PlotError("%s: step record %d lacks step, S0, loss_grad or layers (run "
                             "`gradscale inspect --check` for the details)" % (path, i + 1))
         for entry in st["layers"]:
@@ -131,9 +132,23 @@ def underflow_rate(stats):
         raise PlotError("a statistics object lacks elements/zero/nonfinite/underflow counts")
 
 
-def record_scale(entry):
-    """The scale of the gradient a layer sends upstream: S, or S_in when it sends none."""
-    v = number(entry.get("S") if "act" in entry else entry.get("S_in"))
+def layers_sending_act(header, steps):
+    """Per layer id: whether it sends an activation gradient upstream, i.e. has "act" in a record of a
+    step with statistics ("stats" not false). A layer with no such record counts as sending one."""
+    measured, sends = set(), set()
+    for st in steps:
+        if st.get("stats", True) is False:
+            continue
+        for entry in st["layers"]:
+            measured.add(entry["id"])
+            if "act" in entry:
+                sends.add(entry["id"])
+    return {layer["id"]: layer["id"] in sends or layer["id"] not in measured for layer in header["layers"]}
+
+
+def record_scale(entry, sends_act):
+    """The scale of the gradient a layer sends upstream: S, or S_in for a layer that sends none."""
+    v = number(entry.get("S") if sends_act[entry["id"]] else entry.get("S_in"))
     return v if v is not None and v > 0 else None
 
 
@@ -141,6 +156,7 @@ def plot_scales(plt, header, steps, ax):
     xs = [st["step"] for st in steps]
     ax.plot(xs, [math.log2(st["S0"]) if st["S0"] > 0 else float("nan") for st in steps],
             color="black", linestyle="--", label="S0 (loss)")
+    sends_act = layers_sending_act(header, steps)
     for layer in header["layers"]:
         if not layer.get("parametric"):
             continue
@@ -148,7 +164,7 @@ def plot_scales(plt, header, steps, ax):
         for st in steps:
             for entry in st["layers"]:
                 if entry["id"] == layer["id"]:
-                    s = record_scale(entry)
+                    s = record_scale(entry, sends_act)
                     px.append(st["step"])
                     py.append(math.log2(s) if s else float("nan"))
         if px:
@@ -168,7 +184,7 @@ def plot_underflow(plt, header, steps, fig, ax):
     import numpy as np
     from matplotlib.colors import LogNorm, Normalize
 
-    rows = [("loss", [underflow_rate(st["loss_grad"]) for st in steps])]
+    rows = [("loss", [underflow_rate(st.get("loss_grad")) for st in steps])]
     for layer in header["layers"]:
         values = []
         for st in steps:

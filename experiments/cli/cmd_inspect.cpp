@@ -54,6 +54,7 @@ struct Row {
   std::size_t rated = 0;  // records with an activation gradient
   double rate_sum = 0;
   double rate_max = 0;
+  std::size_t with_stats = 0;  // records with statistics (act or wgrad) to look for overflows in
   std::size_t overflow_events = 0;
 
   void add(double scale, const json* grad, const json* wgrad) {
@@ -68,6 +69,7 @@ struct Row {
       rate_sum += r;
       rate_max = std::max(rate_max, r);
     }
+    if (grad || wgrad) ++with_stats;
     if ((grad && stats_overflowed(*grad)) || (wgrad && stats_overflowed(*wgrad))) ++overflow_events;
   }
 };
@@ -77,13 +79,41 @@ const json* find_stats(const json& obj, const char* key) {
   return it == obj.end() ? nullptr : &*it;
 }
 
-// The scale that goes with a layer record's activation gradient: S, or S_in when it sends none.
-double record_scale(const json& l) {
-  return l.contains("act") ? l["S"].get<double>() : l["S_in"].get<double>();
+bool has_statistics(const json& step) {
+  return step.value("stats", true);
+}
+
+// Per layer: whether it sends an activation gradient upstream, i.e. has "act" in a record of a step
+// with statistics. A layer without any such record counts as sending one (S is then the scale shown).
+std::vector<bool> layers_sending_act(const Trace& t) {
+  const std::size_t n = t.header["layers"].size();
+  std::vector<bool> measured(n, false), sends(n, false);
+  for (const json& st : t.steps) {
+    if (!has_statistics(st)) continue;
+    for (const json& l : st["layers"]) {
+      const auto id = l["id"].get<std::size_t>();
+      measured[id] = true;
+      if (l.contains("act")) sends[id] = true;
+    }
+  }
+  for (std::size_t i = 0; i < n; ++i)
+    if (!measured[i]) sends[i] = true;
+  return sends;
+}
+
+// The scale that goes with a layer record: S, the scale of the gradient it sends upstream, or S_in for
+// a layer that sends none (the scale its weight gradient is at).
+double record_scale(const json& l, const std::vector<bool>& sends_act) {
+  return sends_act[l["id"].get<std::size_t>()] ? l["S"].get<double>() : l["S_in"].get<double>();
 }
 
 std::uint64_t overflow_values(const json* stats) {
   return stats ? stats->at("overflow").get<std::uint64_t>() + stats->at("nonfinite").get<std::uint64_t>() : 0;
+}
+
+// Overflowed and non-finite values of the given statistics together; null when there are none to count.
+json overflow_values(const json* a, const json* b) {
+  return a || b ? json(overflow_values(a) + overflow_values(b)) : json();
 }
 
 struct Summary {
@@ -94,10 +124,12 @@ struct Summary {
 Summary summarise(const Trace& t) {
   Summary s;
   s.layers.resize(t.header["layers"].size());
+  const std::vector<bool> sends_act = layers_sending_act(t);
   for (const json& st : t.steps) {
-    s.loss.add(st["S0"].get<double>(), &st["loss_grad"], nullptr);
+    s.loss.add(st["S0"].get<double>(), find_stats(st, "loss_grad"), nullptr);
     for (const json& l : st["layers"])
-      s.layers[l["id"].get<std::size_t>()].add(record_scale(l), find_stats(l, "act"), find_stats(l, "wgrad"));
+      s.layers[l["id"].get<std::size_t>()].add(record_scale(l, sends_act), find_stats(l, "act"),
+                                               find_stats(l, "wgrad"));
   }
   return s;
 }
@@ -110,7 +142,7 @@ json row_json(const Row& r) {
                           : json();
   j["underflow_rate"] =
       r.rated ? json{{"mean", r.rate_sum / static_cast<double>(r.rated)}, {"max", r.rate_max}} : json();
-  j["overflow_events"] = r.records ? json(r.overflow_events) : json();
+  j["overflow_events"] = r.with_stats ? json(r.overflow_events) : json();
   return j;
 }
 
@@ -198,6 +230,7 @@ json at_json(const Trace& t, const json& st, std::uint64_t target) {
   for (const char* k :
        {"step", "epoch", "loss", "S0", "phi", "skipped", "found_inf", "first_nonfinite_layer", "why"})
     at[k] = st[k];
+  const std::vector<bool> sends_act = layers_sending_act(t);
   json layers = json::array();
   for (const json& layer : t.header["layers"]) {
     json row = layer_identity(layer);
@@ -208,20 +241,21 @@ json at_json(const Trace& t, const json& st, std::uint64_t target) {
       const json* wgrad = find_stats(l, "wgrad");
       row["traced"] = true;
       row["s"] = l["s"];
-      row["S"] = record_scale(l);
-      row["log2_S"] = std::log2(record_scale(l));
+      row["S"] = record_scale(l, sends_act);
+      row["log2_S"] = std::log2(record_scale(l, sends_act));
       row["underflow_rate"] = act ? json(stats_underflow_rate(*act)) : json();
-      row["overflow"] = overflow_values(act) + overflow_values(wgrad);
+      row["overflow"] = overflow_values(act, wgrad);
     }
     layers.push_back(std::move(row));
   }
   at["layers"] = std::move(layers);
-  const json& g = st["loss_grad"];
+  const json* g = find_stats(st, "loss_grad");
+  at["stats"] = has_statistics(st);
   at["loss_grad"] = {{"name", "loss"},
                      {"S", st["S0"]},
                      {"log2_S", std::log2(st["S0"].get<double>())},
-                     {"underflow_rate", stats_underflow_rate(g)},
-                     {"overflow", overflow_values(&g)}};
+                     {"underflow_rate", g ? json(stats_underflow_rate(*g)) : json()},
+                     {"overflow", overflow_values(g, nullptr)}};
   return at;
 }
 
@@ -323,6 +357,7 @@ void print_at(const json& at) {
     std::cout << " (first non-finite layer " << text(at["first_nonfinite_layer"]) << ")";
   std::cout << ", why";
   for (const json& r : at["why"]) std::cout << " " << r.get<std::string>();
+  if (!at["stats"].get<bool>()) std::cout << "; no statistics (traced between samples)";
   std::cout << "\n";
   const Columns c = column_widths(at["layers"]);
   const std::vector<int> widths = {9, 12, 8, 10, 8};
@@ -369,10 +404,15 @@ int run_inspect(const std::vector<std::string>& args) {
   const bool at = vm.count("at") > 0;
   const std::uint64_t target = at ? parse_step(at_text) : 0;
 
-  const Trace t = read_trace(path);
-  for (const std::string& w : t.warnings)
-    std::cerr << "gradscale inspect: warning: " << path << ": " << w << "\n";
+  Trace t = read_trace(path);
+  auto print_warnings = [&](std::size_t from) {
+    for (std::size_t i = from; i < t.warnings.size(); ++i)
+      std::cerr << "gradscale inspect: warning: " << path << ": " << t.warnings[i] << "\n";
+  };
+  print_warnings(0);  // before validation: a cut last line explains a later error
+  const std::size_t read_warnings = t.warnings.size();
   validate_trace(t);
+  print_warnings(read_warnings);
 
   if (check) {
     std::cout << "ok: " << t.steps.size() << " steps, " << t.header["layers"].size() << " layers ("

@@ -261,7 +261,9 @@ void check_step(const Where& w0, const json& st, const std::vector<LayerRow>& ta
   for (const json& r : why)
     if (!r.is_string() || !reasons().count(r.get<std::string>()))
       w.fail("key 'why' has " + shown(r) + " (allowed: every, skip, overflow, scale_change)");
-  check_stats(w, st, "loss_grad", with_binades);
+  // "stats": false marks a notable iteration traced between samples: its scales, but no statistics.
+  const bool with_stats = st.contains("stats") ? need_bool(w, st, "", "stats") : true;
+  if (with_stats || st.contains("loss_grad")) check_stats(w, st, "loss_grad", with_binades);
 
   const json& layers = need_array(w, st, "", "layers");
   std::int64_t previous_id = -1;
@@ -297,11 +299,16 @@ void check_step(const Where& w0, const json& st, const std::vector<LayerRow>& ta
   }
 }
 
-void check_summary(const Where& w, const json& s, const Trace& t, const std::vector<LayerRow>& table) {
+void check_summary(const Where& w, const json& s, Trace& t, const std::vector<LayerRow>& table) {
   if (!s.is_object()) w.fail("the summary must be an object, got " + std::string(type_name(s)));
   need_type(w, s, "summary");
   const std::uint64_t steps = need_uint(w, s, "", "steps");
-  const std::uint64_t traced = need_uint(w, s, "", "traced_steps");
+  // The reader counts the records itself, so a summary without traced_steps is readable: a warning.
+  const bool has_traced = s.contains("traced_steps");
+  const std::uint64_t traced = has_traced ? need_uint(w, s, "", "traced_steps") : t.steps.size();
+  if (!has_traced)
+    t.warnings.push_back(w.record + ": missing key 'traced_steps' (required by " + std::string(kTraceSchema) +
+                         "; the records were counted instead)");
   const std::uint64_t skipped = need_uint(w, s, "", "skipped");
   const std::uint64_t overflows = need_uint(w, s, "", "overflows");
   for (const char* k : {"train_loss", "train_accuracy", "test_loss", "test_accuracy"})
@@ -451,7 +458,7 @@ Trace read_trace(const std::string& path) {
   return t;
 }
 
-void validate_trace(const Trace& t) {
+void validate_trace(Trace& t) {
   const Where hw{t.path, t.lines ? "line 1 (header)" : "header"};
   if (t.header.is_null()) hw.fail("missing header");
   const std::vector<LayerRow> table = check_header(hw, t.header);

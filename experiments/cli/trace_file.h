@@ -33,8 +33,10 @@ Trace read_trace(const std::string& path);
 // Checks every required key and type of the schema and the rules between fields: the six counts of a
 // statistics object sum to "elements", steps increase, layer ids lie in the header's table and ascend
 // within a step, S = s * S_in, the summary's counts match the step records. Throws DataError whose
-// message names the file, the record (step number and line or index), the layer and the key.
-void validate_trace(const Trace& trace);
+// message names the file, the record (step number and line or index), the layer and the key. A
+// deviation the readers can do without (a summary without "traced_steps") is added to
+// trace.warnings instead.
+void validate_trace(Trace& trace);
 
 // The underflow rate of a statistics object from its counts: underflow / (elements - zero - nonfinite),
 // 0 when that is 0. Expects a validated object.
