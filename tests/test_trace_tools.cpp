@@ -358,6 +358,70 @@ TEST_CASE("inspect --check rejects broken traces with a message naming the probl
   }
 }
 
+TEST_CASE("inspect reads steps traced without statistics and warns about a summary without traced_steps",
+          "[cli][trace]") {
+  const TempDir dir;
+  json d = read_json(kData + "trace_small.json");
+  // Step 13 as a notable iteration between samples: scales, no statistics.
+  json& st = d["steps"][1];
+  st["stats"] = false;
+  st.erase("loss_grad");
+  for (json& l : st["layers"]) {
+    l.erase("act");
+    l.erase("wgrad");
+  }
+  const std::string path = dir.file("nostats.json");
+  write_text(path, d.dump());
+  const json j = inspect_json("'" + path + "'");
+  CHECK(j["warnings"].empty());
+  // relu1: log2 S still over 4 records; rates and overflow events over the 3 with statistics.
+  check_row(j["layers"][2], {4, 11.5, 10, 12, (0.25 + 0.5 + 0) / 3, 0.5, true, 0});
+  check_row(j["loss"], {4, 9.5, 9, 10, (0 + 0.25 + 0.25) / 3, 0.25, true, 0});
+  const json at = inspect_json("'" + path + "' --at 13")["at"];
+  CHECK(at["stats"] == false);
+  CHECK(at["layers"][3]["S"].get<double>() == 4096);
+  CHECK(at["layers"][3]["underflow_rate"].is_null());
+  CHECK(at["layers"][3]["overflow"].is_null());
+  CHECK(at["loss_grad"]["underflow_rate"].is_null());
+
+  st["stats"] = "no";
+  require_rejected(dir, d, {"step 13 (steps[1])", "key 'stats' must be true or false"});
+  st["stats"] = true;
+  require_rejected(dir, d, {"step 13 (steps[1])", "missing key 'loss_grad'"});
+
+  d = read_json(kData + "trace_small.json");
+  d["summary"].erase("traced_steps");
+  write_text(path, d.dump());
+  const CliResult r = run_cli("inspect --check '" + path + "'");
+  CHECK(r.status == 0);
+  REQUIRE(r.lines.size() == 2);
+  CHECK_THAT(r.lines[0], Contains("warning:"));
+  CHECK_THAT(r.lines[0], Contains("summary: missing key 'traced_steps'"));
+  CHECK(r.lines[1] == "ok: 4 steps, 4 layers (run of 20 steps)");
+}
+
+TEST_CASE("inspect --check accepts the trace of a real run, .json and .jsonl", "[cli][trace][train]") {
+  const TempDir dir;
+  const std::string base = dir.file("run");
+  const CliResult train = run_cli(
+      "train --model mlp --data synthetic:256 --batch 8 --max-steps 30 --format fp16 --scaler torch "
+      "--threads 1 --quiet --trace '" +
+      base + "'");
+  REQUIRE(train.status == 0);
+  for (const char* ext : {".json", ".jsonl"}) {
+    const CliResult r = run_cli("inspect --check '" + base + ext + "'");
+    INFO(ext << ": " << (r.lines.empty() ? std::string("(no output)") : r.lines.back()));
+    CHECK(r.status == 0);
+    REQUIRE(!r.lines.empty());
+    CHECK_THAT(r.lines.back(), Contains("ok: "));
+    CHECK_THAT(r.lines.back(), Contains(" steps, 6 layers (run of 30 steps)"));
+  }
+  const json j = inspect_json("'" + base + ".json'");
+  CHECK(j["steps"] == 30);
+  CHECK(j["layers"].size() == 6);
+  CHECK(j["traced_steps"].get<std::size_t>() >= 3);  // steps 10, 20, 30 at least
+}
+
 TEST_CASE("inspect rejects broken .jsonl files and bad command lines", "[cli][trace]") {
   const TempDir dir;
   std::vector<std::string> lines;
