@@ -14,6 +14,6 @@ mkdir -p "$out"
 if /usr/bin/python3 -c "import matplotlib" 2>/dev/null; then
   /usr/bin/python3 scripts/plot_result.py "$out/result.json" --out "$out/curves.png"
 else
-  echo "demo: matplotlib not installed (scripts/setup.sh --peer adds it): no plot"
+  echo "demo: matplotlib not installed (scripts/setup.sh installs it): no plot"
 fi
 echo "demo: result in $out/result.json"

@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # Installs what gradscale needs from Debian's packages, and only what is missing. Idempotent; works
-# as root or through sudo. `--peer` adds what the PyTorch comparison and the plots need.
+# as root or through sudo. matplotlib (for the trace and result plots) is part of the default set;
+# `--peer` adds what the PyTorch comparison needs.
 #   scripts/setup.sh [--peer]
 set -euo pipefail
 
 packages=(cmake g++ make pkg-config zlib1g-dev libeigen3-dev libboost-program-options-dev
-          nlohmann-json3-dev catch2 dataset-fashion-mnist)
+          nlohmann-json3-dev catch2 dataset-fashion-mnist python3 python3-matplotlib)
 for arg in "$@"; do
   case "$arg" in
-    --peer) packages+=(python3 python3-torch libopenblas0-pthread python3-matplotlib python3-numpy) ;;
-    -h|--help) sed -n '2,4p' "$0"; exit 0 ;;
+    --peer) packages+=(python3-torch libopenblas0-pthread python3-numpy) ;;
+    -h|--help) sed -n '2,5p' "$0"; exit 0 ;;
     *) echo "setup.sh: unknown option '$arg' (allowed: --peer)" >&2; exit 2 ;;
   esac
 done
