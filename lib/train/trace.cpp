@@ -50,6 +50,24 @@ TraceWriter::TraceWriter(std::string base, nlohmann::json header, std::int64_t e
   rate_sum_.assign(layers, 0.0);
   rate_max_.assign(layers, 0.0);
   rate_count_.assign(layers, 0);
+  // A resumed run's summary covers the kept steps too.
+  for (std::size_t i = 1; i < keep.size(); ++i) {
+    const nlohmann::json& s = keep[i];
+    ++traced_;
+    if (s.contains("S0") && s["S0"].is_number()) {
+      last_loss_scale_ = s["S0"].get<double>();
+      have_last_ = true;
+    }
+    for (const auto& l : s.value("layers", nlohmann::json::array()))
+      if (l.contains("act") && l["id"].is_number_unsigned() && l["id"].get<std::size_t>() < layers)
+        note_rate(l["id"].get<std::size_t>(), l["act"].value("underflow_rate", 0.0));
+  }
+}
+
+void TraceWriter::note_rate(std::size_t layer, double rate) {
+  rate_sum_[layer] += rate;
+  rate_max_[layer] = std::max(rate_max_[layer], rate);
+  ++rate_count_[layer];
 }
 
 void TraceWriter::write_line(const nlohmann::json& j) {
@@ -92,12 +110,7 @@ bool TraceWriter::write_step(const TraceStep& s, const StepMonitor& m) {
     if (r.has_activation_grad) {
       l["act"] = stats_to_json(r.activation_grad, histograms_);
       const auto id = static_cast<std::size_t>(r.layer_id);
-      if (id < rate_sum_.size()) {
-        const double rate = r.activation_grad.underflow_rate();
-        rate_sum_[id] += rate;
-        rate_max_[id] = std::max(rate_max_[id], rate);
-        ++rate_count_[id];
-      }
+      if (id < rate_sum_.size()) note_rate(id, r.activation_grad.underflow_rate());
     }
     if (r.has_weight_grad) l["wgrad"] = stats_to_json(r.weight_grad, histograms_);
     if (r.has_joined_grad) l["join"] = stats_to_json(r.joined_grad, histograms_);
@@ -111,6 +124,7 @@ bool TraceWriter::write_step(const TraceStep& s, const StepMonitor& m) {
 
 void TraceWriter::finish(nlohmann::json summary) {
   summary["type"] = "summary";
+  summary["traced_steps"] = traced_;
   nlohmann::json layers = nlohmann::json::array();
   for (std::size_t i = 0; i < rate_sum_.size(); ++i) {
     if (rate_count_[i] == 0) continue;

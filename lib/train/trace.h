@@ -47,6 +47,7 @@ class TraceWriter {
 
  private:
   void write_line(const nlohmann::json& j);
+  void note_rate(std::size_t layer, double rate);
 
   std::string jsonl_path_, json_path_;
   std::int64_t every_;
