@@ -1,9 +1,11 @@
 // Exact rounding (SPEC §2): exhaustive fp16/bf16/fp8 round trips and classification, boundary and tie
-// vectors derived from the IEEE rules, and the vectorised fp16 paths against the portable one.
+// vectors derived from the IEEE rules, the vectorised fp16 paths against the portable one, and the fp8
+// array paths against the scalar rule (every threshold ±64 ULP and a strided sweep of all floats).
 #include <catch2/catch.hpp>
 
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <random>
 #include <vector>
@@ -270,4 +272,171 @@ TEST_CASE("fp16 vectorised paths are bit-identical to the portable path", "[nume
     }
   }
   REQUIRE(in.size() >= 10'000'000);
+}
+
+// ---- fp8 array paths (quantize_fp8.cpp) against the scalar rule ------------------------------------
+
+namespace {
+
+constexpr std::uint32_t kSignBit = 0x80000000u;
+
+// Float32 patterns where a wrong fp8 rounding would show first: every pattern within ±64 ULP of each
+// threshold of both fp8 formats (every value, every midpoint between neighbours: min subnormal / 2,
+// the subnormal/normal boundary, max finite and the overflow boundary max + ulp/2), of zero, float32's
+// min normal, float32's max and inf, and of the NaN payload bits that rounding keeps or drops; both signs.
+std::vector<std::uint32_t> fp8_threshold_patterns() {
+  std::vector<std::uint32_t> centres = {0u,          bits_of(0x1p-126f), 0x7F7FFFFFu, 0x7F800000u,
+                                        0x7FA00000u, 0x7FC00000u,        0x7FE00000u, 0x7FFFFFFFu};
+  for (Format f : {Format::fp8_e5m2, Format::fp8_e4m3}) {
+    const FormatInfo& fi = format_info(f);
+    const std::uint32_t max_bits = encode(static_cast<float>(fi.max_finite), f);
+    for (std::uint32_t b = 0; b <= max_bits; ++b) {
+      const double lo = decode(b, f);
+      // Above max finite, the next value of an unbounded F: max + one ulp of its binade.
+      const double hi = b < max_bits
+                            ? static_cast<double>(decode(b + 1, f))
+                            : fi.max_finite + std::ldexp(1.0, std::ilogb(fi.max_finite) - fi.mantissa_bits);
+      centres.push_back(bits_of(static_cast<float>(lo)));
+      centres.push_back(bits_of(static_cast<float>((lo + hi) / 2)));  // exact in float32
+    }
+  }
+  std::vector<std::uint32_t> patterns;
+  for (std::uint32_t c : centres)
+    for (std::int64_t p = static_cast<std::int64_t>(c) - 64; p <= static_cast<std::int64_t>(c) + 64; ++p)
+      if (p >= 0 && p <= 0x7FFFFFFF) {
+        patterns.push_back(static_cast<std::uint32_t>(p));
+        patterns.push_back(static_cast<std::uint32_t>(p) | kSignBit);
+      }
+  return patterns;
+}
+
+// The fp8 array entries: the public array quantize and each fp8 path this CPU has.
+struct PathRun {
+  const char* name;
+  std::function<void(const float*, float*, std::size_t)> run;
+};
+
+std::vector<PathRun> fp8_paths(Format f, RoundOptions opt) {
+  std::vector<PathRun> paths;
+  paths.push_back(
+      {"array quantize", [=](const float* in, float* out, std::size_t n) { quantize(in, out, n, f, opt); }});
+  for (Fp8Path p : {Fp8Path::portable, Fp8Path::avx2})
+    if (fp8_path_available(p))
+      paths.push_back({fp8_path_name(p), [=](const float* in, float* out, std::size_t n) {
+                         quantize_fp8(in, out, n, f, opt, p);
+                       }});
+  return paths;
+}
+
+// Runs every fp8 array entry on `patterns` and compares with the scalar quantize, bit for bit: out of
+// place into a sentinel-filled output, and in place on an unaligned sub-range whose length is not a
+// multiple of the vector width (the elements around it must stay untouched). Returns the number of
+// mismatches and reports the first one of each entry.
+std::size_t fp8_mismatches(const std::vector<std::uint32_t>& patterns, Format f, RoundOptions opt) {
+  const std::size_t n = patterns.size();
+  REQUIRE(n >= 16);
+  std::vector<float> in(n), ref(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    in[i] = float_of(patterns[i]);
+    ref[i] = quantize(in[i], f, opt);
+  }
+  std::size_t total = 0;
+  for (const PathRun& path : fp8_paths(f, opt)) {
+    std::size_t mismatches = 0;
+    auto expect = [&](std::size_t i, float got, float want, const char* how) {
+      if (bits_of(got) == bits_of(want)) return;
+      if (mismatches++ == 0)
+        UNSCOPED_INFO(format_name(f) << (opt.e4m3_overflow_to_nan ? " (overflow to NaN)" : "") << ", path "
+                                     << path.name << " " << how << ": input 0x" << std::hex << patterns[i]
+                                     << " gave 0x" << bits_of(got) << ", scalar rule 0x" << bits_of(want));
+    };
+    std::vector<float> out(n, float_of(0x7F812345u));  // a signalling NaN: rounding never produces one
+    path.run(in.data(), out.data(), n);
+    for (std::size_t i = 0; i < n; ++i) expect(i, out[i], ref[i], "out of place");
+    std::vector<float> inplace = in;
+    const std::size_t first = 1, count = n - 4;  // starts off the vector alignment, odd tail
+    path.run(inplace.data() + first, inplace.data() + first, count);
+    for (std::size_t i = 0; i < n; ++i)
+      expect(i, inplace[i], i >= first && i < first + count ? ref[i] : in[i], "in place");
+    total += mismatches;
+  }
+  return total;
+}
+
+struct Fp8Case {
+  Format format;
+  RoundOptions opt;
+};
+const Fp8Case kFp8Cases[] = {
+    {Format::fp8_e5m2, {false}}, {Format::fp8_e4m3, {false}}, {Format::fp8_e4m3, {true}}};
+
+}  // namespace
+
+TEST_CASE("fp8 array paths equal the scalar rule within ±64 ULP of every threshold", "[numeric]") {
+  if (!fp8_path_available(Fp8Path::avx2)) WARN("no AVX2 on this CPU: only the portable fp8 path exists here");
+  const std::vector<std::uint32_t> patterns = fp8_threshold_patterns();
+  REQUIRE(patterns.size() > 100'000);
+  for (const Fp8Case& c : kFp8Cases) CHECK(fp8_mismatches(patterns, c.format, c.opt) == 0);
+}
+
+TEST_CASE("fp8 array paths equal the scalar rule on a strided sweep of all 2^32 float patterns",
+          "[numeric]") {
+  // Stride 251 (odd, so every residue of the low bits is visited): 17.1M patterns, NaNs and infs
+  // included, in chunks so the memory stays small.
+  constexpr std::uint64_t kStride = 251;
+  constexpr std::size_t kChunk = 1u << 20;
+  std::vector<std::uint32_t> chunk;
+  std::size_t total = 0;
+  for (std::uint64_t b = 0; b < (1ull << 32); b += kStride) {
+    chunk.push_back(static_cast<std::uint32_t>(b));
+    if (chunk.size() == kChunk || b + kStride >= (1ull << 32)) {
+      for (const Fp8Case& c : kFp8Cases) REQUIRE(fp8_mismatches(chunk, c.format, c.opt) == 0);
+      total += chunk.size();
+      chunk.clear();
+    }
+  }
+  CHECK(total == ((1ull << 32) + kStride - 1) / kStride);
+}
+
+TEST_CASE("fp8 array paths: NaN, inf, overflow and boundary tie vectors", "[numeric]") {
+  const float inf = std::numeric_limits<float>::infinity();
+  struct Row {
+    float in;
+    std::uint32_t e5m2, e4m3, e4m3_to_nan;  // expected float32 bits
+  };
+  const std::uint32_t nan = 0x7FC00000u, neg_nan = 0xFFC00000u;
+  const Row rows[] = {
+      // NaN: e5m2 keeps the sign and top two payload bits and sets the quiet bit; e4m3 has one NaN.
+      {float_of(0xFFA12345u), 0xFFE00000u, neg_nan, neg_nan},
+      {float_of(0x7F800001u), nan, nan, nan},
+      // inf and finite overflow: e5m2 -> inf; e4m3 -> ±448, or NaN on request.
+      {inf, bits_of(inf), bits_of(448.0f), nan},
+      {-inf, bits_of(-inf), bits_of(-448.0f), neg_nan},
+      {61440.0f, bits_of(inf), bits_of(448.0f), nan},  // e5m2: max + ulp/2, a tie to even: overflow
+      {-1e30f, bits_of(-inf), bits_of(-448.0f), neg_nan},
+      {464.0f, bits_of(448.0f), bits_of(448.0f), bits_of(448.0f)},  // e4m3: max + ulp/2 ties to 448
+      {std::nextafter(464.0f, inf), bits_of(448.0f), bits_of(448.0f), nan},
+      // Ties at the subnormal/normal boundary: e5m2 3.5 q -> 4 q = 2^-14; e4m3 7.5 q -> 2^-6.
+      {0x1.cp-15f, bits_of(0x1p-14f), bits_of(0.0f), bits_of(0.0f)},
+      {0x1.ep-7f, bits_of(0x1p-6f), bits_of(0x1p-6f), bits_of(0x1p-6f)},  // e5m2: 1.111b -> 10.0b
+      {-0x1p-17f, bits_of(-0.0f), bits_of(-0.0f), bits_of(-0.0f)},        // e5m2: min subnormal / 2
+  };
+  std::vector<float> in;
+  for (const Row& row : rows) in.push_back(row.in);
+  for (std::size_t c = 0; c < 3; ++c) {
+    const Fp8Case& fc = kFp8Cases[c];
+    for (const PathRun& path : fp8_paths(fc.format, fc.opt)) {
+      std::vector<float> out(in.size(), 0.0f);
+      path.run(in.data(), out.data(), in.size());
+      for (std::size_t i = 0; i < in.size(); ++i) {
+        const std::uint32_t expected = c == 0 ? rows[i].e5m2 : c == 1 ? rows[i].e4m3 : rows[i].e4m3_to_nan;
+        INFO(format_name(fc.format) << (fc.opt.e4m3_overflow_to_nan ? " (overflow to NaN)" : "") << ", path "
+                                    << path.name << ", input 0x" << std::hex << bits_of(in[i]));
+        CHECK(bits_of(out[i]) == expected);
+        CHECK(bits_of(quantize(in[i], fc.format, fc.opt)) == expected);
+      }
+    }
+  }
+  std::vector<float> x(4, 1.0f);
+  CHECK_THROWS_AS(quantize_fp8(x.data(), x.data(), x.size(), Format::fp16, {}, Fp8Path::portable), Error);
 }

@@ -1,7 +1,7 @@
 // Rounding float32 to F (SPEC §2). round_magnitude() is the one rounding rule: round to nearest,
 // ties to even, on the integer significand, with F's subnormal quantum below its min normal. The
-// array paths (bf16 bit trick, fp16 conversion instructions in quantize_fp16.cpp) are accelerations
-// that tests prove bit-identical to it.
+// array paths (bf16 bit trick, fp16 conversion instructions in quantize_fp16.cpp, fp8 integer rounding
+// in quantize_fp8.cpp) are accelerations that tests prove bit-identical to it.
 #include "lib/numeric/quantize.h"
 
 #include <algorithm>
@@ -201,11 +201,9 @@ void quantize(const float* in, float* out, std::size_t n, Format f, RoundOptions
       for (std::size_t i = 0; i < n; ++i) out[i] = quantize_bf16_bits(in[i]);
       return;
     case Format::fp8_e5m2:
-    case Format::fp8_e4m3: {
-      const FormatInfo& fi = format_info(f);
-      for (std::size_t i = 0; i < n; ++i) out[i] = quantize_generic(in[i], fi, opt);
+    case Format::fp8_e4m3:
+      quantize_fp8(in, out, n, f, opt, fp8_best_path());
       return;
-    }
   }
 }
 

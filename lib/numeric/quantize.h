@@ -35,7 +35,8 @@ const char* value_class_name(ValueClass c);
 
 // ---- arrays --------------------------------------------------------------------------------------
 // out[i] = quantize(in[i], F) for i < n; `in` and `out` may be the same array. fp16 uses the CPU's
-// conversion instructions when present (chosen at run time), bit-identical to the portable path.
+// conversion instructions when present, fp8 an AVX2 loop when present (chosen at run time), each
+// bit-identical to its portable path and to the scalar quantize.
 void quantize(const float* in, float* out, std::size_t n, Format f, RoundOptions opt = {});
 
 // The two fp16 paths, public so tests and benchmarks can compare them.
@@ -44,6 +45,14 @@ void quantize_fp16(const float* in, float* out, std::size_t n, Fp16Path path);
 bool fp16_path_available(Fp16Path path);
 Fp16Path fp16_best_path();
 const char* fp16_path_name(Fp16Path path);
+
+// The two fp8 paths (f: fp8_e5m2 or fp8_e4m3, else Error; `in` may equal `out`), public so tests and
+// benchmarks can compare them. Both are one exact integer rounding on the float32 bits (quantize_fp8.cpp).
+enum class Fp8Path : std::uint8_t { portable, avx2 };
+void quantize_fp8(const float* in, float* out, std::size_t n, Format f, RoundOptions opt, Fp8Path path);
+bool fp8_path_available(Fp8Path path);
+Fp8Path fp8_best_path();
+const char* fp8_path_name(Fp8Path path);
 
 // fp16 bit conversions of the portable path (IEEE binary16, RNE).
 std::uint16_t float_to_half_bits(float x);
