@@ -17,11 +17,10 @@ struct CliResult {
   std::vector<std::string> lines;  // stdout and stderr together
 };
 
-// `gradscale <arguments> 2>&1` through the shell (arguments are quoted by the caller).
-inline CliResult run_cli(const std::string& arguments) {
-  const std::string command = std::string(GRADSCALE_CLI) + " " + arguments + " 2>&1";
+// `command 2>&1` through the shell: exit status and output lines.
+inline CliResult run_shell(const std::string& command) {
   CliResult r;
-  FILE* pipe = popen(command.c_str(), "r");
+  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
   REQUIRE(pipe != nullptr);
   std::string out;
   char buf[4096];
@@ -33,6 +32,11 @@ inline CliResult run_cli(const std::string& arguments) {
   std::istringstream is(out);
   for (std::string line; std::getline(is, line);) r.lines.push_back(line);
   return r;
+}
+
+// `gradscale <arguments> 2>&1` through the shell (arguments are quoted by the caller).
+inline CliResult run_cli(const std::string& arguments) {
+  return run_shell(std::string(GRADSCALE_CLI) + " " + arguments);
 }
 
 }  // namespace gradscale::test

@@ -24,6 +24,7 @@
 using Catch::Matchers::Contains;
 using gradscale::test::CliResult;
 using gradscale::test::run_cli;
+using gradscale::test::run_shell;
 using nlohmann::json;
 namespace fs = std::filesystem;
 
@@ -58,23 +59,6 @@ void write_text(const std::string& path, const std::string& text) {
   std::ofstream out(path, std::ios::binary);
   out << text;
   REQUIRE(out.good());
-}
-
-// `command 2>&1` through the shell: exit status and output lines.
-CliResult run_shell(const std::string& command) {
-  CliResult r;
-  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
-  REQUIRE(pipe != nullptr);
-  std::string out;
-  char buf[4096];
-  std::size_t n = 0;
-  while ((n = std::fread(buf, 1, sizeof buf, pipe)) > 0) out.append(buf, n);
-  const int wait_status = pclose(pipe);
-  REQUIRE(WIFEXITED(wait_status));
-  r.status = WEXITSTATUS(wait_status);
-  std::istringstream is(out);
-  for (std::string line; std::getline(is, line);) r.lines.push_back(line);
-  return r;
 }
 
 // The one line of `inspect --json` that holds the JSON object (warnings go to stderr).
