@@ -55,14 +55,20 @@ class AdaptiveScaler final : public Scaler, public LayerController {
   void begin_step(std::int64_t step) override { begin_step(StepBegin{step, phi_}); }
   StatNeeds loss_needs() const override {
     if (!c_.auto_init) return 0;
+    if (c_.cast_form == "measured") return kNeedUpstreamStats;
     return c_.cast_form == "lognormal" ? kNeedGradLogMoments | kNeedGradMoments : kNeedGradMoments;
   }
   double choose_loss_scale(const LocalScaleQuery& g) override {
     if (!c_.auto_init) return loss_scale();
-    GS_CHECK(g.grad_moments, "adaptive: the loss query lacks the moments it asked for");
-    const double s = c_.cast_form == "lognormal"
-                         ? approx_range_lognormal(*g.grad_log_moments, g.grad_moments->max_abs, params_)
-                         : approx_range_no_weight(*g.grad_moments, params_);
+    double s = 1;
+    if (c_.cast_form == "measured") {  // the loss gradient is known exactly before it is rounded
+      s = cast_measured_->unbound_scale(g, params_);
+    } else {
+      GS_CHECK(g.grad_moments, "adaptive: the loss query lacks the moments it asked for");
+      s = c_.cast_form == "lognormal"
+              ? approx_range_lognormal(*g.grad_log_moments, g.grad_moments->max_abs, params_)
+              : approx_range_no_weight(*g.grad_moments, params_);
+    }
     last_loss_scale_ = phi_ * power_of_two_floor(s);
     return last_loss_scale_;
   }
@@ -173,6 +179,7 @@ class AdaptiveScaler final : public Scaler, public LayerController {
 
   AdaptiveConfig c_;
   std::unique_ptr<Method> method_;
+  std::unique_ptr<Method> cast_measured_ = make_measured();  // cast_form "measured" at the loss
   MethodParams params_;
   std::vector<LayerCache> cache_;
   std::int64_t step_ = 0;
@@ -227,8 +234,9 @@ std::unique_ptr<Scaler> make_adaptive_scaler(const nlohmann::json& config, Forma
   }
   if (r.has("cast_form")) {
     const nlohmann::json& f = config.at("cast_form");
-    GS_CHECK_CONFIG(f == "no_weight" || f == "lognormal",
-                    "scaler 'adaptive': 'cast_form' must be \"no_weight\" or \"lognormal\", got " << f.dump());
+    GS_CHECK_CONFIG(f == "no_weight" || f == "lognormal" || f == "measured",
+                    "scaler 'adaptive': 'cast_form' must be \"no_weight\", \"lognormal\" or \"measured\", got "
+                        << f.dump());
     c.cast_form = f.get<std::string>();
   }
   c.recover_every = r.integer("recover_every", c.recover_every, 1, std::int64_t{1} << 40);

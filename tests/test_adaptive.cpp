@@ -634,3 +634,32 @@ TEST_CASE("a trace: JSON Lines while running, one document at the end, the same 
   CHECK(doc["summary"]["test_accuracy"] == r["test_accuracy"]);
   CHECK(doc["summary"]["layers"].size() >= 1);
 }
+
+TEST_CASE("init_scale auto chooses S0 from the fp32 loss gradient with each cast form", "[adaptive]") {
+  // A loss gradient like softmax − onehot over N = 4: one −(1−p)/N per row, small positives elsewhere.
+  std::vector<float> g = {-0.2f, 1e-6f, 2e-7f, 3e-6f, 5e-8f, -0.24f, 1e-7f, 4e-6f};
+  QueryStatistics stats;
+  LocalScaleQuery q;
+  q.layer_id = -1;
+  q.format = Format::fp16;
+  q.grad = q.upstream = g.data();
+  q.grad_size = q.upstream_size = static_cast<std::int64_t>(g.size());
+  for (const char* form : {"no_weight", "lognormal", "measured"}) {
+    INFO(form);
+    auto s = adaptive_scaler({{"init_scale", "auto"}, {"cast_form", form}, {"n_uf", 0.1}});
+    LocalScaleQuery query = q;
+    stats.attach(s->loss_needs(), query, RoundOptions{});
+    const double s0 = s->choose_loss_scale(query);
+    CHECK(s->loss_scale() == s0);
+    CHECK(adaptive::power_of_two_floor(s0) == s0);
+    if (std::string(form) == "measured") {
+      // Smallest 2^e with at most 10% of the 8 values (0 of them) in binades below 2^-24: the smallest,
+      // 5e-8 (binade -25), needs e = 1; the cap 65504/16/0.24 is far away.
+      CHECK(s0 == 2.0);
+    }
+    if (std::string(form) == "no_weight") {
+      const TensorStats m = tensor_moments(g.data(), g.size());
+      CHECK(s0 == adaptive::power_of_two_floor(adaptive::approx_range_no_weight(m, fp16_params(0.1))));
+    }
+  }
+}

@@ -142,6 +142,10 @@ StepOutcome Trainer::train_step(const Tensor& images, const std::vector<std::int
     loss_query.grad_shape = loss_fp32_.shape();
     loss_query.grad = loss_fp32_.data();
     loss_query.grad_size = loss_fp32_.size();
+    // The values S0 will multiply before the one rounding: the "upstream" of this cast point.
+    loss_query.upstream_shape = loss_fp32_.shape();
+    loss_query.upstream = loss_fp32_.data();
+    loss_query.upstream_size = loss_fp32_.size();
     loss_stats.attach(needs, loss_query, precision_.round);
   }
   out.loss_scale = scaler_->choose_loss_scale(loss_query);
