@@ -10,6 +10,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
@@ -134,26 +135,60 @@ class Feed {
   std::vector<std::int64_t> order_;
 };
 
-double test_accuracy(gs::ScaledTraining& training, const gs::Dataset& test) {
-  const std::int64_t per_image = test.images.size() / test.size(), chunk = 1000;
+// Loss and accuracy on a split, in evaluation mode (no dropout), 1000 images at a time.
+struct Evaluation {
+  double loss = 0, accuracy = 0;
+};
+Evaluation evaluate(gs::ScaledTraining& training, const gs::Dataset& split) {
+  const std::int64_t per_image = split.images.size() / split.size(), chunk = 1000;
+  double loss_sum = 0;
   std::int64_t correct = 0;
   gs::Tensor x;
-  for (std::int64_t at = 0; at < test.size(); at += chunk) {
-    const std::int64_t b = std::min(chunk, test.size() - at);
-    gs::Shape shape = test.images.shape();
+  for (std::int64_t at = 0; at < split.size(); at += chunk) {
+    const std::int64_t b = std::min(chunk, split.size() - at);
+    gs::Shape shape = split.images.shape();
     shape[0] = b;
     x.resize(shape);
-    std::copy_n(test.images.data() + at * per_image, b * per_image, x.data());
+    std::copy_n(split.images.data() + at * per_image, b * per_image, x.data());
     const gs::Tensor& logits = training.predict(x);
-    for (std::int64_t i = 0; i < b; ++i) {
-      const float* z = logits.data() + i * logits.dim(1);
-      correct += std::max_element(z, z + logits.dim(1)) - z == test.labels[static_cast<std::size_t>(at + i)];
-    }
+    const gs::LossResult r = gs::softmax_cross_entropy(logits, split.labels.data() + at, 1.0,
+                                                       training.precision(), nullptr, nullptr, -1);
+    loss_sum += r.loss * static_cast<double>(b);
+    correct += r.correct;
   }
-  return static_cast<double>(correct) / static_cast<double>(test.size());
+  const auto n = static_cast<double>(split.size());
+  return {loss_sum / n, static_cast<double>(correct) / n};
+}
+
+// What the run adds up, saved with a checkpoint so that a resumed run's totals (and trace) continue.
+struct Totals {
+  std::int64_t skipped = 0, overflows = 0, correct = 0, seen = 0;
+  double loss_sum = 0, scaler_seconds = 0, wall_seconds = 0;
+  nlohmann::json to_json() const {
+    return {{"skipped", skipped},          {"overflows", overflows},
+            {"correct", correct},          {"seen", seen},
+            {"loss_sum", loss_sum},        {"scaler_seconds", scaler_seconds},
+            {"wall_seconds", wall_seconds}};
+  }
+  static Totals from_json(const nlohmann::json& j) {
+    Totals t;
+    t.skipped = j.at("skipped");
+    t.overflows = j.at("overflows");
+    t.correct = j.at("correct");
+    t.seen = j.at("seen");
+    t.loss_sum = j.at("loss_sum");
+    t.scaler_seconds = j.at("scaler_seconds");
+    t.wall_seconds = j.at("wall_seconds");
+    return t;
+  }
+};
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 int run(const Options& o) {
+  const auto start = std::chrono::steady_clock::now();
   if (o.threads > 0) omp_set_num_threads(o.threads);
   const gs::DataSplit data = gs::load_data(o.data, o.seed);
   std::cout << "gradscale " << gs::kVersion << ", data: " << data.source << "\n";
@@ -168,20 +203,22 @@ int run(const Options& o) {
                               o.seed);
 
   Feed feed(data.train, o.batch, o.seed);
+  Totals totals;
   if (!o.resume.empty()) {
     const nlohmann::json saved = training.load(o.resume);  // model, optimizer, scaler, step count
     feed.restore(saved.at("feed"));
+    totals = Totals::from_json(saved.at("totals"));
     std::cout << "resumed from " << o.resume << " at step " << training.steps() << "\n";
   }
   const nlohmann::json run_config = {
-      {"model", "residual-example"}, {"batch", o.batch}, {"lr", o.lr}, {"steps", o.steps}, {"data", o.data}};
+      {"model", "residual-example"}, {"batch", o.batch}, {"lr", o.lr}, {"data", o.data}};
   gs::TraceWriter trace(o.trace, training.trace_header(run_config), /*every=*/10, /*histograms=*/false,
                         o.resume.empty() ? -1 : training.steps());
 
   gs::Tensor x;
   std::vector<std::int32_t> y;
-  std::int64_t skipped = 0, overflows = 0, losses = 0;
-  double loss_sum = 0;
+  double window_loss = 0;
+  std::int64_t window = 0;
   while (training.steps() < o.steps) {
     feed.next(x, y);
     const bool last = training.steps() + 1 == o.steps;
@@ -190,29 +227,40 @@ int run(const Options& o) {
     const double s0 = training.loss_scale(logits, y);  // chosen from the fp32 loss gradient ("auto")
     training.loss_backward(logits, y, s0);
     const gs::StepResult r = training.step(o.lr);
-    skipped += r.skipped;
-    overflows += r.found_inf;
-    loss_sum += r.loss;
-    ++losses;
+    totals.skipped += r.skipped;
+    totals.overflows += r.found_inf;
+    totals.correct += r.correct;
+    totals.seen += static_cast<std::int64_t>(y.size());
+    totals.loss_sum += r.loss * static_cast<double>(y.size());
+    totals.scaler_seconds += r.scaler_seconds;
+    window_loss += r.loss;
+    ++window;
     trace.write_step({r.step, feed.epoch() + 1, r.loss, r.loss_scale, r.phi, r.skipped}, training.monitor());
     if (r.step % 50 == 0 || last) {
       std::printf("step %4lld  loss %.4f  S0 %-8g  phi %g  skipped %lld\n", static_cast<long long>(r.step),
-                  loss_sum / static_cast<double>(losses), r.loss_scale, r.phi,
-                  static_cast<long long>(skipped));
-      loss_sum = 0;
-      losses = 0;
+                  window_loss / static_cast<double>(window), r.loss_scale, r.phi,
+                  static_cast<long long>(totals.skipped));
+      window_loss = 0;
+      window = 0;
     }
   }
 
-  const double accuracy = test_accuracy(training, data.test);
+  const Evaluation test = evaluate(training, data.test);
+  totals.wall_seconds += seconds_since(start);
+  const double seen = static_cast<double>(std::max<std::int64_t>(1, totals.seen));
   trace.finish({{"steps", training.steps()},
-                {"skipped", skipped},
-                {"overflows", overflows},
-                {"test_accuracy", accuracy}});
-  if (!o.save.empty()) training.save(o.save, {{"feed", feed.state()}});
+                {"skipped", totals.skipped},
+                {"overflows", totals.overflows},
+                {"train_loss", totals.loss_sum / seen},
+                {"train_accuracy", static_cast<double>(totals.correct) / seen},
+                {"test_loss", test.loss},
+                {"test_accuracy", test.accuracy},
+                {"wall_seconds", totals.wall_seconds},
+                {"scaler_seconds", totals.scaler_seconds}});
+  if (!o.save.empty()) training.save(o.save, {{"feed", feed.state()}, {"totals", totals.to_json()}});
 
-  std::printf("test accuracy %.4f after %lld steps (%lld skipped)\n", accuracy,
-              static_cast<long long>(training.steps()), static_cast<long long>(skipped));
+  std::printf("test accuracy %.4f after %lld steps (%lld skipped)\n", test.accuracy,
+              static_cast<long long>(training.steps()), static_cast<long long>(totals.skipped));
   std::printf(
       "\nper-layer scales of the last step (s: local scale, S: accumulated scale it sends upstream)\n");
   std::printf("%-3s %-12s %-9s %10s %10s %10s %12s\n", "id", "layer", "kind", "s", "S_in", "S_out",
