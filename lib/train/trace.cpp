@@ -38,6 +38,8 @@ TraceWriter::TraceWriter(std::string base, nlohmann::json header, std::int64_t e
   if (keep.empty()) {
     header["type"] = "header";
     header["schema"] = kSchema;
+    header["trace_every"] = every;
+    header["trace_hist"] = histograms;
     keep.push_back(std::move(header));
   }
   // Rewrite what is kept (a new file, or the resumed run's lines up to the checkpoint), then append.

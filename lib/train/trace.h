@@ -24,7 +24,8 @@ struct TraceStep {
 
 class TraceWriter {
  public:
-  // Opens `base`.jsonl for writing and writes `header` (which gets "type" and "schema"). With
+  // Opens `base`.jsonl for writing and writes `header` (which gets "type", "schema", "trace_every" and
+  // "trace_hist"; ScaledTraining::trace_header() gives the rest of SPEC §8's header). With
   // `resume_steps` >= 0 the run continues a checkpoint: an existing `base`.jsonl keeps its header and
   // the step lines up to that step (later ones belong to iterations that will be run again).
   TraceWriter(std::string base, nlohmann::json header, std::int64_t every, bool histograms,

@@ -56,14 +56,6 @@ EpochSummary epoch_from_json(const nlohmann::json& j) {
   return e;
 }
 
-// The identity of what is being trained: a checkpoint is only resumed into the same model and format.
-nlohmann::json identity(const TrainConfig& c, const nlohmann::json& spec) {
-  return {{"model_spec", spec},
-          {"format", format_name(c.format)},
-          {"grad_format", format_name(c.grad_format.value_or(c.format))},
-          {"weight_grads", c.quantize_weight_grads}};
-}
-
 }  // namespace
 
 Trainer::Trainer(TrainConfig config, std::ostream* log) : config_(std::move(config)), log_(log) {
@@ -87,11 +79,11 @@ Trainer::Trainer(TrainConfig config, std::ostream* log) : config_(std::move(conf
                                                         << ", the data has " << shape_string(sample));
 
   // Scalers size themselves for the format they scale: the gradients'.
-  scaler_ = make_scaler(config_.scaler, precision_.gradient_format());
-  config_.scaler = scaler_->config();
-  scaler_->bind(model_->layer_infos(), precision_.gradient_format());
+  std::unique_ptr<Scaler> scaler = make_scaler(config_.scaler, precision_.gradient_format());
+  config_.scaler = scaler->config();
   optimizer_ = make_optimizer(config_.optimizer);
   config_.optimizer = optimizer_->config();
+  training_ = std::make_unique<ScaledTraining>(*model_, *optimizer_, precision_, std::move(scaler), config_.seed);
   batcher_ = std::make_unique<Batcher>(data_.train, config_.batch, config_.seed);
   nlohmann::json sched = config_.schedule;
   if (!sched.contains("lr")) sched["lr"] = config_.lr;
@@ -99,99 +91,37 @@ Trainer::Trainer(TrainConfig config, std::ostream* log) : config_(std::move(conf
     sched["total_steps"] = config_.epochs * batcher_->batches_per_epoch();
   schedule_ = std::make_unique<LrSchedule>(LrSchedule::from_json(sched));
   config_.schedule = schedule_->config();
-  rng_.seed(config_.seed ^ 0x9E3779B97F4A7C15ull);
 
   if (!config_.resume_dir.empty()) load_checkpoint(config_.resume_dir);
-  if (!config_.trace_path.empty()) {
-    nlohmann::json header = {{"version", GRADSCALE_VERSION},
-                             {"config", config_.to_json()},
-                             {"format", format_name(precision_.format)},
-                             {"grad_format", format_name(precision_.gradient_format())},
-                             {"scaler", config_.scaler},
-                             {"seed", config_.seed},
-                             {"trace_every", config_.trace_every},
-                             {"trace_hist", config_.trace_hist},
-                             {"layers", model_->layer_table()}};
-    trace_ = std::make_unique<TraceWriter>(config_.trace_path, std::move(header), config_.trace_every,
-                                           config_.trace_hist, config_.resume_dir.empty() ? -1 : steps_);
-  }
+  if (!config_.trace_path.empty())
+    trace_ = std::make_unique<TraceWriter>(config_.trace_path, training_->trace_header(config_.to_json()),
+                                           config_.trace_every, config_.trace_hist,
+                                           config_.resume_dir.empty() ? -1 : steps());
 }
 
 Trainer::~Trainer() = default;
 
+// One iteration through the public API, exactly as a user's own loop does it (docs/api.md).
 StepOutcome Trainer::train_step(const Tensor& images, const std::vector<std::int32_t>& labels) {
-  StepOutcome out;
-  model_->prepare_weights(precision_);
-  ForwardContext fctx{precision_, true, &rng_};
-  const Tensor& logits = model_->forward(images, fctx);
-
-  const std::int64_t step = steps_;  // this iteration's index, from 0
-  const bool sampled = trace_ && trace_->samples(step + 1);
-  monitor_.reset(model_->num_layers(), sampled, scaler_->gradient_edge());
-  const auto t0 = std::chrono::steady_clock::now();
-  scaler_->begin_step(step);
-  // S0: a policy that chooses it from the loss gradient sees that gradient in fp32 at scale 1 first.
-  LocalScaleQuery loss_query;
-  QueryStatistics loss_stats;
-  if (const StatNeeds needs = scaler_->loss_needs()) {
-    softmax_cross_entropy_fp32(logits, labels.data(), 1.0, &loss_fp32_);
-    loss_query.layer_name = "loss";
-    loss_query.step = step;
-    loss_query.format = precision_.gradient_format();
-    loss_query.reduction = 0;
-    loss_query.grad_shape = loss_fp32_.shape();
-    loss_query.grad = loss_fp32_.data();
-    loss_query.grad_size = loss_fp32_.size();
-    // The values S0 will multiply before the one rounding: the "upstream" of this cast point.
-    loss_query.upstream_shape = loss_fp32_.shape();
-    loss_query.upstream = loss_fp32_.data();
-    loss_query.upstream_size = loss_fp32_.size();
-    loss_stats.attach(needs, loss_query, precision_.round);
-  }
-  out.loss_scale = scaler_->choose_loss_scale(loss_query);
-  GS_CHECK_NUMERIC(std::isfinite(out.loss_scale) && out.loss_scale > 0,
-                   "scaler '" << scaler_->policy() << "' chose loss scale " << out.loss_scale);
-  double scaler_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-
-  const LossResult loss = softmax_cross_entropy(logits, labels.data(), out.loss_scale, precision_,
-                                                &loss_grad_, &monitor_, model_->num_layers() - 1);
-  model_->zero_grads();
-  BackwardContext bctx{precision_, *scaler_, monitor_, step};
-  model_->backward(loss_grad_, bctx);
-
-  const auto t1 = std::chrono::steady_clock::now();
-  if (LayerController* controller = scaler_->layer_controller()) controller->end_step(monitor_);
-  StepStatistics stats;
-  stats.found_inf = monitor_.found_inf;
-  stats.first_nonfinite_layer = monitor_.first_nonfinite_layer;
-  stats.grad_below_edge = monitor_.grad_below_edge;
-  stats.grad_above_edge = monitor_.grad_above_edge;
-  stats.step = step;
-  stats.monitor = &monitor_;
-  out.report = scaler_->update(stats);
-  scaler_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count() +
-                    monitor_.scaler_seconds;
-  scaler_seconds_ += scaler_seconds;
-  out.found_inf = stats.found_inf;
-  out.first_nonfinite_layer = stats.first_nonfinite_layer;
-  out.skipped = out.report.skipped;
-  // A skipped step touches neither weights nor optimizer moments nor the schedule, which counts
-  // applied steps only (docs/optim.md).
-  if (!out.skipped) optimizer_->step(model_->parameters(), schedule_->lr(optimizer_->step_count()));
-  out.loss = loss.loss;
-  out.correct = loss.correct;
-  ++steps_;
+  ScaledTraining& t = *training_;
+  t.begin_step(trace_ && trace_->samples(t.steps() + 1));
+  const Tensor& logits = t.forward(images);
+  const double s0 = t.loss_scale(logits, labels);
+  t.loss_backward(logits, labels, s0);
+  // The schedule counts applied steps only (docs/optim.md).
+  const StepOutcome out = t.step(schedule_->lr(optimizer_->step_count()));
+  scaler_seconds_ += out.scaler_seconds;
   skipped_ += out.skipped;
   overflow_steps_ += out.found_inf;
   if (trace_) {
-    TraceStep t;
-    t.step = steps_;
-    t.epoch = batcher_->epoch() + 1;
-    t.loss = out.loss;
-    t.loss_scale = out.loss_scale;
-    t.phi = out.report.state.is_object() ? out.report.state.value("phi", 1.0) : 1.0;
-    t.skipped = out.skipped;
-    trace_->write_step(t, monitor_);
+    TraceStep ts;
+    ts.step = out.step;
+    ts.epoch = batcher_->epoch() + 1;
+    ts.loss = out.loss;
+    ts.loss_scale = out.loss_scale;
+    ts.phi = out.phi;
+    ts.skipped = out.skipped;
+    trace_->write_step(ts, t.monitor());
   }
   return out;
 }
@@ -228,8 +158,8 @@ void Trainer::progress(bool force) {
   const std::int64_t per_epoch = batcher_->batches_per_epoch();
   const std::int64_t total = config_.max_steps > 0 ? std::min(config_.max_steps, config_.epochs * per_epoch)
                                                    : config_.epochs * per_epoch;
-  const double rate = static_cast<double>(steps_ - steps_at_run_start_) / std::max(1e-9, t - run_start_);
-  const double eta = static_cast<double>(total - steps_) / std::max(1e-9, rate);
+  const double rate = static_cast<double>(steps() - steps_at_run_start_) / std::max(1e-9, t - run_start_);
+  const double eta = static_cast<double>(total - steps()) / std::max(1e-9, rate);
   char line[256];
   std::snprintf(
       line, sizeof line,
@@ -240,19 +170,19 @@ void Trainer::progress(bool force) {
       static_cast<long long>(per_epoch),
       epoch_seen_ ? epoch_loss_sum_ / static_cast<double>(epoch_seen_) : 0.0,
       epoch_seen_ ? static_cast<double>(epoch_correct_) / static_cast<double>(epoch_seen_) : 0.0,
-      scaler_->loss_scale(), static_cast<long long>(skipped_), rate, format_duration(eta).c_str());
+      training_->scaler().loss_scale(), static_cast<long long>(skipped_), rate, format_duration(eta).c_str());
   *log_ << line << std::endl;
 }
 
 nlohmann::json Trainer::run() {
   run_start_ = now_seconds();
-  steps_at_run_start_ = steps_;
+  steps_at_run_start_ = steps();
   bool stopped = false;
   while (batcher_->epoch() < config_.epochs && !stopped) {
     const std::int64_t epoch = batcher_->epoch();
     double t0 = now_seconds();
     while (true) {
-      if (config_.max_steps > 0 && steps_ >= config_.max_steps) {
+      if (config_.max_steps > 0 && steps() >= config_.max_steps) {
         stopped = true;
         break;
       }
@@ -266,7 +196,7 @@ nlohmann::json Trainer::run() {
       epoch_seconds_ += t1 - t0;
       t0 = t1;
       progress(false);
-      if (config_.save_every > 0 && !config_.checkpoint_dir.empty() && steps_ % config_.save_every == 0) {
+      if (config_.save_every > 0 && !config_.checkpoint_dir.empty() && steps() % config_.save_every == 0) {
         save_checkpoint(config_.checkpoint_dir);
         t0 = now_seconds();  // checkpoint time is not training time
       }
@@ -281,9 +211,9 @@ nlohmann::json Trainer::run() {
     const EvalResult test = evaluate(data_.test);
     e.test_loss = test.loss;
     e.test_accuracy = test.accuracy;
-    e.steps = steps_;
+    e.steps = steps();
     e.skipped_steps = skipped_;
-    e.scale = scaler_->loss_scale();
+    e.scale = training_->scaler().loss_scale();
     history_.push_back(e);
     epoch_loss_sum_ = 0;
     epoch_correct_ = epoch_seen_ = 0;
@@ -301,7 +231,7 @@ nlohmann::json Trainer::run() {
   if (!config_.checkpoint_dir.empty() && config_.save_every > 0) save_checkpoint(config_.checkpoint_dir);
   nlohmann::json result = result_json();
   if (trace_) {
-    trace_->finish({{"steps", steps_},
+    trace_->finish({{"steps", steps()},
                     {"skipped", skipped_},
                     {"overflows", overflow_steps_},
                     {"train_loss", result["train_loss"]},
@@ -322,11 +252,11 @@ nlohmann::json Trainer::result_json() {
     history.push_back(epoch_json(e));
     seconds.push_back(e.seconds);
   }
-  const bool complete = !history_.empty() && history_.back().steps == steps_;
+  const bool complete = !history_.empty() && history_.back().steps == steps();
   r["schema"] = "gradscale.result/1";
   r["version"] = GRADSCALE_VERSION;
   r["complete"] = batcher_->epoch() >= config_.epochs;
-  r["steps"] = steps_;
+  r["steps"] = steps();
   r["skipped_steps"] = skipped_;
   r["overflow_steps"] = overflow_steps_;
   r["scaler_seconds"] = scaler_seconds_;
@@ -334,8 +264,8 @@ nlohmann::json Trainer::result_json() {
   r["epochs_done"] = history_.size();
   r["epoch_seconds"] = seconds;
   r["history"] = history;
-  r["final_scale"] = scaler_->loss_scale();
-  r["scaler_state"] = scaler_->state();
+  r["final_scale"] = training_->scaler().loss_scale();
+  r["scaler_state"] = training_->scaler().state();
   r["data"] = data_.source;
   r["parameters"] = model_->num_parameters();
   if (complete) {
@@ -356,73 +286,37 @@ nlohmann::json Trainer::result_json() {
   return r;
 }
 
+// The model, optimizer, scaler, iteration count and dropout generator are ScaledTraining's to save; the
+// loop's own counters, data order and history go with them as extra keys.
 void Trainer::save_checkpoint(const std::string& dir) {
-  std::ostringstream rng_state;
-  rng_state << rng_;
   nlohmann::json history = nlohmann::json::array();
   for (const EpochSummary& e : history_) history.push_back(epoch_json(e));
-  nlohmann::json meta = {{"schema", "gradscale.checkpoint/1"},
-                         {"identity", identity(config_, config_.model_spec)},
-                         {"config", config_.to_json()},
-                         {"steps", steps_},
-                         {"skipped_steps", skipped_},
-                         {"overflow_steps", overflow_steps_},
-                         {"scaler_seconds", scaler_seconds_},
-                         {"epoch_loss_sum", epoch_loss_sum_},
-                         {"epoch_correct", epoch_correct_},
-                         {"epoch_seen", epoch_seen_},
-                         {"epoch_seconds", epoch_seconds_},
-                         {"history", history},
-                         {"scaler", {{"config", scaler_->config()}, {"state", scaler_->state()}}},
-                         {"optimizer", optimizer_->state()},
-                         {"batcher", batcher_->state()},
-                         {"rng", rng_state.str()}};
-  std::vector<std::pair<std::string, const Tensor*>> tensors;
-  for (Parameter* p : model_->parameters()) tensors.emplace_back("param/" + p->name, &p->value);
-  for (auto& [name, t] : model_->buffers()) tensors.emplace_back("buffer/" + name, t);
-  for (auto& [name, t] : optimizer_->state_tensors()) tensors.emplace_back("optim/" + name, t);
-  write_checkpoint(dir, std::to_string(steps_), meta, tensors);
+  const nlohmann::json extra = {{"config", config_.to_json()},
+                                {"skipped_steps", skipped_},
+                                {"overflow_steps", overflow_steps_},
+                                {"scaler_seconds", scaler_seconds_},
+                                {"epoch_loss_sum", epoch_loss_sum_},
+                                {"epoch_correct", epoch_correct_},
+                                {"epoch_seen", epoch_seen_},
+                                {"epoch_seconds", epoch_seconds_},
+                                {"history", history},
+                                {"batcher", batcher_->state()}};
+  training_->save(dir, extra);
 }
 
 void Trainer::load_checkpoint(const std::string& dir) {
-  const Checkpoint c = read_checkpoint(dir);
-  const nlohmann::json expect = identity(config_, config_.model_spec);
-  GS_CHECK_CONFIG(c.meta.value("identity", nlohmann::json()) == expect,
-                  "checkpoint in '" << dir << "' was written for another model or format (it has format "
-                                    << c.meta["identity"].value("format", std::string("?")) << ", model "
-                                    << c.meta["identity"]["model_spec"].value("name", std::string("?"))
-                                    << "; this run: " << format_name(config_.format) << ", "
-                                    << config_.model_spec.value("name", std::string("?")) << ")");
-  GS_CHECK_CONFIG(c.meta["scaler"]["config"] == scaler_->config(),
-                  "checkpoint in '" << dir << "' used scaler " << c.meta["scaler"]["config"].dump()
-                                    << ", this run " << scaler_->config().dump());
-  auto take = [&](const std::string& key, Tensor& into) {
-    const auto it = c.tensors.find(key);
-    GS_CHECK_DATA(it != c.tensors.end(), "checkpoint in '" << dir << "' has no tensor '" << key << "'");
-    GS_CHECK_DATA(it->second.shape() == into.shape(),
-                  "checkpoint tensor '" << key << "' has shape " << shape_string(it->second.shape())
-                                        << ", expected " << shape_string(into.shape()));
-    std::copy(it->second.data(), it->second.data() + into.size(), into.data());
-  };
-  for (Parameter* p : model_->parameters()) take("param/" + p->name, p->value);
-  for (auto& [name, t] : model_->buffers()) take("buffer/" + name, *t);
-  optimizer_->restore_state(c.meta.at("optimizer"), model_->parameters());
-  for (auto& [name, t] : optimizer_->state_tensors()) take("optim/" + name, *t);
-  scaler_->restore_state(c.meta["scaler"]["state"]);
-  batcher_->restore(c.meta.at("batcher"));
-  std::istringstream rng_state(c.meta.at("rng").get<std::string>());
-  rng_state >> rng_;
-  steps_ = c.meta.at("steps");
-  skipped_ = c.meta.at("skipped_steps");
-  overflow_steps_ = c.meta.value("overflow_steps", std::int64_t{0});
-  scaler_seconds_ = c.meta.value("scaler_seconds", 0.0);
-  epoch_loss_sum_ = c.meta.at("epoch_loss_sum");
-  epoch_correct_ = c.meta.at("epoch_correct");
-  epoch_seen_ = c.meta.at("epoch_seen");
-  epoch_seconds_ = c.meta.at("epoch_seconds");
+  const nlohmann::json meta = training_->load(dir);  // refuses another model, format or scaler
+  batcher_->restore(meta.at("batcher"));
+  skipped_ = meta.at("skipped_steps");
+  overflow_steps_ = meta.value("overflow_steps", std::int64_t{0});
+  scaler_seconds_ = meta.value("scaler_seconds", 0.0);
+  epoch_loss_sum_ = meta.at("epoch_loss_sum");
+  epoch_correct_ = meta.at("epoch_correct");
+  epoch_seen_ = meta.at("epoch_seen");
+  epoch_seconds_ = meta.at("epoch_seconds");
   history_.clear();
-  for (const auto& e : c.meta.at("history")) history_.push_back(epoch_from_json(e));
-  if (log_) *log_ << "resumed from '" << dir << "' at step " << steps_ << "\n";
+  for (const auto& e : meta.at("history")) history_.push_back(epoch_from_json(e));
+  if (log_) *log_ << "resumed from '" << dir << "' at step " << steps() << "\n";
 }
 
 }  // namespace gradscale

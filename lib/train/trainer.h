@@ -1,6 +1,7 @@
-// The training loop of the CPU engine (SPEC §4–§5): working weights in F once per step, forward in F,
-// the loss in fp32 with S0 from the scaler, backward with scaled gradients, the scaler's verdict
-// (apply or skip), the optimizer step, evaluation, progress lines, checkpoints and resume.
+// The training loop of the CPU engine (SPEC §4–§5): data, epochs, evaluation, progress lines, traces,
+// checkpoints and resume around ScaledTraining (scaled_training.h), which does each iteration —
+// working weights in F, forward in F, the loss in fp32 with S0 from the scaler, backward with scaled
+// gradients, the scaler's verdict (apply or skip) and the optimizer step — as a user's own loop would.
 #pragma once
 
 #include <cstdint>
@@ -19,6 +20,7 @@
 #include "lib/optim/optimizer.h"
 #include "lib/scaler/scaler.h"
 #include "lib/train/config.h"
+#include "lib/train/scaled_training.h"
 
 namespace gradscale {
 
@@ -34,15 +36,8 @@ struct EvalResult {
   double loss = 0, accuracy = 0;
 };
 
-// The outcome of one iteration.
-struct StepOutcome {
-  double loss = 0;
-  std::int64_t correct = 0;
-  bool found_inf = false, skipped = false;
-  int first_nonfinite_layer = -1;
-  double loss_scale = 1;  // S0 used by this iteration
-  StepReport report;      // the scaler's verdict and counters
-};
+// The outcome of one iteration: what ScaledTraining::step reports.
+using StepOutcome = StepResult;
 
 class TraceWriter;
 
@@ -64,7 +59,8 @@ class Trainer {
   void save_checkpoint(const std::string& dir);
 
   Model& model() { return *model_; }
-  Scaler& scaler() { return *scaler_; }
+  Scaler& scaler() { return training_->scaler(); }
+  ScaledTraining& training() { return *training_; }
   Optimizer& optimizer() { return *optimizer_; }
   const DataSplit& data() const { return data_; }
   const TrainConfig& config() const { return config_; }
@@ -81,20 +77,18 @@ class Trainer {
   Precision precision_;
   DataSplit data_;
   std::unique_ptr<Model> model_;
-  std::unique_ptr<Scaler> scaler_;
   std::unique_ptr<Optimizer> optimizer_;
+  std::unique_ptr<ScaledTraining> training_;  // the scaler, the dropout generator, the iteration count
   std::unique_ptr<LrSchedule> schedule_;
   std::unique_ptr<Batcher> batcher_;
-  Rng rng_;  // dropout masks
-  StepMonitor monitor_;
-  ScaledGrad loss_grad_;
-  Tensor loss_fp32_;  // the loss gradient at scale 1, for policies that choose S0 from it
   std::unique_ptr<TraceWriter> trace_;
   Tensor batch_x_;
   std::vector<std::int32_t> batch_y_;
 
+  std::int64_t steps() const { return training_->steps(); }  // iterations done
+
   // Counters (all saved in checkpoints).
-  std::int64_t steps_ = 0, skipped_ = 0, overflow_steps_ = 0;
+  std::int64_t skipped_ = 0, overflow_steps_ = 0;
   double scaler_seconds_ = 0;  // time in the scaler and its controller, statistics for queries included
   double epoch_loss_sum_ = 0;
   std::int64_t epoch_correct_ = 0, epoch_seen_ = 0;

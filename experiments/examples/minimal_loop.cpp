@@ -1,0 +1,59 @@
+// The README's example, kept identical to README.md ("The API in C++") by tests/test_api.cpp: a small
+// residual network of gradscale layers trained in fp16 by a loop of its own, with per-layer adaptive
+// loss scaling. residual_fashion_mnist.cpp is the full version (own data feed, trace, save/resume).
+#include <gradscale/gradscale.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <vector>
+
+namespace gs = gradscale;
+
+int main(int argc, char** argv) {
+  const long long steps = argc > 1 ? std::atoll(argv[1]) : 200;
+
+  // A network: conv -> ReLU -> [conv] + shortcut -> flatten -> linear, for 1x28x28 images.
+  gs::Rng rng(0);
+  const gs::InitSpec init;
+  gs::Model net;
+  const int conv =
+      net.add(std::make_unique<gs::Conv2d>("conv", 1, 8, 3, 2, 1, true, init, rng), {gs::Model::kModelInput});
+  const int relu = net.add(std::make_unique<gs::ReLU>("relu"), {conv});
+  const int res = net.add(std::make_unique<gs::Conv2d>("res", 8, 8, 3, 1, 1, true, init, rng), {relu});
+  const int add = net.add(std::make_unique<gs::Add>("add"), {res, relu});
+  const int flat = net.add(std::make_unique<gs::Flatten>("flatten"), {add});
+  net.add(std::make_unique<gs::Linear>("fc", 8 * 14 * 14, 10, true, init, rng), {flat});
+  net.finalize({1, 28, 28});
+
+  // An optimizer, a precision and a scaler, attached in one call.
+  std::unique_ptr<gs::Optimizer> adam = gs::make_optimizer({{"name", "adam"}});
+  gs::Precision fp16;
+  fp16.format = gs::Format::fp16;
+  gs::ScaledTraining training(net, *adam, fp16,
+                              {{"policy", "adaptive"}, {"method", "measured"}, {"init_scale", "auto"}});
+
+  // The loop: forward, the loss with an explicit scale, backward with per-layer scales, apply or skip.
+  const gs::DataSplit data = gs::load_data("fashion-mnist", 0);  // synthetic when the files are absent
+  gs::Batcher batches(data.train, 64, 0);
+  gs::Tensor x;
+  std::vector<std::int32_t> y;
+  for (long long i = 0; i < steps; ++i) {
+    if (!batches.next(x, y)) batches.next(x, y);  // the end of an epoch: start the next
+    training.begin_step(i + 1 == steps);          // full statistics on the last step
+    const gs::Tensor& logits = training.forward(x);
+    const double s0 = training.loss_scale(logits, y);
+    training.loss_backward(logits, y, s0);
+    const gs::StepResult r = training.step(1e-3);
+    if (r.step % 50 == 0)
+      std::printf("step %lld  loss %.3f  S0 %g  skipped %s\n", static_cast<long long>(r.step), r.loss,
+                  r.loss_scale, r.skipped ? "yes" : "no");
+  }
+  // Per layer: the local scale s, the accumulated scale received and sent (s * S_in), and the fraction
+  // of the gradient sent upstream that still underflowed in fp16 (statistics of the last step).
+  for (const gs::LayerScale& l : training.layer_scales())
+    if (l.parametric && l.sent)
+      std::printf("%-3s s %-3g S_in %-4g S_out %-5g underflow %.2e\n", l.name.c_str(), l.s, l.scale_in,
+                  l.scale_out, l.underflow_rate);
+  return 0;
+}

@@ -1,0 +1,296 @@
+// One iteration of mixed-precision training with loss scaling, and its save/resume (see scaled_training.h).
+#include "lib/train/scaled_training.h"
+
+#include <chrono>
+#include <cmath>
+#include <sstream>
+
+#include "lib/train/checkpoint.h"
+
+namespace gradscale {
+namespace {
+
+constexpr const char* kCheckpointSchema = "gradscale.checkpoint/1";
+// The keys save() writes itself (write_checkpoint adds tensor_file and tensor_bytes); `extra` may not use
+// them.
+const char* const kReservedKeys[] = {"schema",    "identity", "steps",       "scaler",
+                                     "optimizer", "rng",      "tensor_file", "tensor_bytes"};
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+std::unique_ptr<Scaler> scaler_from(const nlohmann::json& config, const Precision& p) {
+  // Scalers size themselves for the format they scale: the gradients'.
+  if (config.is_string()) return make_scaler(config.get<std::string>(), p.gradient_format());
+  return make_scaler(config, p.gradient_format());
+}
+
+// What differs between two identities, for the refusal message.
+std::string identity_difference(const nlohmann::json& saved, const nlohmann::json& now) {
+  for (const char* key : {"format", "grad_format", "weight_grads"})
+    if (saved.value(key, nlohmann::json()) != now.at(key))
+      return std::string(key) + " " + saved.value(key, nlohmann::json()).dump() + ", this run " +
+             now.at(key).dump();
+  const nlohmann::json& a = saved.value("layers", nlohmann::json::array());
+  const nlohmann::json& b = now.at("layers");
+  for (std::size_t i = 0; i < std::max(a.size(), b.size()); ++i) {
+    if (i < a.size() && i < b.size() && a[i] == b[i]) continue;
+    const auto describe = [](const nlohmann::json& layers, std::size_t k) {
+      if (k >= layers.size()) return std::string("none");
+      const nlohmann::json& l = layers[k];
+      std::string text = "'" + l.value("name", std::string("?")) + "' (" + l.value("kind", std::string("?"));
+      const nlohmann::json params = l.value("parameters", nlohmann::json::array());
+      if (!params.empty() && params[0].is_object()) {
+        std::string shape;
+        for (const nlohmann::json& d : params[0].value("shape", nlohmann::json::array()))
+          shape += (shape.empty() ? "" : ", ") + d.dump();
+        text += " [" + shape + "]";
+      }
+      return text + ")";
+    };
+    return "layer " + std::to_string(i) + " " + describe(a, i) + ", this run " + describe(b, i);
+  }
+  return "?";
+}
+
+}  // namespace
+
+ScaledTraining::ScaledTraining(Model& model, Optimizer& optimizer, const Precision& precision,
+                               std::unique_ptr<Scaler> scaler, std::uint64_t seed)
+    : model_(model), optimizer_(optimizer), precision_(precision), scaler_(std::move(scaler)), seed_(seed) {
+  GS_CHECK_CONFIG(scaler_ != nullptr,
+                  "ScaledTraining: no scaler given (use {\"policy\": \"none\"} for none)");
+  GS_CHECK_CONFIG(model_.num_layers() > 0 && !model_.sample_shape().empty(),
+                  "ScaledTraining: the model must be finalized (Model::finalize) before training");
+  scaler_->bind(model_.layer_infos(), precision_.gradient_format());
+  rng_.seed(seed_ ^ 0x9E3779B97F4A7C15ull);
+}
+
+ScaledTraining::ScaledTraining(Model& model, Optimizer& optimizer, const Precision& precision,
+                               const nlohmann::json& scaler, std::uint64_t seed)
+    : ScaledTraining(model, optimizer, precision, scaler_from(scaler, precision), seed) {}
+
+ScaledTraining::~ScaledTraining() = default;
+
+void ScaledTraining::expect(Phase phase, const char* call) const {
+  // The call that leads to each phase.
+  static const char* const kLastCall[] = {"step() (or nothing yet)", "begin_step()", "forward()",
+                                          "loss_backward()"};
+  GS_CHECK_AS(Error, phase_ == phase,
+              "ScaledTraining::"
+                  << call << " is called after " << kLastCall[static_cast<int>(phase_)] << " but must follow "
+                  << kLastCall[static_cast<int>(phase)]
+                  << " (the order of one iteration: begin_step, forward, loss_scale, loss_backward, step)");
+}
+
+void ScaledTraining::begin_step(bool record_statistics) {
+  // An unfinished iteration (an exception in the middle) is abandoned: nothing of it was applied.
+  model_.prepare_weights(precision_);
+  monitor_.reset(model_.num_layers(), record_statistics, scaler_->gradient_edge());
+  current_ = StepResult{};
+  const auto t0 = std::chrono::steady_clock::now();
+  scaler_->begin_step(steps_);
+  current_.scaler_seconds = seconds_since(t0);
+  phase_ = Phase::begun;
+}
+
+const Tensor& ScaledTraining::forward(const Tensor& images) {
+  expect(Phase::begun, "forward");
+  ForwardContext ctx{precision_, true, &rng_};
+  const Tensor& logits = model_.forward(images, ctx);
+  phase_ = Phase::forwarded;
+  return logits;
+}
+
+double ScaledTraining::loss_scale(const Tensor& logits, const std::vector<std::int32_t>& labels) {
+  expect(Phase::forwarded, "loss_scale");
+  GS_CHECK_SHAPE(
+      logits.rank() == 2 && logits.dim(0) == static_cast<std::int64_t>(labels.size()),
+      "loss_scale: logits " << shape_string(logits.shape()) << " and " << labels.size() << " labels");
+  const auto t0 = std::chrono::steady_clock::now();
+  // A policy that chooses S0 from the loss gradient sees that gradient in fp32 at scale 1 first.
+  LocalScaleQuery query;
+  QueryStatistics stats;
+  if (const StatNeeds needs = scaler_->loss_needs()) {
+    softmax_cross_entropy_fp32(logits, labels.data(), 1.0, &loss_fp32_);
+    query.layer_name = "loss";
+    query.step = steps_;
+    query.format = precision_.gradient_format();
+    query.reduction = 0;
+    query.grad_shape = loss_fp32_.shape();
+    query.grad = loss_fp32_.data();
+    query.grad_size = loss_fp32_.size();
+    // The values S0 will multiply before the one rounding: the "upstream" of this cast point.
+    query.upstream_shape = loss_fp32_.shape();
+    query.upstream = loss_fp32_.data();
+    query.upstream_size = loss_fp32_.size();
+    stats.attach(needs, query, precision_.round);
+  }
+  const double s0 = scaler_->choose_loss_scale(query);
+  GS_CHECK_NUMERIC(std::isfinite(s0) && s0 > 0,
+                   "scaler '" << scaler_->policy() << "' chose loss scale " << s0);
+  current_.scaler_seconds += seconds_since(t0);
+  return s0;
+}
+
+LossResult ScaledTraining::loss_backward(const Tensor& logits, const std::vector<std::int32_t>& labels,
+                                         double loss_scale) {
+  expect(Phase::forwarded, "loss_backward");
+  GS_CHECK_NUMERIC(std::isfinite(loss_scale) && loss_scale > 0,
+                   "loss_backward: the loss scale must be finite and > 0, got " << loss_scale);
+  GS_CHECK_SHAPE(
+      logits.rank() == 2 && logits.dim(0) == static_cast<std::int64_t>(labels.size()),
+      "loss_backward: logits " << shape_string(logits.shape()) << " and " << labels.size() << " labels");
+  const LossResult loss = softmax_cross_entropy(logits, labels.data(), loss_scale, precision_, &loss_grad_,
+                                                &monitor_, model_.num_layers() - 1);
+  model_.zero_grads();
+  BackwardContext ctx{precision_, *scaler_, monitor_, steps_};
+  model_.backward(loss_grad_, ctx);
+  current_.loss = loss.loss;
+  current_.correct = loss.correct;
+  current_.loss_scale = loss_scale;
+  phase_ = Phase::backwarded;
+  return loss;
+}
+
+StepResult ScaledTraining::step(double lr) {
+  expect(Phase::backwarded, "step");
+  GS_CHECK_CONFIG(std::isfinite(lr) && lr >= 0,
+                  "step: the learning rate must be finite and >= 0, got " << lr);
+  const auto t0 = std::chrono::steady_clock::now();
+  if (LayerController* controller = scaler_->layer_controller()) controller->end_step(monitor_);
+  StepStatistics stats;
+  stats.found_inf = monitor_.found_inf;
+  stats.first_nonfinite_layer = monitor_.first_nonfinite_layer;
+  stats.grad_below_edge = monitor_.grad_below_edge;
+  stats.grad_above_edge = monitor_.grad_above_edge;
+  stats.step = steps_;
+  stats.monitor = &monitor_;
+  StepResult r = current_;
+  r.report = scaler_->update(stats);
+  r.scaler_seconds += seconds_since(t0) + monitor_.scaler_seconds;
+  r.found_inf = stats.found_inf;
+  r.first_nonfinite_layer = stats.first_nonfinite_layer;
+  r.skipped = r.report.skipped;
+  r.phi = r.report.state.is_object() ? r.report.state.value("phi", 1.0) : 1.0;
+  // A skipped step touches neither weights nor optimizer moments nor the step count.
+  if (!r.skipped) optimizer_.step(model_.parameters(), lr);
+  r.step = ++steps_;
+  phase_ = Phase::idle;
+  return r;
+}
+
+const Tensor& ScaledTraining::predict(const Tensor& images) {
+  GS_CHECK_AS(
+      Error, phase_ == Phase::idle,
+      "ScaledTraining::predict is called inside an iteration (call it between step() and begin_step())");
+  model_.prepare_weights(precision_);
+  ForwardContext ctx{precision_, false, nullptr};
+  return model_.forward(images, ctx);
+}
+
+nlohmann::json ScaledTraining::identity() const {
+  return {{"layers", model_.layer_table()},
+          {"format", format_name(precision_.format)},
+          {"grad_format", format_name(precision_.gradient_format())},
+          {"weight_grads", precision_.quantize_weight_grads}};
+}
+
+void ScaledTraining::save(const std::string& dir, const nlohmann::json& extra) const {
+  GS_CHECK_AS(Error, phase_ == Phase::idle,
+              "ScaledTraining::save is called inside an iteration (save between step() "
+              "and the next begin_step())");
+  GS_CHECK_CONFIG(extra.is_object(),
+                  "ScaledTraining::save: `extra` must be a JSON object, got " << extra.dump());
+  for (const char* key : kReservedKeys)
+    GS_CHECK_CONFIG(!extra.contains(key), "ScaledTraining::save: `extra` may not use the key '"
+                                              << key << "' (the checkpoint's own)");
+  std::ostringstream rng_state;
+  rng_state << rng_;
+  nlohmann::json meta = extra;
+  meta["schema"] = kCheckpointSchema;
+  meta["identity"] = identity();
+  meta["steps"] = steps_;
+  meta["scaler"] = {{"config", scaler_->config()}, {"state", scaler_->state()}};
+  meta["optimizer"] = optimizer_.state();
+  meta["rng"] = rng_state.str();
+  std::vector<std::pair<std::string, const Tensor*>> tensors;
+  for (Parameter* p : model_.parameters()) tensors.emplace_back("param/" + p->name, &p->value);
+  for (auto& [name, t] : model_.buffers()) tensors.emplace_back("buffer/" + name, t);
+  for (auto& [name, t] : optimizer_.state_tensors()) tensors.emplace_back("optim/" + name, t);
+  write_checkpoint(dir, std::to_string(steps_), meta, tensors);
+}
+
+nlohmann::json ScaledTraining::load(const std::string& dir) {
+  GS_CHECK_AS(Error, phase_ == Phase::idle, "ScaledTraining::load is called inside an iteration");
+  Checkpoint c = read_checkpoint(dir);
+  GS_CHECK_DATA(c.meta.value("schema", std::string()) == kCheckpointSchema,
+                "checkpoint in '" << dir << "' has schema " << c.meta.value("schema", nlohmann::json()).dump()
+                                  << ", expected \"" << kCheckpointSchema << "\"");
+  const nlohmann::json expect = identity();
+  const nlohmann::json saved = c.meta.value("identity", nlohmann::json::object());
+  GS_CHECK_CONFIG(saved == expect, "checkpoint in '" << dir
+                                                     << "' was written for another model or format (it has "
+                                                     << identity_difference(saved, expect) << ")");
+  const nlohmann::json saved_scaler = c.meta.value("scaler", nlohmann::json::object());
+  GS_CHECK_CONFIG(saved_scaler.value("config", nlohmann::json()) == scaler_->config(),
+                  "checkpoint in '" << dir << "' used scaler "
+                                    << saved_scaler.value("config", nlohmann::json()).dump() << ", this run "
+                                    << scaler_->config().dump());
+  auto take = [&](const std::string& key, Tensor& into) {
+    const auto it = c.tensors.find(key);
+    GS_CHECK_DATA(it != c.tensors.end(), "checkpoint in '" << dir << "' has no tensor '" << key << "'");
+    GS_CHECK_DATA(it->second.shape() == into.shape(),
+                  "checkpoint tensor '" << key << "' has shape " << shape_string(it->second.shape())
+                                        << ", expected " << shape_string(into.shape()));
+    std::copy(it->second.data(), it->second.data() + into.size(), into.data());
+  };
+  for (Parameter* p : model_.parameters()) take("param/" + p->name, p->value);
+  for (auto& [name, t] : model_.buffers()) take("buffer/" + name, *t);
+  optimizer_.restore_state(c.meta.at("optimizer"), model_.parameters());
+  for (auto& [name, t] : optimizer_.state_tensors()) take("optim/" + name, *t);
+  scaler_->restore_state(saved_scaler.at("state"));
+  std::istringstream rng_state(c.meta.at("rng").get<std::string>());
+  rng_state >> rng_;
+  GS_CHECK_DATA(!rng_state.fail(), "checkpoint in '" << dir << "': 'rng' is not a generator state");
+  steps_ = c.meta.at("steps").get<std::int64_t>();
+  return std::move(c.meta);
+}
+
+std::vector<LayerScale> ScaledTraining::layer_scales() const {
+  std::vector<LayerScale> rows;
+  for (const LayerInfo& info : model_.layer_infos()) {
+    LayerScale row;
+    row.id = info.id;
+    row.name = info.name;
+    row.kind = info.kind;
+    row.parametric = info.parametric;
+    if (static_cast<std::size_t>(info.id) < monitor_.records.size()) {
+      const LayerRecord& r = monitor_.records[static_cast<std::size_t>(info.id)];
+      row.ran = r.ran;
+      row.sent = r.sent_grad;
+      row.s = r.local_scale;
+      row.unbound = r.unbound_scale;
+      row.scale_in = r.scale_in;
+      row.scale_out = r.scale_out;
+      row.recorded = r.has_activation_grad;
+      if (row.recorded) row.underflow_rate = r.activation_grad.underflow_rate();
+    }
+    rows.push_back(std::move(row));
+  }
+  return rows;
+}
+
+nlohmann::json ScaledTraining::trace_header(const nlohmann::json& config) const {
+  GS_CHECK_CONFIG(config.is_object(), "trace_header: `config` must be a JSON object, got " << config.dump());
+  return {{"version", GRADSCALE_VERSION},
+          {"config", config},
+          {"format", format_name(precision_.format)},
+          {"grad_format", format_name(precision_.gradient_format())},
+          {"scaler", scaler_->config()},
+          {"seed", seed_},
+          {"layers", model_.layer_table()}};
+}
+
+}  // namespace gradscale

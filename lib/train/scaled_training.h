@@ -1,0 +1,145 @@
+// Mixed-precision training with loss scaling, one iteration at a time, as a user's own loop drives it
+// (SPEC §4–§5): working weights in F, forward in F, S0 from the scaler, the loss gradient times S0
+// rounded to F, backward with the local scales of the scaler's per-layer controller, then the scaler's
+// verdict — the optimizer step is applied or skipped, and the caller is told which. Trainer is one
+// user of this class; a research loop is another. Public through <gradscale/training.h>.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "lib/core/random.h"
+#include "lib/instrument/step_monitor.h"
+#include "lib/layers/layer.h"
+#include "lib/layers/softmax_cross_entropy.h"
+#include "lib/model/model.h"
+#include "lib/optim/optimizer.h"
+#include "lib/scaler/scaler.h"
+
+namespace gradscale {
+
+// What one iteration did (step()).
+struct StepResult {
+  std::int64_t step = 0;     // 1-based number of this iteration (steps() after it)
+  double loss = 0;           // mean loss of the batch, computed in fp32/fp64 (from loss_backward)
+  std::int64_t correct = 0;  // samples whose largest logit is their label
+  double loss_scale = 1;     // S0 the loss gradient was multiplied by
+  bool found_inf = false;    // a gradient was not finite (or, in a saturating format, beyond its maximum)
+  int first_nonfinite_layer = -1;  // in backward order; -1 when none
+  bool skipped = false;       // the optimizer step was not applied: weights, moments, step count untouched
+  double phi = 1;             // the safety factor of SPEC §6.4 after the update (1 for policies without one)
+  double scaler_seconds = 0;  // wall time in the scaler, its controller and the statistics they asked for
+  StepReport report;          // the scaler's verdict: report.scale is the next S0, report.state its counters
+};
+
+// One layer's scales in the last iteration, for reading and printing (layer_scales()).
+struct LayerScale {
+  int id = -1;
+  std::string name, kind;
+  bool parametric = false;    // Linear / Conv2d: the controller chose its local scale
+  bool ran = false;           // its backward ran (a layer with no parameter on or before it does not)
+  bool sent = false;          // it sent a gradient upstream (a first layer does not: s is then 1)
+  double s = 1, unbound = 1;  // local scale applied, and the controller's value before bounds
+  double scale_in = 1, scale_out = 1;  // accumulated S of the gradient received and sent (s·S_in)
+  bool recorded = false;               // the statistics below were taken (begin_step(true))
+  double underflow_rate = 0;  // of the activation gradient it sent upstream (SPEC §1), when recorded
+};
+
+class ScaledTraining {
+ public:
+  // Attaches `scaler` to `model` for the gradient format of `precision` (binds its controller to the
+  // model's layer table). The model (finalized) and the optimizer are borrowed and must outlive this
+  // object; the scaler is owned. `seed` seeds the dropout masks (seed ^ 0x9E3779B97F4A7C15, as Trainer).
+  ScaledTraining(Model& model, Optimizer& optimizer, const Precision& precision,
+                 std::unique_ptr<Scaler> scaler, std::uint64_t seed = 0);
+  // The same with the scaler built from a configuration: an object {"policy": NAME, ...} or command-line
+  // text as a JSON string ("torch", "static:1024", docs/scalers.md). ConfigError for an unknown policy or
+  // key.
+  ScaledTraining(Model& model, Optimizer& optimizer, const Precision& precision, const nlohmann::json& scaler,
+                 std::uint64_t seed = 0);
+  ~ScaledTraining();
+  ScaledTraining(const ScaledTraining&) = delete;
+  ScaledTraining& operator=(const ScaledTraining&) = delete;
+
+  // ---- one iteration: begin_step, forward, loss_scale, loss_backward, step — in this order ---------
+  // Working weights = quantize(master, F); the per-layer records are reset (with full statistics when
+  // `record_statistics`: trace steps, or whenever you want to read underflow rates); the scaler is told
+  // the iteration begins.
+  void begin_step(bool record_statistics = false);
+  // Forward in F (training mode: dropout active, BatchNorm on batch statistics). images: [N, sample
+  // shape of the model] in fp32, used as given (as Trainer feeds its normalised data). Returns the
+  // logits [N, classes], owned by the model and valid until the next forward; `images` must stay
+  // alive and unchanged until loss_backward has returned (backward reads it).
+  const Tensor& forward(const Tensor& images);
+  // S0 for this iteration as the scaler chooses it — from the fp32 loss gradient at scale 1 for policies
+  // that look at it (adaptive with init_scale "auto"), else its current scale. Optional: loss_backward
+  // takes any S0 > 0 (an experiment may override the scaler's).
+  double loss_scale(const Tensor& logits, const std::vector<std::int32_t>& labels);
+  // Softmax cross-entropy of the logits (fp32/fp64); its gradient times `loss_scale` (finite, > 0) in
+  // fp32, rounded once to the gradient format; then the master gradients are zeroed and backward runs
+  // with the scaler's local scales. labels: N values in [0, classes). Afterwards every Parameter::grad
+  // holds the true, unscaled fp32 gradient (no unscale step: each layer divides by its own S) unless
+  // the iteration overflowed — clip or inspect them here, before step().
+  LossResult loss_backward(const Tensor& logits, const std::vector<std::int32_t>& labels, double loss_scale);
+  // The scaler's verdict from what backward saw (found_inf, per-layer records), then the optimizer step
+  // with learning rate `lr` unless the verdict is to skip. Returns what happened, skipped included.
+  StepResult step(double lr);
+
+  // Inference between iterations: working weights in F, forward in evaluation mode (no dropout,
+  // BatchNorm on its running statistics). Returns the logits [N, classes], owned by the model and valid
+  // until the next forward. Changes no training state.
+  const Tensor& predict(const Tensor& images);
+
+  // ---- save / resume (PyTorch's state_dict and load_state_dict) -----------------------------------
+  // Writes, atomically, into directory `dir`: the model's parameters and buffers, the optimizer's state,
+  // the scaler's configuration and state (its controller's per-layer caches included), the iteration
+  // count and the dropout generator — everything the next iterations depend on — plus the keys of the
+  // object `extra` (the caller's own counters: data order, epoch...; keys the checkpoint uses itself are
+  // refused). Only between iterations (before begin_step or after step).
+  void save(const std::string& dir, const nlohmann::json& extra = nlohmann::json::object()) const;
+  // Restores what save() wrote into this object's model, optimizer and scaler, which must be built the
+  // same way: the same layers and shapes, formats and scaler configuration (else ConfigError naming what
+  // differs; a damaged file is a DataError naming it). Returns the whole checkpoint document, `extra`'s
+  // keys included. The next iterations are bit-identical to those of the run that saved.
+  nlohmann::json load(const std::string& dir);
+
+  // ---- reading ------------------------------------------------------------------------------------
+  std::int64_t steps() const { return steps_; }  // iterations completed (skipped ones included)
+  // The records of the current or last iteration: scales per layer, found_inf, and the §3 statistics
+  // of every gradient rounded (when recorded). Reset by begin_step.
+  const StepMonitor& monitor() const { return monitor_; }
+  std::vector<LayerScale> layer_scales() const;  // from monitor(), one row per layer
+  // The header of a trace of this run (lib/train/trace.h): version, formats, scaler, seed and the
+  // layer table, with `config` (what describes the run; must be an object) stored under "config".
+  nlohmann::json trace_header(const nlohmann::json& config = nlohmann::json::object()) const;
+
+  Model& model() { return model_; }
+  Optimizer& optimizer() { return optimizer_; }
+  Scaler& scaler() { return *scaler_; }
+  const Scaler& scaler() const { return *scaler_; }
+  const Precision& precision() const { return precision_; }
+
+ private:
+  enum class Phase { idle, begun, forwarded, backwarded };
+  void expect(Phase phase, const char* call) const;
+  nlohmann::json identity() const;
+
+  Model& model_;
+  Optimizer& optimizer_;
+  Precision precision_;
+  std::unique_ptr<Scaler> scaler_;
+  std::uint64_t seed_;
+  Rng rng_;  // dropout masks
+  StepMonitor monitor_;
+  ScaledGrad loss_grad_;
+  Tensor loss_fp32_;  // the loss gradient at scale 1, for policies that choose S0 from it
+  Phase phase_ = Phase::idle;
+  std::int64_t steps_ = 0;
+  StepResult current_;  // filled while the iteration runs
+};
+
+}  // namespace gradscale

@@ -1,0 +1,74 @@
+# ctest outside_project_example (cmake -P): what a new user does, from `cmake --install` to the example's
+# output. Installs this build into a fresh prefix, checks `gradscale --version` and the package version,
+# builds experiments/examples against the prefix only, runs both examples for a few steps (the residual one
+# also saved and resumed) and checks their printout and traces (gradscale inspect --check).
+# Inputs: GS_BUILD_DIR, GS_SOURCE_DIR, GS_WORK_DIR, GS_VERSION, GS_CXX_COMPILER.
+cmake_minimum_required(VERSION 3.20)
+
+function(run_step what)
+  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "${what} failed (${rc}):\n${out}\n${err}")
+  endif()
+  set(step_output "${out}${err}" PARENT_SCOPE)
+endfunction()
+
+function(expect text haystack what)
+  string(FIND "${haystack}" "${text}" at)
+  if(at EQUAL -1)
+    message(FATAL_ERROR "${what}: expected to find '${text}' in:\n${haystack}")
+  endif()
+endfunction()
+
+set(prefix ${GS_WORK_DIR}/prefix)
+file(REMOVE_RECURSE ${GS_WORK_DIR})
+
+run_step("cmake --install" ${CMAKE_COMMAND} --install ${GS_BUILD_DIR} --prefix ${prefix})
+foreach(f include/gradscale/gradscale.h include/gradscale/version.h lib/libgradscale.a
+          lib/cmake/gradscale/gradscaleConfig.cmake lib/cmake/gradscale/gradscaleConfigVersion.cmake
+          lib/cmake/gradscale/gradscaleTargets.cmake)
+  if(NOT EXISTS ${prefix}/${f})
+    message(FATAL_ERROR "cmake --install did not install ${f}")
+  endif()
+endforeach()
+
+run_step("gradscale --version" ${prefix}/bin/gradscale --version)
+expect("gradscale ${GS_VERSION}" "${step_output}" "gradscale --version")
+
+# Only the prefix: no source or build tree of gradscale on any path the example sees.
+run_step("configure the example"
+         ${CMAKE_COMMAND} -S ${GS_SOURCE_DIR}/experiments/examples -B ${GS_WORK_DIR}/build
+         -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER=${GS_CXX_COMPILER} -DCMAKE_PREFIX_PATH=${prefix})
+expect("gradscale ${GS_VERSION}" "${step_output}" "find_package(gradscale) sets gradscale_VERSION")
+run_step("build the example" ${CMAKE_COMMAND} --build ${GS_WORK_DIR}/build -j 2)
+
+run_step("run the example" ${GS_WORK_DIR}/build/residual_fashion_mnist --steps 20 --threads 1
+         --trace ${GS_WORK_DIR}/trace --save ${GS_WORK_DIR}/checkpoint)
+message("${step_output}")
+foreach(line "gradscale ${GS_VERSION}, data: " "step   20  loss " "test accuracy " "per-layer scales of the last step"
+             "block.conv2" "block.add")
+  expect("${line}" "${step_output}" "the example's output")
+endforeach()
+# Its trace is a valid gradscale.trace/1 for the installed CLI.
+foreach(file trace.json trace.jsonl)
+  run_step("gradscale inspect --check ${file}" ${prefix}/bin/gradscale inspect --check ${GS_WORK_DIR}/${file})
+  expect("ok: " "${step_output}" "gradscale inspect --check ${file}")
+endforeach()
+run_step("run the README's example" ${GS_WORK_DIR}/build/minimal_loop 50)
+message("${step_output}")
+foreach(line "step 50  loss " "res s " "fc  s ")
+  expect("${line}" "${step_output}" "the README example's output")
+endforeach()
+
+# Resume the saved run for 5 more steps: the checkpoint and the trace continue.
+run_step("resume the example" ${GS_WORK_DIR}/build/residual_fashion_mnist --steps 25 --threads 1
+         --trace ${GS_WORK_DIR}/trace --resume ${GS_WORK_DIR}/checkpoint)
+expect("resumed from ${GS_WORK_DIR}/checkpoint at step 20" "${step_output}" "the resumed example")
+expect("step   25  loss " "${step_output}" "the resumed example")
+run_step("gradscale inspect --check the resumed trace" ${prefix}/bin/gradscale inspect --check ${GS_WORK_DIR}/trace.json)
+expect("ok: " "${step_output}" "gradscale inspect --check of the resumed trace")
+file(READ ${GS_WORK_DIR}/trace.json trace)
+string(JSON steps GET "${trace}" summary steps)
+if(NOT steps EQUAL 25)
+  message(FATAL_ERROR "the resumed trace's summary has ${steps} steps, expected 25")
+endif()
