@@ -1,19 +1,15 @@
 #!/usr/bin/env bash
-# Fresh machine -> the default job: installs what is missing, configures, builds, then trains the
-# default experiment (experiments/configs/default.json: mlp on Fashion-MNIST in emulated fp16 with
-# PyTorch's dynamic loss scaling) and writes runs/default/result.json (+ a PNG when matplotlib is there).
+# Fresh machine -> the default job: installs what is missing, configures, builds, then runs the quick
+# ablation (experiments/ablations/quick.json: deep-mlp with fp16 and fp8 gradients under three
+# scalers, 2 seeds, 12 short runs; under 2 minutes on 2 cores) into runs/quick and prints its table.
+# Plots (runs/quick/table.png, per-run trace plots) when /usr/bin/python3 has matplotlib. Run it again
+# and it resumes: finished runs are kept, the table is printed again.
+#   DEMO_OUT=DIR (default runs/quick), DEMO_JOBS=N runs at a time (default 2)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 scripts/build.sh
 build=${BUILD_DIR:-build}
-out=runs/default
-mkdir -p "$out"
-"$build"/gradscale formats
-"$build"/gradscale train --config experiments/configs/default.json --result "$out/result.json"
-if /usr/bin/python3 -c "import matplotlib" 2>/dev/null; then
-  /usr/bin/python3 scripts/plot_result.py "$out/result.json" --out "$out/curves.png"
-else
-  echo "demo: matplotlib not installed (scripts/setup.sh installs it): no plot"
-fi
-echo "demo: result in $out/result.json"
+out=${DEMO_OUT:-runs/quick}
+"$build"/gradscale ablate experiments/ablations/quick.json --out "$out" --jobs "${DEMO_JOBS:-2}"
+echo "demo: the table above is $out/table.md (also table.csv, table.tex); each run is in $out/runs/<name>/"

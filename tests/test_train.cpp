@@ -38,6 +38,7 @@ std::vector<std::uint32_t> weight_bits(Trainer& t) {
 json without_timing(json r) {
   r.erase("epoch_seconds");
   r.erase("scaler_seconds");
+  r.erase("train_seconds");
   r.erase("config");
   for (auto& e : r["history"]) e.erase("seconds");
   return r;

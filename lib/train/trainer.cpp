@@ -263,6 +263,9 @@ nlohmann::json Trainer::result_json() {
   r["applied_steps"] = optimizer_->step_count();
   r["epochs_done"] = history_.size();
   r["epoch_seconds"] = seconds;
+  double train_seconds = epoch_seconds_;  // the epoch a max_steps stop cut short counts too
+  for (const EpochSummary& e : history_) train_seconds += e.seconds;
+  r["train_seconds"] = train_seconds;
   r["history"] = history;
   r["final_scale"] = training_->scaler().loss_scale();
   r["scaler_state"] = training_->scaler().state();

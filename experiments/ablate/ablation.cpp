@@ -1,0 +1,460 @@
+// Ablation files: reading, expansion into runs and validation (see ablation.h, docs/ablations.md).
+#include "experiments/ablate/ablation.h"
+
+#include <cerrno>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "lib/core/error.h"
+#include "lib/model/spec.h"
+#include "lib/optim/lr_schedule.h"
+#include "lib/optim/optimizer.h"
+#include "lib/scaler/scaler.h"
+#include "lib/train/config.h"
+
+namespace gradscale::ablate {
+namespace {
+
+using json = nlohmann::json;
+using ordered_json = nlohmann::ordered_json;
+
+// Keys the runner owns: each run's trace goes to its own directory, and an ablation resumes run by
+// run (a half-written run is run again), not from checkpoints.
+const std::set<std::string> kRunnerKeys = {"trace", "checkpoint", "save_every", "resume"};
+const char* const kTopLevelKeys = "description, base, axes, variants, seeds";
+
+// At most this much of a value goes into a message: a long model spec stays readable.
+std::string shown(const json& v) {
+  std::string s = v.dump();
+  if (s.size() > 120) s = s.substr(0, 117) + "...";
+  return s;
+}
+
+json to_json(const ordered_json& v) {
+  return json::parse(v.dump());
+}
+
+// One choice along a dimension of the ablation (a value of an axis, or a variant): its label in the
+// table, its part of the run names, and the keys it sets, in file order.
+struct Choice {
+  std::string label;
+  std::string name_part;
+  std::string source;  // for messages: "axis 'scaler' value \"torch\"", "variant 2 ('fp16')"
+  std::vector<std::pair<std::string, json>> settings;
+};
+
+// An axis, or the variants: one table column and its choices.
+struct Dimension {
+  std::string column;
+  std::vector<Choice> choices;
+};
+
+// The last component of a key, for run names: "scaler.n_uf" → "n_uf".
+std::string short_key(const std::string& key) {
+  const auto dot = key.rfind('.');
+  return dot == std::string::npos ? key : key.substr(dot + 1);
+}
+
+void check_data_spec(const std::string& spec) {
+  if (spec == "fashion-mnist" || spec == "synthetic") return;
+  const std::string mnist = "mnist:", synthetic = "synthetic:";
+  if (spec.compare(0, mnist.size(), mnist) == 0) {
+    const std::string dir = spec.substr(mnist.size());
+    GS_CHECK_CONFIG(!dir.empty() && std::filesystem::is_directory(dir),
+                    "config key 'data': '" << spec << "' names no directory");
+    return;
+  }
+  if (spec.compare(0, synthetic.size(), synthetic) == 0) {
+    const std::string n = spec.substr(synthetic.size());
+    char* end = nullptr;
+    errno = 0;
+    const long long v = std::strtoll(n.c_str(), &end, 10);
+    GS_CHECK_CONFIG(!n.empty() && end == n.c_str() + n.size() && errno == 0 && v >= 1 && v <= 10000000,
+                    "config key 'data': '" << spec << "': N must be an integer in [1, 10000000]");
+    return;
+  }
+  throw ConfigError("config key 'data': unknown data spec '" + spec +
+                    "' (allowed: fashion-mnist, mnist:DIR, synthetic, synthetic:N)");
+}
+
+// Checks a key an axis or a variant sets, and (for plain keys) the value on its own.
+void check_setting(const std::string& key, const json& value, const std::string& what) {
+  GS_CHECK_CONFIG(!key.empty(), what << ": empty key");
+  GS_CHECK_CONFIG(!kRunnerKeys.count(key), what << ": key '" << key
+                                                << "' is set by the ablation runner (each run gets its own "
+                                                   "trace; an ablation resumes run by run), not by the file");
+  if (key.find('.') != std::string::npos) {
+    json probe = json::object();
+    try {
+      apply_setting(probe, key, value);
+    } catch (const ConfigError& e) {
+      throw ConfigError(what + ": " + e.what());
+    }
+    return;
+  }
+  try {
+    TrainConfig c;
+    c.merge_json(json{{key, value}});
+    if (key == "model") builtin_model_spec(value.get<std::string>());
+    if (key == "data") check_data_spec(value.get<std::string>());
+  } catch (const ConfigError& e) {
+    throw ConfigError(what + ": " + e.what());
+  }
+}
+
+// The settings of a {"key": value, ...} object (a variant, or an axis value's "set"); `label` gets
+// the "label" key when `labelled`, and is otherwise left alone.
+std::vector<std::pair<std::string, json>> read_settings(const ordered_json& obj, const std::string& what,
+                                                        std::string* label) {
+  std::vector<std::pair<std::string, json>> settings;
+  for (const auto& [key, value] : obj.items()) {
+    if (label && key == "label") {
+      GS_CHECK_CONFIG(value.is_string() && !value.get<std::string>().empty(),
+                      what << ": \"label\" must be a non-empty string, got " << shown(to_json(value)));
+      *label = value.get<std::string>();
+      continue;
+    }
+    const json j = to_json(value);
+    GS_CHECK_CONFIG(key != "seed", what << " sets 'seed': list seeds in \"seeds\"");
+    check_setting(key, j, what + " key '" + key + "'");
+    settings.emplace_back(key, j);
+  }
+  return settings;
+}
+
+// "format=fp16,scaler=torch": the label of settings that have none.
+std::string settings_label(const std::vector<std::pair<std::string, json>>& settings) {
+  std::string label;
+  for (const auto& [k, v] : settings)
+    label += (label.empty() ? "" : ",") + short_key(k) + "=" + value_label(v);
+  return label;
+}
+
+// An axis: {"key": [V, {"label": L, "value": V}, {"label": L, "set": {"key": V, ...}}, ...]}. A value
+// with "set" sets several keys at once; the axis key is then only the column's name.
+Dimension read_axis(const std::string& key, const ordered_json& values, const std::string& where) {
+  const std::string what = where + ": axis '" + key + "'";
+  GS_CHECK_CONFIG(values.is_array() && !values.empty(),
+                  what << " must be a non-empty array of values, got " << shown(to_json(values)));
+  Dimension axis{key, {}};
+  std::set<std::string> labels;
+  for (const auto& item : values) {
+    Choice c;
+    const bool labelled_value =
+        item.is_object() && item.size() == 2 && item.contains("label") && item.contains("value");
+    const bool set = item.is_object() && item.contains("set") &&
+                     item.size() == (item.contains("label") ? std::size_t{2} : std::size_t{1});
+    if (set) {
+      c.source = what + " value " + shown(to_json(item));
+      GS_CHECK_CONFIG(item["set"].is_object() && !item["set"].empty(),
+                      c.source << ": \"set\" must be a non-empty object of config keys");
+      c.settings = read_settings(item["set"], c.source, nullptr);
+      if (item.contains("label")) {
+        GS_CHECK_CONFIG(
+            item["label"].is_string() && !item["label"].get<std::string>().empty(),
+            what << ": \"label\" must be a non-empty string, got " << shown(to_json(item["label"])));
+        c.label = item["label"].get<std::string>();
+      } else {
+        c.label = settings_label(c.settings);
+      }
+      c.name_part = c.label;
+    } else {
+      json value = to_json(labelled_value ? item["value"] : item);
+      if (labelled_value) {
+        GS_CHECK_CONFIG(
+            item["label"].is_string() && !item["label"].get<std::string>().empty(),
+            what << ": \"label\" must be a non-empty string, got " << shown(to_json(item["label"])));
+        c.label = item["label"].get<std::string>();
+      } else {
+        c.label = value_label(value);
+      }
+      c.source = what + " value " + shown(value);
+      check_setting(key, value, c.source);
+      // A number alone says little in a run name: "n_uf=0.01_seed0".
+      c.name_part =
+          value.is_string() || value.is_object() || labelled_value ? c.label : short_key(key) + "=" + c.label;
+      c.settings.emplace_back(key, std::move(value));
+    }
+    GS_CHECK_CONFIG(labels.insert(c.label).second,
+                    what << ": two values have the label '" << c.label
+                         << "' (each value needs its own; name them with {\"label\": ..., \"value\": ...})");
+    axis.choices.push_back(std::move(c));
+  }
+  return axis;
+}
+
+Dimension read_variants(const ordered_json& doc, const std::string& where) {
+  GS_CHECK_CONFIG(
+      doc.is_array() && !doc.empty(),
+      where << ": \"variants\" must be a non-empty array of objects, got " << shown(to_json(doc)));
+  Dimension variants{"variant", {}};
+  std::set<std::string> labels;
+  for (std::size_t i = 0; i < doc.size(); ++i) {
+    const std::string what = where + ": variant " + std::to_string(i + 1);
+    GS_CHECK_CONFIG(doc[i].is_object(),
+                    what << " must be an object of config keys, got " << shown(to_json(doc[i])));
+    Choice c;
+    c.settings = read_settings(doc[i], what, &c.label);
+    if (c.label.empty()) c.label = c.settings.empty() ? "base" : settings_label(c.settings);
+    c.name_part = c.label;
+    c.source = what + " ('" + c.label + "')";
+    GS_CHECK_CONFIG(labels.insert(c.label).second, what << ": another variant has the label '" << c.label
+                                                        << "' (give each a distinct \"label\")");
+    variants.choices.push_back(std::move(c));
+  }
+  return variants;
+}
+
+std::vector<std::uint64_t> read_seeds(const ordered_json& doc, const std::string& what) {
+  GS_CHECK_CONFIG(doc.is_array() && !doc.empty(),
+                  what << " must be a non-empty array of integers, got " << shown(to_json(doc)));
+  std::vector<std::uint64_t> seeds;
+  std::set<std::uint64_t> seen;
+  for (const auto& s : doc) {
+    const json j = to_json(s);
+    GS_CHECK_CONFIG(j.is_number_integer() && j.get<std::int64_t>() >= 0,
+                    what << ": a seed must be an integer >= 0, got " << shown(j));
+    const auto seed = j.get<std::uint64_t>();
+    GS_CHECK_CONFIG(seen.insert(seed).second, what << ": seed " << seed << " is listed twice");
+    seeds.push_back(seed);
+  }
+  return seeds;
+}
+
+// Applies settings: plain keys first, then dotted keys, so "scaler.n_uf" refines whichever scaler the
+// run ends up with.
+void apply_all(json& config, const std::vector<std::pair<std::string, json>>& settings) {
+  for (const auto& [k, v] : settings)
+    if (k.find('.') == std::string::npos) apply_setting(config, k, v);
+  for (const auto& [k, v] : settings)
+    if (k.find('.') != std::string::npos) apply_setting(config, k, v);
+}
+
+}  // namespace
+
+void apply_setting(json& config, const std::string& key, const json& value) {
+  const auto dot = key.find('.');
+  if (dot == std::string::npos) {
+    config[key] = value;
+    return;
+  }
+  const std::string head = key.substr(0, dot), param = key.substr(dot + 1);
+  GS_CHECK_CONFIG(
+      head == "scaler" || head == "optimizer" || head == "schedule",
+      "key '" << key << "': only scaler.P, optimizer.P and schedule.P may name a parameter inside a key");
+  GS_CHECK_CONFIG(!param.empty() && param.find('.') == std::string::npos,
+                  "key '" << key << "': expected " << head << ".PARAMETER");
+  GS_CHECK_CONFIG(param != (head == "scaler" ? "policy" : "name"),
+                  "key '" << key << "': set '" << head << "' itself to change the " << param);
+  json obj = config.contains(head) ? config[head] : json();
+  if (obj.is_null()) obj = head == "scaler" ? json("none") : json(head == "optimizer" ? "adam" : "constant");
+  if (obj.is_string()) {
+    obj =
+        head == "scaler" ? parse_scaler_spec(obj.get<std::string>()) : json{{"name", obj.get<std::string>()}};
+  }
+  GS_CHECK_CONFIG(obj.is_object(),
+                  "key '" << key << "': '" << head << "' is " << shown(obj) << ", not an object");
+  obj[param] = value;
+  config[head] = obj;
+}
+
+std::string value_label(const json& value) {
+  if (value.is_string()) return value.get<std::string>();
+  if (!value.is_object()) return value.dump();
+  std::string label;
+  for (const char* head : {"policy", "name", "method"})
+    if (value.contains(head) && value[head].is_string())
+      label += (label.empty() ? "" : " ") + value[head].get<std::string>();
+  for (const auto& [k, v] : value.items()) {
+    if ((k == "policy" || k == "name" || k == "method") && v.is_string()) continue;
+    label += (label.empty() ? "" : " ") + k + "=" + (v.is_string() ? v.get<std::string>() : v.dump());
+  }
+  return label.empty() ? "{}" : label;
+}
+
+std::string file_safe(const std::string& text) {
+  std::string out;
+  for (const char c : text) {
+    const bool keep = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                      c == '.' || c == '_' || c == '=' || c == '+' || c == '-';
+    if (keep)
+      out += c;
+    else if (out.empty() || out.back() != '-')
+      out += '-';
+  }
+  while (!out.empty() && out.back() == '-') out.pop_back();
+  while (!out.empty() && (out.front() == '-' || out.front() == '.')) out.erase(out.begin());
+  return out.empty() ? "run" : out;
+}
+
+void validate_config(const json& config) {
+  TrainConfig c;
+  c.merge_json(config);
+  const Format grad = c.grad_format.value_or(c.format);
+  make_scaler(c.scaler, grad);
+  if (c.model_spec.is_null()) {
+    builtin_model_spec(c.model);
+  } else {
+    Rng rng(0);
+    build_model(c.model_spec, rng);
+  }
+  make_optimizer(c.optimizer);
+  json sched = c.schedule;
+  if (!sched.contains("lr")) sched["lr"] = c.lr;
+  if (sched.value("name", "") == "cosine" && !sched.contains("total_steps")) sched["total_steps"] = 1;
+  LrSchedule::from_json(sched);
+  check_data_spec(c.data);
+}
+
+Ablation expand_ablation(const ordered_json& doc, const std::string& where) {
+  GS_CHECK_CONFIG(doc.is_object(),
+                  where << ": an ablation must be a JSON object with \"base\" and \"axes\" and/or "
+                           "\"variants\"");
+  for (const auto& [k, v] : doc.items()) {
+    (void)v;
+    GS_CHECK_CONFIG(k == "description" || k == "base" || k == "axes" || k == "variants" || k == "seeds",
+                    where << ": unknown top-level key '" << k << "' (allowed: " << kTopLevelKeys << ")");
+  }
+  GS_CHECK_CONFIG(doc.contains("axes") || doc.contains("variants") || doc.contains("seeds"),
+                  where << ": nothing to vary: give \"axes\", \"variants\" or \"seeds\"");
+  Ablation ab;
+  if (doc.contains("description")) {
+    GS_CHECK_CONFIG(doc["description"].is_string(), where << ": \"description\" must be a string");
+    ab.description = doc["description"].get<std::string>();
+  }
+
+  json base = json::object();
+  if (doc.contains("base")) {
+    GS_CHECK_CONFIG(doc["base"].is_object(), where << ": \"base\" must be an object of config keys");
+    for (const auto& [k, v] : doc["base"].items()) {
+      GS_CHECK_CONFIG(
+          k.find('.') == std::string::npos,
+          where << ": base key '" << k
+                << "': write the whole object in the base (dotted keys are for axes and variants)");
+      check_setting(k, to_json(v), where + ": base");
+      base[k] = to_json(v);
+    }
+    try {
+      validate_config(base);
+    } catch (const ConfigError& e) {
+      throw ConfigError(where + ": base: " + e.what());
+    }
+  }
+
+  // The dimensions in file order: the variants where "variants" stands relative to "axes", the axes in
+  // their order. They are the table's columns, and its rows come in their product's order.
+  std::vector<Dimension> dims;
+  std::vector<std::uint64_t> seeds;
+  bool seeds_given = false;
+  for (const auto& [key, value] : doc.items()) {
+    if (key == "variants") dims.push_back(read_variants(value, where));
+    if (key != "axes") continue;
+    GS_CHECK_CONFIG(value.is_object(), where << ": \"axes\" must be an object {\"key\": [values]}");
+    for (const auto& [k, v] : value.items()) {
+      if (k == "seed") {
+        GS_CHECK_CONFIG(!doc.contains("seeds"),
+                        where << ": seeds are given twice (\"seeds\" and axis 'seed')");
+        seeds = read_seeds(v, where + ": axis 'seed'");
+        seeds_given = true;
+        continue;
+      }
+      dims.push_back(read_axis(k, v, where));
+    }
+  }
+  if (doc.contains("seeds")) {
+    seeds = read_seeds(doc["seeds"], where + ": \"seeds\"");
+    seeds_given = true;
+  }
+  if (!seeds_given) seeds = {base.contains("seed") ? base["seed"].get<std::uint64_t>() : 0};
+  for (const Dimension& d : dims) ab.columns.push_back(d.column);
+
+  // The configurations, in table order: the product of the dimensions, the first outermost.
+  struct Config {
+    std::vector<std::string> labels;
+    std::vector<std::string> name_parts;
+    std::vector<std::pair<std::string, json>> settings;
+  };
+  std::vector<Config> configs;
+  std::vector<std::size_t> at(dims.size(), 0);
+  while (true) {
+    Config c;
+    std::map<std::string, const Choice*> set_by;
+    for (std::size_t d = 0; d < dims.size(); ++d) {
+      const Choice& choice = dims[d].choices[at[d]];
+      c.labels.push_back(choice.label);
+      c.name_parts.push_back(choice.name_part);
+      for (const auto& [k, v] : choice.settings) {
+        const auto [it, fresh] = set_by.emplace(k, &choice);
+        GS_CHECK_CONFIG(fresh, where << ": key '" << k << "' is set both by "
+                                     << it->second->source.substr(where.size() + 2) << " and by "
+                                     << choice.source.substr(where.size() + 2)
+                                     << " (a run can take it from one place only)");
+        c.settings.emplace_back(k, v);
+      }
+    }
+    configs.push_back(std::move(c));
+    std::size_t d = dims.size();
+    while (d > 0 && ++at[d - 1] == dims[d - 1].choices.size()) at[--d] = 0;
+    if (d == 0) break;
+  }
+
+  std::set<std::string> names;
+  std::vector<std::string> config_names;
+  for (const Config& c : configs) {
+    std::string joined;
+    for (const std::string& p : c.name_parts) joined += (joined.empty() ? "" : "_") + p;
+    std::string name = file_safe(joined.empty() ? "base" : joined);
+    for (int k = 2; names.count(name); ++k) name = file_safe(joined) + "-" + std::to_string(k);
+    names.insert(name);
+    config_names.push_back(name);
+    std::string group;
+    for (const std::string& l : c.labels) group += (group.empty() ? "" : "\x1f") + l;
+    ab.groups.push_back(group);
+  }
+
+  for (const std::uint64_t seed : seeds) {
+    for (std::size_t i = 0; i < configs.size(); ++i) {
+      AblationRun r;
+      r.name = config_names[i] + "_seed" + std::to_string(seed);
+      r.labels = configs[i].labels;
+      r.group = ab.groups[i];
+      r.seed = seed;
+      r.settings = json::object();
+      for (const auto& [k, v] : configs[i].settings) r.settings[k] = v;
+      r.config = base;
+      try {
+        apply_all(r.config, configs[i].settings);
+        r.config["seed"] = seed;
+        validate_config(r.config);
+      } catch (const ConfigError& e) {
+        std::string settings;
+        for (const auto& [k, v] : configs[i].settings)
+          settings += (settings.empty() ? "" : ", ") + k + "=" + shown(v);
+        throw ConfigError(where + ": run '" + r.name + "' (" + (settings.empty() ? "the base" : settings) +
+                          "): " + e.what());
+      }
+      ab.runs.push_back(std::move(r));
+    }
+  }
+  return ab;
+}
+
+Ablation load_ablation(const std::string& path) {
+  std::ifstream in(path);
+  GS_CHECK_CONFIG(in, "ablation file '" << path << "': cannot open");
+  std::stringstream text;
+  text << in.rdbuf();
+  ordered_json doc;
+  try {
+    doc = ordered_json::parse(text.str());
+  } catch (const ordered_json::parse_error& e) {
+    throw ConfigError("ablation file '" + path + "' is not valid JSON: " + e.what());
+  }
+  return expand_ablation(doc, path);
+}
+
+}  // namespace gradscale::ablate

@@ -1,0 +1,66 @@
+// An ablation file (docs/ablations.md) and its expansion into runs: a base training config, axes whose
+// values are combined as a full product, optional variants (one-axis-at-a-time overrides) and seeds.
+// Every expanded config is validated here, without training, so a bad key or value stops the ablation
+// before anything runs, with a message naming the axis, variant or run.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace gradscale::ablate {
+
+// One training run of the ablation.
+struct AblationRun {
+  std::string name;                 // unique and file-system safe: its directory is DIR/runs/<name>
+  std::vector<std::string> labels;  // the run's value in each table column (Ablation::columns)
+  std::string group;                // the configuration: runs that differ only by seed share it
+  std::uint64_t seed = 0;
+  nlohmann::json settings;  // what the run sets over the base, {"key": value} in file order (messages)
+  nlohmann::json config;    // the complete config object, dotted keys resolved; `gradscale train --config`
+};
+
+struct Ablation {
+  std::string description;
+  std::vector<std::string> columns;  // "variant" (when there are variants) and the axes other than seed,
+                                     // in file order
+  std::vector<std::string> groups;   // configurations in table order
+  std::vector<AblationRun> runs;     // in the order they run: seed outermost, so a cut ablation has
+                                     // every configuration at the first seeds
+};
+
+// Expands an ablation document. `where` names it in messages (usually the file path). Throws
+// ConfigError naming the top-level key, axis, axis value, variant or run that is wrong; every run's
+// config is validated with validate_config.
+//   {"description": "...", "base": {config keys}, "axes": {"key": [values]}, "variants": [{overrides}],
+//    "seeds": [0, 1, 2]}
+// Keys are those of docs/config.md, or "scaler.P" / "optimizer.P" / "schedule.P" for a parameter P
+// inside that object (a name such as "torch" is first turned into {"policy": "torch"}). An axis value
+// may be {"label": "...", "value": V} to name it in the table, or {"label": "...", "set": {keys}} to
+// set several keys at once (the axis key is then only the column's name); a variant may have a
+// "label". No two dimensions of one run may set the same key.
+Ablation expand_ablation(const nlohmann::ordered_json& doc, const std::string& where);
+
+// Reads and expands the ablation file at `path`.
+Ablation load_ablation(const std::string& path);
+
+// Checks one training config as `gradscale train --config` would read it, without loading data or
+// training: TrainConfig::merge_json, the scaler (make_scaler), the model, optimizer, schedule and the
+// form of the data spec. Throws ConfigError with the library's message.
+void validate_config(const nlohmann::json& config);
+
+// Applies `key` = `value` to a config object: a plain key replaces the entry; "scaler.P" (and
+// "optimizer.P", "schedule.P") sets P inside that object, turning a name or "static:S" into an
+// object first. Throws ConfigError for any other dotted key.
+void apply_setting(nlohmann::json& config, const std::string& key, const nlohmann::json& value);
+
+// The text a value gets in the table: strings as they are, numbers as JSON writes them, a scaler
+// object as its policy (and method) followed by its other parameters as key=value.
+std::string value_label(const nlohmann::json& value);
+
+// `text` made safe for a file name: letters, digits and . _ = + - kept, runs of anything else → '-'.
+std::string file_safe(const std::string& text);
+
+}  // namespace gradscale::ablate

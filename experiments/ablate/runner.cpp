@@ -1,0 +1,364 @@
+// The ablation runner (see runner.h): child processes, resume, progress and ETA.
+#include "experiments/ablate/runner.h"
+
+#include <fcntl.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <ostream>
+#include <sstream>
+#include <thread>
+
+#include "experiments/ablate/files.h"
+#include "lib/core/error.h"
+#include "lib/train/checkpoint.h"  // write_file_atomic
+
+namespace gradscale::ablate {
+namespace {
+
+using json = nlohmann::json;
+namespace fs = std::filesystem;
+
+double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+std::string duration_text(double s) {
+  if (!std::isfinite(s) || s < 0) return "?";
+  const auto t = static_cast<long long>(s + 0.5);
+  char buf[32];
+  if (t >= 3600)
+    std::snprintf(buf, sizeof buf, "%lld:%02lld:%02lld", t / 3600, t / 60 % 60, t % 60);
+  else
+    std::snprintf(buf, sizeof buf, "%lld:%02lld", t / 60, t % 60);
+  return buf;
+}
+
+// "epoch 2/10  step 120/469" from the last progress line of a run's log, or "".
+std::string child_progress(const std::string& log_path) {
+  const auto lines = lines_of(file_tail(log_path, 4096));
+  for (auto it = lines.rbegin(); it != lines.rend(); ++it) {
+    if (it->compare(0, 6, "epoch ") != 0) continue;
+    const auto step = it->find("  step ");
+    if (step == std::string::npos) continue;
+    const auto end = it->find("  ", step + 2);
+    return it->substr(0, end);
+  }
+  return "";
+}
+
+// The first key where two config objects differ, for the message of check_existing_runs.
+std::string first_difference(const json& a, const json& b) {
+  for (const auto& [k, v] : a.items())
+    if (!b.contains(k) || b[k] != v) return k;
+  for (const auto& [k, v] : b.items()) {
+    (void)v;
+    if (!a.contains(k)) return k;
+  }
+  return "?";
+}
+
+// What the cost of a run depends on, for the ETA: runs with the same key take about as long.
+std::string cost_key(const json& config) {
+  json k = json::object();
+  for (const char* key :
+       {"model", "model_spec", "data", "epochs", "max_steps", "batch", "format", "grad_format"})
+    if (config.contains(key)) k[key] = config[key];
+  return k.dump();
+}
+
+int available_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) == 0) {
+    const int n = CPU_COUNT(&set);
+    if (n > 0) return n;
+  }
+  const unsigned h = std::thread::hardware_concurrency();
+  return h > 0 ? static_cast<int>(h) : 1;
+}
+
+struct Child {
+  std::size_t run = 0;  // index into ablation.runs
+  pid_t pid = -1;
+  double start = 0;
+  int threads = 0;
+  std::vector<std::string> argv;
+};
+
+// fork + exec with stdout and stderr into `log_path`. The child asks for SIGTERM when the runner dies,
+// so an ablation killed from outside leaves no orphan runs.
+pid_t spawn(const std::string& executable, const std::vector<std::string>& args,
+            const std::string& log_path) {
+  std::vector<char*> argv;
+  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  const int out = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  GS_CHECK_DATA(out >= 0, "cannot create '" << log_path << "': " << std::strerror(errno));
+  const int in = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  const pid_t parent = ::getpid();
+  const pid_t pid = ::fork();
+  if (pid == 0) {  // only async-signal-safe calls until exec
+    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (::getppid() != parent) ::_exit(127);
+    if (in >= 0) ::dup2(in, 0);
+    ::dup2(out, 1);
+    ::dup2(out, 2);
+    ::execv(executable.c_str(), argv.data());
+    const char msg[] = "gradscale ablate: cannot execute the gradscale binary\n";
+    [[maybe_unused]] const auto n = ::write(2, msg, sizeof msg - 1);
+    ::_exit(127);
+  }
+  const int fork_errno = errno;
+  ::close(out);
+  if (in >= 0) ::close(in);
+  GS_CHECK_DATA(pid > 0, "cannot start a run: fork failed: " << std::strerror(fork_errno));
+  return pid;
+}
+
+std::string last_log_line(const std::string& log_path) {
+  const auto lines = lines_of(file_tail(log_path, 4096));
+  return lines.empty() ? "" : lines.back();
+}
+
+}  // namespace
+
+RunPaths run_paths(const std::string& out_dir, const std::string& name) {
+  const fs::path dir = fs::path(out_dir) / "runs" / name;
+  return RunPaths{dir.string(),
+                  (dir / "config.json").string(),
+                  (dir / "result.json").string(),
+                  (dir / "trace").string(),
+                  (dir / "log.txt").string(),
+                  (dir / "status.json").string()};
+}
+
+RunState run_state(const RunPaths& p) {
+  const json result = read_json_or_null(p.result);
+  if (result.is_object() && result.contains("steps"))
+    return result.value("diverged", false) ? RunState::diverged : RunState::done;
+  const json status = read_json_or_null(p.status);
+  if (status.is_object() && status.value("exit_code", json()).is_number_integer() &&
+      status["exit_code"].get<int>() != 0)
+    return RunState::failed;
+  std::error_code ec;
+  if (fs::is_directory(p.dir, ec) && !fs::is_empty(p.dir, ec)) return RunState::half_written;
+  return RunState::pending;
+}
+
+const char* state_name(RunState s) {
+  switch (s) {
+    case RunState::pending:
+      return "pending";
+    case RunState::half_written:
+      return "half-written";
+    case RunState::done:
+      return "done";
+    case RunState::diverged:
+      return "diverged";
+    case RunState::failed:
+      return "failed";
+  }
+  return "?";
+}
+
+int threads_per_run(const RunnerOptions& options) {
+  if (options.threads > 0) return options.threads;
+  return std::max(1, available_cpus() / std::max(1, options.jobs));
+}
+
+void check_existing_runs(const Ablation& ablation, const std::string& out_dir) {
+  for (const AblationRun& r : ablation.runs) {
+    const RunPaths p = run_paths(out_dir, r.name);
+    const RunState s = run_state(p);
+    if (s == RunState::pending || s == RunState::half_written) continue;
+    const json had = read_json_or_null(p.config);
+    GS_CHECK_CONFIG(!had.is_null(), "'" << p.dir
+                                        << "' holds a finished run but no config.json: it was not "
+                                           "written by gradscale ablate; use another --out");
+    GS_CHECK_CONFIG(had == r.config, "'" << p.dir << "' was run with another config (key '"
+                                         << first_difference(had, r.config)
+                                         << "' differs from the ablation file): use another --out, or remove "
+                                            "that run's directory to run it again");
+  }
+}
+
+RunnerSummary run_ablation(const Ablation& ablation, const RunnerOptions& options, std::ostream& log) {
+  GS_CHECK_CONFIG(options.jobs >= 1, "--jobs must be >= 1, got " << options.jobs);
+  check_existing_runs(ablation, options.out_dir);
+  fs::create_directories(fs::path(options.out_dir) / "runs");
+  {
+    json runs = json::array();
+    for (const AblationRun& r : ablation.runs)
+      runs.push_back({{"name", r.name},
+                      {"labels", r.labels},
+                      {"seed", r.seed},
+                      {"settings", r.settings},
+                      {"config", r.config}});
+    const json doc = {{"schema", "gradscale.ablation/1"},
+                      {"description", ablation.description},
+                      {"columns", ablation.columns},
+                      {"runs", runs}};
+    write_file_atomic((fs::path(options.out_dir) / "ablation.json").string(), doc.dump(2) + "\n");
+  }
+
+  RunnerSummary summary;
+  summary.total = static_cast<int>(ablation.runs.size());
+  std::vector<std::size_t> queue;
+  int half_written = 0, retried = 0;
+  std::map<std::string, std::pair<double, int>> cost;  // cost key → (sum of seconds, runs)
+  for (std::size_t i = 0; i < ablation.runs.size(); ++i) {
+    const RunPaths p = run_paths(options.out_dir, ablation.runs[i].name);
+    const RunState s = run_state(p);
+    const bool run = s == RunState::pending || s == RunState::half_written ||
+                     (s == RunState::failed && options.retry_failed);
+    if (run) {
+      queue.push_back(i);
+      half_written += s == RunState::half_written;
+      retried += s == RunState::failed;
+      continue;
+    }
+    ++summary.skipped;
+    const json status = read_json_or_null(p.status);
+    if (status.is_object() && status.value("seconds", json()).is_number()) {
+      auto& c = cost[cost_key(ablation.runs[i].config)];
+      c.first += status["seconds"].get<double>();
+      ++c.second;
+    }
+  }
+  const int threads = threads_per_run(options);
+  log << "ablate: " << summary.total << " runs; " << summary.skipped << " already finished, " << queue.size()
+      << " to run";
+  if (half_written) log << " (" << half_written << " half-written, run again)";
+  if (retried) log << " (" << retried << " failed, run again)";
+  log << "; " << options.jobs << " at a time, " << threads << " thread" << (threads == 1 ? "" : "s")
+      << " each (unless a config sets \"threads\")" << std::endl;
+
+  const double t0 = now_seconds();
+  std::vector<Child> running;
+  std::size_t next = 0;
+  int finished = summary.skipped;
+  double last_progress = t0;
+
+  auto estimate = [&](const AblationRun& r) {
+    const auto it = cost.find(cost_key(r.config));
+    if (it != cost.end() && it->second.second > 0) return it->second.first / it->second.second;
+    double sum = 0;
+    int n = 0;
+    for (const auto& [k, c] : cost) {
+      (void)k;
+      sum += c.first;
+      n += c.second;
+    }
+    return n > 0 ? sum / n : std::nan("");
+  };
+  auto progress_line = [&]() {
+    const double now = now_seconds();
+    double left = 0;
+    for (std::size_t q = next; q < queue.size(); ++q) left += estimate(ablation.runs[queue[q]]);
+    std::string current;
+    for (const Child& c : running) {
+      const double e = estimate(ablation.runs[c.run]);
+      left += std::max(0.0, e - (now - c.start));
+      const std::string where = child_progress(run_paths(options.out_dir, ablation.runs[c.run].name).log);
+      current += (current.empty() ? "" : ", ") + ablation.runs[c.run].name +
+                 (where.empty() ? "" : " (" + where + ")");
+    }
+    log << "ablate: " << finished << "/" << summary.total << " runs finished";
+    if (summary.failed + summary.diverged > 0)
+      log << " (" << summary.failed << " failed, " << summary.diverged << " diverged)";
+    log << " | running: " << (current.empty() ? "-" : current) << " | elapsed " << duration_text(now - t0)
+        << " | ETA " << duration_text(left / options.jobs) << std::endl;
+    last_progress = now;
+  };
+
+  while (next < queue.size() || !running.empty()) {
+    bool changed = false;
+    while (static_cast<int>(running.size()) < options.jobs && next < queue.size()) {
+      const std::size_t i = queue[next++];
+      const AblationRun& r = ablation.runs[i];
+      const RunPaths p = run_paths(options.out_dir, r.name);
+      fs::remove_all(p.dir);  // a half-written or failed run starts from nothing
+      fs::create_directories(p.dir);
+      write_file_atomic(p.config, r.config.dump(2) + "\n");
+      Child c;
+      c.run = i;
+      c.threads = r.config.contains("threads") ? r.config["threads"].get<int>() : threads;
+      c.argv = {"gradscale", "train", "--config", p.config, "--result", p.result, "--trace", p.trace};
+      if (!r.config.contains("threads")) c.argv.insert(c.argv.end(), {"--threads", std::to_string(threads)});
+      c.start = now_seconds();
+      c.pid = spawn(options.executable, c.argv, p.log);
+      running.push_back(std::move(c));
+      changed = true;
+    }
+    for (std::size_t k = 0; k < running.size();) {
+      int status = 0;
+      const pid_t w = ::waitpid(running[k].pid, &status, WNOHANG);
+      if (w == 0 || (w < 0 && errno == EINTR)) {
+        ++k;
+        continue;
+      }
+      const Child c = running[k];
+      running.erase(running.begin() + static_cast<std::ptrdiff_t>(k));
+      const AblationRun& r = ablation.runs[c.run];
+      const RunPaths p = run_paths(options.out_dir, r.name);
+      const double seconds = now_seconds() - c.start;
+      json st = {{"exit_code", nullptr},
+                 {"signal", nullptr},
+                 {"seconds", seconds},
+                 {"threads", c.threads},
+                 {"command", c.argv}};
+      if (w > 0 && WIFEXITED(status)) st["exit_code"] = WEXITSTATUS(status);
+      if (w > 0 && WIFSIGNALED(status)) st["signal"] = WTERMSIG(status);
+      const RunState s = run_state(p);
+      if (s != RunState::done) st["last_line"] = last_log_line(p.log);
+      write_file_atomic(p.status, st.dump(2) + "\n");
+      const RunState after = run_state(p);
+      ++summary.ran;
+      ++finished;
+      log << "ablate: [" << finished << "/" << summary.total << "] " << r.name << ": ";
+      if (after == RunState::done) {
+        ++summary.done;
+        const json result = read_json_or_null(p.result);
+        const json acc = result.value("test_accuracy", json());
+        log << "done, test accuracy " << (acc.is_number() ? acc.dump() : std::string("?"));
+        auto& cst = cost[cost_key(r.config)];
+        cst.first += seconds;
+        ++cst.second;
+      } else if (after == RunState::diverged) {
+        ++summary.diverged;
+        log << "DIVERGED (exit " << st["exit_code"].dump() << ")";
+      } else {
+        ++summary.failed;
+        if (!st["signal"].is_null())
+          log << "KILLED by signal " << st["signal"].get<int>() << " (runs again on resume)";
+        else
+          log << "FAILED (exit " << st["exit_code"].dump() << "): " << st.value("last_line", std::string());
+      }
+      log << ", " << duration_text(seconds) << std::endl;
+      changed = true;
+    }
+    const double now = now_seconds();
+    if (changed && !running.empty()) {
+      progress_line();
+    } else if (now - last_progress >= options.progress_seconds && !running.empty()) {
+      progress_line();
+    }
+    if (!changed) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  summary.seconds = now_seconds() - t0;
+  return summary;
+}
+
+}  // namespace gradscale::ablate

@@ -1,0 +1,121 @@
+// `gradscale ablate`: runs a paper-style ablation (docs/ablations.md) from one JSON file: expands and
+// validates every run first, runs them as child `gradscale train` processes N at a time (resuming an
+// interrupted ablation), then writes the tables and plots.
+#include <filesystem>
+#include <iomanip>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "experiments/ablate/ablation.h"
+#include "experiments/ablate/plots.h"
+#include "experiments/ablate/runner.h"
+#include "experiments/ablate/table.h"
+#include "experiments/cli/command.h"
+#include "experiments/cli/parse.h"
+#include "lib/core/error.h"
+
+namespace gradscale::cli {
+namespace {
+
+using namespace gradscale::ablate;
+
+void print_dry_run(const Ablation& ab, const std::string& out_dir, std::ostream& os) {
+  if (!ab.description.empty()) os << ab.description << "\n\n";
+  std::size_t width = 4;
+  for (const AblationRun& r : ab.runs) width = std::max(width, r.name.size());
+  int to_run = 0;
+  for (const AblationRun& r : ab.runs) {
+    os << std::left << std::setw(static_cast<int>(width)) << r.name << "  ";
+    if (!out_dir.empty()) {
+      const RunState s = run_state(run_paths(out_dir, r.name));
+      to_run += s == RunState::pending || s == RunState::half_written;
+      os << std::setw(12) << state_name(s) << "  ";
+    }
+    std::string settings;
+    for (const auto& [k, v] : r.settings.items())
+      settings += (settings.empty() ? "" : " ") + k + "=" + v.dump();
+    os << "seed=" << r.seed << (settings.empty() ? "" : " ") << settings << "\n";
+  }
+  os << ab.runs.size() << " runs in " << ab.groups.size() << " configurations";
+  if (!out_dir.empty()) os << "; " << to_run << " to run in " << out_dir;
+  os << "\n";
+}
+
+int run_ablate(const std::vector<std::string>& args) {
+  po::options_description desc("options");
+  desc.add_options()("file", po::value<std::string>(), "the ablation file (positional)")(
+      "out", po::value<std::string>(),
+      "output directory: runs/<name>/ per run, table.{md,csv,tex,json}, table.png")(
+      "jobs", po::value<int>()->default_value(1),
+      "runs at a time; the machine's threads are split between them")(
+      "threads", po::value<int>()->default_value(0),
+      "threads per run when the config has no \"threads\" (0: the machine's threads / --jobs)")(
+      "dry-run", po::bool_switch(), "list the runs (and their state in --out) and stop")(
+      "retry-failed", po::bool_switch(), "run again the runs that failed (exit status other than 0 and 3)")(
+      "table-only", po::bool_switch(),
+      "run nothing: write the tables (and plots) from the runs found in --out")(
+      "no-plots", po::bool_switch(), "make no plots")("no-trace-plots", po::bool_switch(),
+                                                      "no per-run trace plots (scripts/plot_trace.py)")(
+      "progress-seconds", po::value<double>()->default_value(10.0), "seconds between progress lines");
+  po::positional_options_description pos;
+  pos.add("file", 1);
+  po::variables_map vm;
+  if (!parse_options("gradscale ablate FILE.json --out DIR [--jobs N] [--dry-run]", desc, args, vm, &pos))
+    return 0;
+  GS_CHECK_CONFIG(vm.count("file"), "the ablation file is missing: gradscale ablate FILE.json --out DIR");
+  const bool dry_run = vm["dry-run"].as<bool>();
+  GS_CHECK_CONFIG(dry_run || vm.count("out"), "--out DIR is required (where the runs and tables go)");
+  const int jobs = vm["jobs"].as<int>();
+  GS_CHECK_CONFIG(jobs >= 1 && jobs <= 1024, "--jobs must be in [1, 1024], got " << jobs);
+  const int threads = vm["threads"].as<int>();
+  GS_CHECK_CONFIG(threads >= 0 && threads <= 1024, "--threads must be in [0, 1024], got " << threads);
+
+  // Everything is expanded and validated before anything runs.
+  const Ablation ab = load_ablation(vm["file"].as<std::string>());
+  const std::string out_dir = vm.count("out") ? vm["out"].as<std::string>() : "";
+  if (dry_run) {
+    print_dry_run(ab, out_dir, std::cout);
+    return 0;
+  }
+
+  RunnerOptions options;
+  options.out_dir = out_dir;
+  options.jobs = jobs;
+  options.threads = threads;
+  options.retry_failed = vm["retry-failed"].as<bool>();
+  options.progress_seconds = vm["progress-seconds"].as<double>();
+  RunnerSummary s;
+  if (!vm["table-only"].as<bool>()) {
+    s = run_ablation(ab, options, std::cerr);
+  } else {
+    GS_CHECK_CONFIG(std::filesystem::is_directory(out_dir),
+                    "--table-only: '" << out_dir << "' is not a directory (nothing has run there)");
+    check_existing_runs(ab, out_dir);
+  }
+
+  const Table table = build_table(ab, out_dir);
+  write_tables(table, out_dir);
+  if (!vm["no-plots"].as<bool>()) make_plots(out_dir, !vm["no-trace-plots"].as<bool>(), std::cerr);
+  std::cout << table_markdown(table);
+  int diverged = 0, failed = 0, missing = 0;
+  for (const TableRow& r : table.rows) {
+    diverged += r.diverged;
+    failed += r.failed;
+    missing += r.missing;
+  }
+  std::cerr << "ablate: " << ab.runs.size() << " runs";
+  if (!vm["table-only"].as<bool>())
+    std::cerr << " (" << s.ran << " run now in " << std::fixed << std::setprecision(1) << s.seconds << " s, "
+              << s.skipped << " already finished)";
+  if (diverged + failed + missing > 0)
+    std::cerr << "; " << diverged << " diverged, " << failed << " failed, " << missing << " not run";
+  std::cerr << "; tables in " << out_dir << "/table.{md,csv,tex,json}" << std::endl;
+  return 0;
+}
+
+}  // namespace
+
+GS_REGISTER_COMMAND("ablate", "run an ablation file: runs, tables, plots (docs/ablations.md)", run_ablate);
+
+}  // namespace gradscale::cli

@@ -1,0 +1,562 @@
+// Tests of `gradscale ablate` (experiments/ablate): expansion of ablation files (product of axes,
+// variants, seeds, scaler.* keys) and the errors that name the bad key or value before anything runs;
+// resume (a finished run is skipped, a half-written one runs again); the table's mean ± std, checked
+// by hand on synthetic run files and on tiny real runs; and plot_ablation.py on a tiny table.
+#include <catch2/catch.hpp>
+
+#include <stdlib.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "experiments/ablate/ablation.h"
+#include "experiments/ablate/plots.h"
+#include "experiments/ablate/runner.h"
+#include "experiments/ablate/table.h"
+#include "lib/core/error.h"
+#include "tests/cli_run.h"
+#include "tests/skip.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using ojson = nlohmann::ordered_json;
+using namespace gradscale;
+using namespace gradscale::ablate;
+
+class TempDir {
+ public:
+  TempDir() {
+    std::string pattern = (fs::temp_directory_path() / "gradscale-ablate-XXXXXX").string();
+    REQUIRE(mkdtemp(pattern.data()) != nullptr);
+    path_ = pattern;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  std::string operator/(const std::string& name) const { return (path_ / name).string(); }
+  const fs::path& path() const { return path_; }
+
+ private:
+  fs::path path_;
+};
+
+void write_text(const std::string& path, const std::string& text) {
+  fs::create_directories(fs::path(path).parent_path());
+  std::ofstream(path) << text;
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// The message of the ConfigError that expanding `doc` throws ("" when it does not throw).
+std::string expand_error(const std::string& doc) {
+  try {
+    expand_ablation(ojson::parse(doc), "t.json");
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+std::string joined(const std::vector<std::string>& lines) {
+  std::string s;
+  for (const auto& l : lines) s += l + "\n";
+  return s;
+}
+
+// A tiny base: each run takes well under a second.
+const char* const kTinyBase =
+    R"("base": {"model": "mlp", "data": "synthetic:64", "batch": 16, "max_steps": 3, "eval_batch": 64, "trace_every": 1})";
+
+// CSV parsed into rows of cells (no quoted commas in these tests).
+std::vector<std::vector<std::string>> read_csv(const std::string& path) {
+  std::vector<std::vector<std::string>> rows;
+  std::istringstream in(read_text(path));
+  for (std::string line; std::getline(in, line);) {
+    std::vector<std::string> cells;
+    std::stringstream ls(line);
+    for (std::string c; std::getline(ls, c, ',');) cells.push_back(c);
+    if (!line.empty() && line.back() == ',') cells.push_back("");
+    rows.push_back(cells);
+  }
+  return rows;
+}
+
+}  // namespace
+
+TEST_CASE("ablate: axes expand to their full product, seeds outermost", "[ablate]") {
+  const Ablation ab = expand_ablation(ojson::parse(std::string("{") + kTinyBase + R"(,
+      "axes": {"format": ["fp32", "fp16"],
+               "scaler": ["none", "torch", {"label": "adaptive", "value": {"policy": "adaptive", "method": "measured"}}]},
+      "seeds": [0, 1]})"),
+                                      "t.json");
+  REQUIRE(ab.runs.size() == 2 * 3 * 2);
+  CHECK(ab.columns == std::vector<std::string>{"format", "scaler"});
+  REQUIRE(ab.groups.size() == 6);
+  // Table order: first axis outermost; run order: all configurations at seed 0 first.
+  CHECK(ab.runs[0].labels == std::vector<std::string>{"fp32", "none"});
+  CHECK(ab.runs[1].labels == std::vector<std::string>{"fp32", "torch"});
+  CHECK(ab.runs[5].labels == std::vector<std::string>{"fp16", "adaptive"});
+  for (std::size_t i = 0; i < 6; ++i) {
+    CHECK(ab.runs[i].seed == 0);
+    CHECK(ab.runs[i + 6].seed == 1);
+    CHECK(ab.runs[i].group == ab.runs[i + 6].group);
+    CHECK(ab.runs[i].config["seed"] == 0);
+    CHECK(ab.runs[i + 6].config["seed"] == 1);
+  }
+  CHECK(ab.runs[5].name == "fp16_adaptive_seed0");
+  CHECK(ab.runs[5].config["scaler"] == json{{"policy", "adaptive"}, {"method", "measured"}});
+  CHECK(ab.runs[1].config["scaler"] == "torch");
+  CHECK(ab.runs[1].config["max_steps"] == 3);  // the base is kept
+  std::set<std::string> names;
+  for (const auto& r : ab.runs) names.insert(r.name);
+  CHECK(names.size() == ab.runs.size());
+}
+
+TEST_CASE("ablate: variants, alone and times the axes; a seed axis is the replicate axis", "[ablate]") {
+  const Ablation ab = expand_ablation(ojson::parse(std::string("{") + kTinyBase + R"(,
+      "variants": [{"label": "fp32", "format": "fp32"}, {"format": "fp16", "scaler": "torch"}],
+      "axes": {"seed": [3, 4], "model": ["mlp", "deep-mlp:depth=2,width=8"]}})"),
+                                      "t.json");
+  CHECK(ab.columns == std::vector<std::string>{"variant", "model"});
+  REQUIRE(ab.groups.size() == 4);
+  REQUIRE(ab.runs.size() == 8);
+  CHECK(ab.runs[0].labels == std::vector<std::string>{"fp32", "mlp"});
+  CHECK(ab.runs[3].labels ==
+        std::vector<std::string>{"format=fp16,scaler=torch", "deep-mlp:depth=2,width=8"});
+  CHECK(ab.runs[3].name == "format=fp16-scaler=torch_deep-mlp-depth=2-width=8_seed3");
+  CHECK(ab.runs[4].seed == 4);
+  CHECK(ab.runs[3].config["format"] == "fp16");
+  CHECK(ab.runs[3].config["scaler"] == "torch");
+
+  // The columns follow the file: variants after the axes here.
+  const Ablation after = expand_ablation(ojson::parse(std::string("{") + kTinyBase + R"(,
+      "axes": {"model": ["mlp", "cnn"]}, "variants": [{"label": "a"}, {"label": "b", "lr": 0.01}]})"),
+                                         "t.json");
+  CHECK(after.columns == std::vector<std::string>{"model", "variant"});
+  REQUIRE(after.runs.size() == 4);
+  CHECK(after.runs[1].labels == std::vector<std::string>{"mlp", "b"});
+  CHECK(after.runs[1].name == "mlp_b_seed0");
+  CHECK(after.runs[1].config["lr"] == 0.01);
+
+  // An axis value may set several keys at once; no two dimensions may set one key.
+  const Ablation set = expand_ablation(ojson::parse(std::string("{") + kTinyBase + R"(,
+      "axes": {"precision": [{"label": "fp32", "set": {"format": "fp32", "scaler": "none"}},
+                             {"set": {"format": "fp16", "scaler": "torch"}}],
+               "model": [{"label": "small", "set": {"model": "mlp", "epochs": 2}}]}})"),
+                                       "t.json");
+  CHECK(set.columns == std::vector<std::string>{"precision", "model"});
+  REQUIRE(set.runs.size() == 2);
+  CHECK(set.runs[0].labels == std::vector<std::string>{"fp32", "small"});
+  CHECK(set.runs[1].labels == std::vector<std::string>{"format=fp16,scaler=torch", "small"});
+  CHECK(set.runs[1].config["scaler"] == "torch");
+  CHECK(set.runs[1].config["epochs"] == 2);
+  CHECK(set.runs[0].name == "fp32_small_seed0");
+
+  // Only seeds: one configuration, named after the base.
+  const Ablation seeds =
+      expand_ablation(ojson::parse(std::string("{") + kTinyBase + R"(, "seeds": [0, 1, 2]})"), "t");
+  CHECK(seeds.columns.empty());
+  CHECK(seeds.groups.size() == 1);
+  CHECK(seeds.runs.size() == 3);
+  CHECK(seeds.runs[2].name == "base_seed2");
+}
+
+TEST_CASE("ablate: scaler.* keys set a parameter inside the scaler object", "[ablate]") {
+  SECTION("a policy name in the base becomes an object") {
+    const Ablation ab = expand_ablation(
+        ojson::parse(R"({"base": {"scaler": "torch"}, "axes": {"scaler.growth_interval": [10, 100]}})"), "t");
+    REQUIRE(ab.runs.size() == 2);
+    CHECK(ab.runs[0].config["scaler"] == json{{"policy", "torch"}, {"growth_interval", 10}});
+    CHECK(ab.runs[1].config["scaler"] == json{{"policy", "torch"}, {"growth_interval", 100}});
+    CHECK(ab.runs[0].name == "growth_interval=10_seed0");
+    CHECK(ab.runs[0].labels == std::vector<std::string>{"10"});
+  }
+  SECTION("static:S") {
+    const Ablation ab = expand_ablation(
+        ojson::parse(R"({"base": {"scaler": "static:8"}, "axes": {"scaler.scale": [16]}})"), "t");
+    CHECK(ab.runs[0].config["scaler"] == json{{"policy", "static"}, {"scale", 16}});
+  }
+  SECTION("dotted keys apply after the scaler the run ends up with, whichever comes first in the file") {
+    const Ablation ab = expand_ablation(ojson::parse(R"({"axes": {"scaler.n_uf": [0.01, 1e-05],
+        "scaler": [{"policy": "adaptive", "method": "measured"}, {"policy": "adaptive"}]}})"),
+                                        "t");
+    REQUIRE(ab.runs.size() == 4);
+    CHECK(ab.runs[0].config["scaler"] ==
+          json{{"policy", "adaptive"}, {"method", "measured"}, {"n_uf", 0.01}});
+    CHECK(ab.runs[3].config["scaler"] == json{{"policy", "adaptive"}, {"n_uf", 1e-05}});
+    CHECK(ab.runs[1].labels == std::vector<std::string>{"0.01", "adaptive"});
+  }
+  SECTION("variants use them too, and optimizer.* works the same way") {
+    const Ablation ab =
+        expand_ablation(ojson::parse(R"({"base": {"scaler": {"policy": "adaptive"}, "optimizer": "sgd"},
+        "variants": [{}, {"scaler.update_every": 10}, {"label": "momentum", "optimizer.momentum": 0.9}]})"),
+                        "t");
+    REQUIRE(ab.runs.size() == 3);
+    CHECK(ab.runs[0].labels == std::vector<std::string>{"base"});
+    CHECK(ab.runs[1].labels == std::vector<std::string>{"update_every=10"});
+    CHECK(ab.runs[1].config["scaler"] == json{{"policy", "adaptive"}, {"update_every", 10}});
+    CHECK(ab.runs[2].config["optimizer"] == json{{"name", "sgd"}, {"momentum", 0.9}});
+  }
+}
+
+TEST_CASE("ablate: a bad key or value is an error that names it", "[ablate]") {
+  const auto check = [](const std::string& doc, const std::vector<std::string>& parts) {
+    INFO(doc);
+    const std::string e = expand_error(doc);
+    INFO(e);
+    REQUIRE(!e.empty());
+    CHECK(contains(e, "t.json"));
+    for (const auto& p : parts) CHECK(contains(e, p));
+  };
+  check(R"({"axes": {"lrr": [0.1]}})", {"axis 'lrr'", "unknown config key 'lrr'"});
+  check(R"({"axes": {"format": ["fp16", "fp17"]}})", {"axis 'format'", "\"fp17\"", "fp17"});
+  check(R"({"axes": {"scaler": ["torch", "bogus"]}})", {"axis 'scaler'", "bogus"});
+  check(R"({"axes": {"model": ["resnet-huge"]}})", {"axis 'model'", "resnet-huge"});
+  check(R"({"axes": {"epochs": [1, 0]}})", {"axis 'epochs' value 0", "epochs"});
+  check(R"({"axes": {"lr": ["fast"]}})", {"axis 'lr'", "\"fast\""});
+  // A parameter the run's scaler does not have: the run, its settings and the parameter are named.
+  check(R"({"base": {"scaler": "torch"}, "axes": {"scaler.n_uf": [0.01]}})",
+        {"run 'n_uf=0.01_seed0'", "scaler.n_uf=0.01", "n_uf"});
+  check(R"({"axes": {"scaler": [{"policy": "torch", "growth_interval": 0}]}})", {"growth_interval"});
+  check(R"({"axes": {"foo.bar": [1]}})", {"axis 'foo.bar'", "scaler.P"});
+  check(R"({"axes": {"scaler.policy": ["torch"]}})", {"scaler.policy"});
+  check(R"({"axes": {"format": []}})", {"axis 'format'", "non-empty array"});
+  check(R"({"axes": {"format": "fp16"}})", {"axis 'format'", "non-empty array"});
+  check(R"({"axes": {"scaler": ["torch", {"label": "torch", "value": "none"}]}})",
+        {"axis 'scaler'", "label 'torch'"});
+  check(R"({"axes": {"trace": ["x"]}})", {"axis 'trace'", "runner"});
+  check(R"({"base": {"checkpoint": "c"}, "seeds": [0]})", {"base", "'checkpoint'"});
+  check(R"({"base": {"model": "mlp", "lr": -1}, "seeds": [0]})", {"base", "'lr'"});
+  check(R"({"axis": {"format": ["fp16"]}})", {"unknown top-level key 'axis'", "axes"});
+  check(R"({"base": {"model": "mlp"}})", {"nothing to vary"});
+  check(R"({"seeds": [0, 0]})", {"seed 0", "twice"});
+  check(R"({"seeds": [-1]})", {"seed", "-1"});
+  check(R"({"seeds": [0], "axes": {"seed": [1]}})", {"seeds are given twice"});
+  check(R"({"variants": [{"seed": 3}]})", {"variant 1", "'seed'"});
+  check(R"({"variants": [{"format": "fp16"}, {"label": "format=fp16"}]})", {"variant 2", "format=fp16"});
+  check(R"({"variants": [{"scaler": "torch"}], "axes": {"scaler": ["none"]}})", {"'scaler'", "both"});
+  check(R"({"variants": [{"data": "imagenet"}]})", {"variant 1", "imagenet"});
+  check(R"({"axes": {"data": ["synthetic:0"]}})", {"synthetic:0"});
+  check(R"({"axes": {"p": [{"set": {"format": "fp16"}}], "format": ["fp32"]}})",
+        {"key 'format' is set both by axis 'p'", "axis 'format'"});
+  check(R"({"axes": {"p": [{"set": {}}]}})", {"axis 'p'", "non-empty object"});
+  check(R"({"axes": {"p": [{"set": {"lrr": 1}}]}})", {"axis 'p'", "'lrr'"});
+  check(R"({"axes": {"p": [{"set": {"seed": 1}}]}})", {"axis 'p'", "'seed'"});
+}
+
+TEST_CASE("ablate: the CLI refuses a bad ablation before anything runs", "[ablate][cli]") {
+  TempDir tmp;
+  write_text(tmp / "bad.json", std::string("{") + kTinyBase + R"(, "axes": {"scaler": ["torch", "bogus"]}})");
+  const auto r =
+      gradscale::test::run_cli("ablate '" + (tmp / "bad.json") + "' --out '" + (tmp / "out") + "'");
+  INFO(joined(r.lines));
+  CHECK(r.status == 2);
+  REQUIRE(r.lines.size() == 1);
+  CHECK(contains(r.lines[0], "gradscale ablate: "));
+  CHECK(contains(r.lines[0], "axis 'scaler'"));
+  CHECK(contains(r.lines[0], "bogus"));
+  CHECK_FALSE(fs::exists(tmp / "out"));
+
+  write_text(tmp / "notjson.json", "{\"axes\": ");
+  const auto n =
+      gradscale::test::run_cli("ablate '" + (tmp / "notjson.json") + "' --out '" + (tmp / "out") + "'");
+  CHECK(n.status == 2);
+  REQUIRE(!n.lines.empty());
+  CHECK(contains(n.lines[0], "not valid JSON"));
+  CHECK(gradscale::test::run_cli("ablate '" + (tmp / "bad.json") + "'").status == 2);  // no --out
+}
+
+TEST_CASE("ablate: value labels and file-safe names", "[ablate]") {
+  CHECK(value_label(json("torch")) == "torch");
+  CHECK(value_label(json(0.001)) == "0.001");
+  CHECK(value_label(json{{"policy", "static"}, {"scale", 8}}) == "static scale=8");
+  CHECK(value_label(json{{"policy", "adaptive"}, {"method", "measured"}, {"n_uf", 0.01}}) ==
+        "adaptive measured n_uf=0.01");
+  CHECK(value_label(json{{"name", "sgd"}, {"momentum", 0.9}}) == "sgd momentum=0.9");
+  CHECK(file_safe("deep-mlp:depth=16,width=256") == "deep-mlp-depth=16-width=256");
+  CHECK(file_safe("adaptive measured") == "adaptive-measured");
+  CHECK(file_safe("../x") == "x");
+  CHECK(file_safe("///") == "run");
+}
+
+TEST_CASE("ablate: --dry-run lists the runs and runs nothing", "[ablate][cli]") {
+  TempDir tmp;
+  write_text(tmp / "a.json", std::string(R"({"description": "tiny", )") + kTinyBase +
+                                 R"(, "axes": {"scaler": ["none", "torch"]}, "seeds": [0, 1]})");
+  const auto r = gradscale::test::run_cli("ablate '" + (tmp / "a.json") + "' --dry-run");
+  INFO(joined(r.lines));
+  CHECK(r.status == 0);
+  const std::string out = joined(r.lines);
+  CHECK(contains(out, "none_seed0"));
+  CHECK(contains(out, "torch_seed1"));
+  CHECK(contains(out, "4 runs in 2 configurations"));
+  CHECK_FALSE(fs::exists(tmp / "runs"));
+}
+
+TEST_CASE("ablate resume: a finished run is skipped, a half-written one runs again", "[ablate][cli]") {
+  TempDir tmp;
+  const std::string file = tmp / "a.json", out = tmp / "out";
+  write_text(file, std::string("{") + kTinyBase + R"(, "axes": {"scaler": ["none", "torch", "static:8"]}})");
+  const std::string cmd = "ablate '" + file + "' --out '" + out + "' --no-plots";
+  const auto first = gradscale::test::run_cli(cmd);
+  INFO(joined(first.lines));
+  REQUIRE(first.status == 0);
+  const RunPaths none = run_paths(out, "none_seed0"), torch = run_paths(out, "torch_seed0"),
+                 stat = run_paths(out, "static-8_seed0");
+  for (const RunPaths& p : {none, torch, stat}) {
+    REQUIRE(run_state(p) == RunState::done);
+    CHECK(fs::exists(p.trace + ".json"));
+    CHECK(fs::exists(p.log));
+    CHECK(fs::exists(p.status));
+  }
+  // torch: killed mid-run (no result, a trace cut short); static: a failure recorded by the runner.
+  fs::remove(torch.result);
+  fs::remove(torch.status);
+  fs::remove(torch.trace + ".json");
+  CHECK(run_state(torch) == RunState::half_written);
+  fs::remove(stat.result);
+  write_text(stat.status, R"({"exit_code": 1, "signal": null, "seconds": 0.5})");
+  CHECK(run_state(stat) == RunState::failed);
+  write_text(none.result + ".marker", "");  // the finished run's directory must be left alone
+  const auto none_result = read_text(none.result);
+  const auto none_time = fs::last_write_time(none.result);
+
+  const auto second = gradscale::test::run_cli(cmd);
+  INFO(joined(second.lines));
+  REQUIRE(second.status == 0);
+  const std::string log = joined(second.lines);
+  CHECK(contains(log, "2 already finished, 1 to run (1 half-written, run again)"));
+  CHECK(contains(log, "torch_seed0: done"));
+  CHECK_FALSE(contains(log, "none_seed0: done"));
+  CHECK(run_state(torch) == RunState::done);
+  CHECK(fs::exists(torch.trace + ".json"));
+  CHECK(read_text(none.result) == none_result);
+  CHECK(fs::last_write_time(none.result) == none_time);
+  CHECK(fs::exists(none.result + ".marker"));
+  CHECK(run_state(stat) == RunState::failed);  // skipped, and the table says so
+  CHECK(contains(read_text(out + "/table.md"), "0/1 (1 failed)"));
+
+  const auto retry = gradscale::test::run_cli(cmd + " --retry-failed");
+  INFO(joined(retry.lines));
+  REQUIRE(retry.status == 0);
+  CHECK(run_state(stat) == RunState::done);
+
+  // The ablation file changed under a finished run: refused, naming the run and the key.
+  const std::string base = kTinyBase;
+  write_text(file, "{" + base.substr(0, base.size() - 1) +
+                       R"(, "lr": 0.01}, "axes": {"scaler": ["none", "torch", "static:8"]}})");
+  const auto changed = gradscale::test::run_cli(cmd);
+  CHECK(changed.status == 2);
+  REQUIRE(!changed.lines.empty());
+  CHECK(contains(changed.lines[0], "none_seed0"));
+  CHECK(contains(changed.lines[0], "'lr'"));
+}
+
+TEST_CASE("ablate table: mean ± std over seeds, checked by hand on synthetic run files", "[ablate]") {
+  TempDir tmp;
+  const std::string out = tmp / "out";
+  const Ablation ab = expand_ablation(
+      ojson::parse(
+          R"({"base": {"model": "mlp", "data": "synthetic:64"}, "axes": {"scaler": ["none", "torch"]},
+                      "seeds": [0, 1, 2]})"),
+      "t");
+  // Header: layers 0 and 2 are parametric, layer 1 is not (it is left out of the underflow figures).
+  const json header = {{"type", "header"},
+                       {"layers",
+                        {{{"id", 0}, {"parametric", true}},
+                         {{"id", 1}, {"parametric", false}},
+                         {{"id", 2}, {"parametric", true}}}}};
+  auto write_run = [&](const std::string& name, double acc, double best, int skipped, double uf0, double uf2,
+                       double max0, double max2, double train_seconds, int steps, double scaler_seconds) {
+    const RunPaths p = run_paths(out, name);
+    json history =
+        json::array({{{"epoch", 1}, {"test_accuracy", best}}, {{"epoch", 2}, {"test_accuracy", acc}}});
+    write_text(p.result, json{{"steps", steps},
+                              {"test_accuracy", acc},
+                              {"history", history},
+                              {"skipped_steps", skipped},
+                              {"train_seconds", train_seconds},
+                              {"scaler_seconds", scaler_seconds}}
+                             .dump());
+    const json summary = {{"type", "summary"},
+                          {"layers",
+                           {{{"id", 0}, {"mean_underflow_rate", uf0}, {"max_underflow_rate", max0}},
+                            {{"id", 1}, {"mean_underflow_rate", 0.9}, {"max_underflow_rate", 0.95}},
+                            {{"id", 2}, {"mean_underflow_rate", uf2}, {"max_underflow_rate", max2}}}}};
+    write_text(p.trace + ".jsonl",
+               header.dump() + "\n" + R"({"type":"step","step":1})" + "\n" + summary.dump() + "\n");
+  };
+  // none: accuracies 0.5, 0.6, 0.7 → mean 0.6, std sqrt(((−0.1)² + 0 + 0.1²) / 2) = 0.1.
+  write_run("none_seed0", 0.5, 0.55, 0, 0.1, 0.3, 0.3, 0.2, 2.0, 100, 0.1);
+  write_run("none_seed1", 0.6, 0.65, 2, 0.2, 0.4, 0.5, 0.1, 2.0, 100, 0.2);
+  write_run("none_seed2", 0.7, 0.60, 4, 0.3, 0.5, 0.1, 0.1, 4.0, 100, 0.2);
+  // torch: one run finished, one diverged (counted, not averaged), one not run.
+  write_run("torch_seed0", 0.8, 0.9, 1, 0.0, 0.0, 0.0, 0.0, 1.0, 50, 0.0);
+  write_run("torch_seed1", 0.1, 0.1, 9, 0.5, 0.5, 0.5, 0.5, 1.0, 50, 0.0);
+  {
+    const RunPaths p = run_paths(out, "torch_seed1");
+    json r = json::parse(read_text(p.result));
+    r["diverged"] = true;
+    write_text(p.result, r.dump());
+  }
+
+  const RunMetrics m = read_run_metrics(run_paths(out, "none_seed0"));
+  CHECK(m.state == RunState::done);
+  CHECK(m.final_accuracy == Approx(0.5));
+  CHECK(m.best_accuracy == Approx(0.55));
+  CHECK(m.mean_underflow == Approx(0.2));  // (0.1 + 0.3) / 2, layer 1 left out
+  CHECK(m.max_underflow == Approx(0.3));
+  CHECK(m.ms_per_step == Approx(20.0));    // 2 s / 100 steps
+  CHECK(m.scaler_percent == Approx(5.0));  // 0.1 s / 2 s
+
+  const Table t = build_table(ab, out);
+  REQUIRE(t.rows.size() == 2);
+  const TableRow& none = t.rows[0];
+  CHECK(none.labels == std::vector<std::string>{"none"});
+  CHECK(none.runs == 3);
+  CHECK(none.done == 3);
+  CHECK(none.final_accuracy.mean == Approx(0.6));
+  CHECK(none.final_accuracy.std == Approx(0.1));
+  CHECK(none.best_accuracy.mean == Approx((0.55 + 0.65 + 0.7) / 3));  // run 3: final 0.7 beats its history
+  CHECK(none.skipped_steps.mean == Approx(2.0));
+  CHECK(none.skipped_steps.std == Approx(2.0));    // sqrt((4 + 0 + 4) / 2)
+  CHECK(none.mean_underflow.mean == Approx(0.3));  // runs: 0.2, 0.3, 0.4
+  CHECK(none.mean_underflow.std == Approx(0.1));
+  CHECK(none.max_underflow.mean == Approx((0.3 + 0.5 + 0.1) / 3));
+  CHECK(none.ms_per_step.mean == Approx((20.0 + 20.0 + 40.0) / 3));
+  CHECK(none.scaler_percent.mean == Approx((5.0 + 10.0 + 5.0) / 3));
+  const TableRow& torch = t.rows[1];
+  CHECK(torch.runs == 3);
+  CHECK(torch.done == 1);
+  CHECK(torch.diverged == 1);
+  CHECK(torch.missing == 1);
+  CHECK(torch.final_accuracy.n == 1);
+  CHECK(torch.final_accuracy.mean == Approx(0.8));
+  CHECK(torch.final_accuracy.std == 0.0);
+
+  const std::string md = table_markdown(t);
+  INFO(md);
+  CHECK(contains(md, "| scaler | runs | final acc | best acc |"));
+  CHECK(contains(md, "| none | 3 | 0.6000 ± 0.1000 |"));
+  CHECK(contains(md, "| 2.0 ± 2.0 |"));
+  CHECK(contains(md, "| 30 ± 10 |"));  // mean underflow in percent
+  CHECK(contains(md, "| torch | 1/3 (1 diverged, 1 not run) | 0.8000 |"));
+  const std::string csv = table_csv(t);
+  CHECK(contains(csv, "scaler,runs,done,diverged,failed,missing,final_accuracy_mean,final_accuracy_std,"));
+  CHECK(contains(csv, "\nnone,3,3,0,0,0,0.6,0.1,"));
+  CHECK(contains(csv, "\ntorch,3,1,1,0,1,0.8,0,"));
+  const std::string tex = table_latex(t);
+  CHECK(contains(tex, "\\toprule"));
+  CHECK(contains(tex, "\\midrule"));
+  CHECK(contains(tex, "\\bottomrule"));
+  CHECK(contains(tex, "0.6000 $\\pm$ 0.1000"));
+  CHECK(contains(tex, "mean UF (\\%)"));
+  const json j = table_json(t);
+  CHECK(j["rows"][0]["final_accuracy"]["mean"].get<double>() == Approx(0.6));
+
+  // mean_std on its own: sample standard deviation, NaN ignored, one value → std 0.
+  const MeanStd s = mean_std({1.0, 2.0, 3.0, 4.0, std::nan("")});
+  CHECK(s.n == 4);
+  CHECK(s.mean == Approx(2.5));
+  CHECK(s.std == Approx(std::sqrt(5.0 / 3.0)));
+  CHECK(mean_std({}).n == 0);
+}
+
+TEST_CASE("ablate table on tiny synthetic runs: the table is the mean ± std of the results",
+          "[ablate][cli]") {
+  TempDir tmp;
+  const std::string file = tmp / "a.json", out = tmp / "out";
+  write_text(file,
+             std::string("{") + kTinyBase + R"(, "axes": {"format": ["fp16"], "scaler": ["none", "static:8"]},
+                                                        "seeds": [0, 1]})");
+  const auto r = gradscale::test::run_cli("ablate '" + file + "' --out '" + out + "' --jobs 2 --no-plots");
+  INFO(joined(r.lines));
+  REQUIRE(r.status == 0);
+  CHECK(contains(joined(r.lines), "| format | scaler | runs |"));  // the table is printed
+  for (const char* f : {"table.md", "table.csv", "table.tex", "table.json", "ablation.json"})
+    CHECK(fs::exists(out + "/" + f));
+
+  const auto rows = read_csv(out + "/table.csv");
+  REQUIRE(rows.size() == 3);
+  const auto& head = rows[0];
+  auto col = [&](const std::string& name) {
+    const auto it = std::find(head.begin(), head.end(), name);
+    REQUIRE(it != head.end());
+    return static_cast<std::size_t>(it - head.begin());
+  };
+  const std::vector<std::string> scalers = {"none", "static-8"};
+  for (std::size_t k = 0; k < scalers.size(); ++k) {
+    const auto& row = rows[k + 1];
+    CHECK(row[col("runs")] == "2");
+    CHECK(row[col("done")] == "2");
+    // By hand from the two result files: mean (a + b) / 2, sample std |a − b| / sqrt(2).
+    std::vector<json> res;
+    for (int seed : {0, 1}) {
+      res.push_back(json::parse(
+          read_text(run_paths(out, "fp16_" + scalers[k] + "_seed" + std::to_string(seed)).result)));
+      CHECK(res.back()["steps"] == 3);
+      CHECK(res.back()["config"]["seed"] == seed);
+      CHECK(res.back()["config"]["format"] == "fp16");
+    }
+    const double a = res[0]["test_accuracy"], b = res[1]["test_accuracy"];
+    CHECK(std::stod(row[col("final_accuracy_mean")]) == Approx((a + b) / 2).epsilon(1e-8));
+    CHECK(std::stod(row[col("final_accuracy_std")]) ==
+          Approx(std::fabs(a - b) / std::sqrt(2.0)).margin(1e-9));
+    const double ta = res[0]["train_seconds"], tb = res[1]["train_seconds"];
+    CHECK(std::stod(row[col("ms_per_step_mean")]) == Approx((ta + tb) / 2 / 3 * 1000).epsilon(1e-6));
+    CHECK(!row[col("mean_underflow_mean")].empty());  // from the traces
+  }
+  CHECK(read_text(run_paths(out, "fp16_static-8_seed1").config).find("\"static:8\"") != std::string::npos);
+}
+
+TEST_CASE("plot_ablation.py draws a tiny table", "[ablate][plot]") {
+  if (!have_matplotlib()) gradscale::test::skip_test("/usr/bin/python3 with matplotlib is not installed");
+  TempDir tmp;
+  write_text(tmp / "table.csv",
+             "model,scaler,runs,done,diverged,failed,missing,final_accuracy_mean,final_accuracy_std,"
+             "mean_underflow_mean,mean_underflow_std\n"
+             "mlp,none,2,2,0,0,0,0.85,0.01,0.002,0.0005\n"
+             "mlp,torch,2,2,0,0,0,0.86,0.005,0,0\n"
+             "\"deep-mlp:depth=16,width=256\",none,2,0,2,0,0,,,,\n"
+             "\"deep-mlp:depth=16,width=256\",torch,2,2,0,0,0,0.80,0.02,0.01,0.001\n");
+  const std::string script =
+      "/usr/bin/python3 '" + std::string(GRADSCALE_SOURCE_DIR) + "/scripts/plot_ablation.py'";
+  const auto ok =
+      gradscale::test::run_shell(script + " '" + (tmp / "table.csv") + "' --out '" + (tmp / "t.png") + "'");
+  INFO(joined(ok.lines));
+  REQUIRE(ok.status == 0);
+  const std::string png = read_text(tmp / "t.png");
+  REQUIRE(png.size() > 1000);
+  CHECK(png.substr(1, 3) == "PNG");
+
+  write_text(tmp / "bad.csv", "a,b\n1,2\n");
+  const auto bad =
+      gradscale::test::run_shell(script + " '" + (tmp / "bad.csv") + "' --out '" + (tmp / "b.png") + "'");
+  CHECK(bad.status == 1);
+  CHECK(contains(joined(bad.lines), "not a gradscale ablation table"));
+  CHECK_FALSE(fs::exists(tmp / "b.png"));
+}
