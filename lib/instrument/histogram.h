@@ -1,8 +1,9 @@
 // Underflow instrumentation (SPEC §3): one pass over a float32 tensor for a format F gives the counts
 // of what rounding to F does (zero, underflow, subnormal, normal, overflow, nonfinite), the binade
 // histogram of |v| and double-precision moments. This is the single implementation of "how much
-// underflowed": every scaler, trace and experiment reads its statistics from here (the CUDA twin in
-// lib/cuda gives identical counts).
+// underflowed": every scaler, trace and experiment reads its statistics from here (its GPU twin,
+// cuda::tensor_stats in lib/cuda/stats.h, cuts at the same round_thresholds and gives identical counts
+// and bins).
 #pragma once
 
 #include <array>
