@@ -1,0 +1,65 @@
+// The CUDA context (see context.h): device selection, stream, cuBLAS handle and scratch, and the
+// device queries the tests and the benchmark use to skip or explain themselves.
+#include "lib/cuda/context.h"
+
+#include <iomanip>
+#include <sstream>
+
+namespace gradscale::cuda {
+
+int device_count() noexcept {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();  // clear it: the query's failure is the answer, not a fault
+    return 0;
+  }
+  return n;
+}
+
+std::string no_device_reason() {
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e == cudaSuccess && n > 0) return "";
+  (void)cudaGetLastError();
+  if (e == cudaSuccess) return "cudaGetDeviceCount: 0 devices";
+  return std::string("cudaGetDeviceCount: ") + status_name(e) + " (" + status_text(e) + ")";
+}
+
+std::string device_description(int device) {
+  cudaDeviceProp p{};
+  GS_CUDA_CHECK(cudaGetDeviceProperties(&p, device));
+  std::ostringstream os;
+  os << p.name << ", sm_" << p.major << p.minor << ", " << p.multiProcessorCount << " SMs, " << std::fixed
+     << std::setprecision(1) << static_cast<double>(p.totalGlobalMem) / (1024.0 * 1024.0 * 1024.0) << " GiB";
+  return os.str();
+}
+
+CudaContext::CudaContext(int device) : device_(device) {
+  const int n = device_count();
+  GS_CHECK_AS(CudaError, n > 0, "no CUDA device: " << no_device_reason());
+  GS_CHECK_AS(CudaError, device >= 0 && device < n,
+              "CUDA device " << device << " does not exist (this machine has " << n << ")");
+  GS_CUDA_CHECK(cudaSetDevice(device));
+  cudaStream_t s = nullptr;
+  GS_CUDA_CHECK(cudaStreamCreate(&s));
+  stream_.reset(s);
+  cublasHandle_t h = nullptr;
+  GS_CUBLAS_CHECK(cublasCreate(&h));
+  cublas_.reset(h);
+  GS_CUBLAS_CHECK(cublasSetStream(h, s));
+  // Default math: no TF32 for fp32 GEMMs. Disallowing reduced-precision reductions keeps split-K
+  // partial sums in fp32 when the output is fp16/bf16 (SPEC §4: accumulation in fp32).
+  GS_CUBLAS_CHECK(cublasSetMathMode(
+      h, static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
+}
+
+void* CudaContext::scratch(std::size_t bytes) {
+  if (scratch_.size() < bytes) scratch_.resize(bytes);
+  return scratch_.data();
+}
+
+void CudaContext::synchronize() const {
+  GS_CUDA_CHECK(cudaStreamSynchronize(stream()));
+}
+
+}  // namespace gradscale::cuda

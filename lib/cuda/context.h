@@ -1,0 +1,60 @@
+// The CUDA context of the backend (lib/cuda): one device, one stream, one cuBLAS handle bound to that
+// stream, and a scratch buffer. It is passed explicitly to the entries that need cuBLAS or scratch
+// memory; the others take just its stream. No global CUDA state anywhere in the library.
+#pragma once
+
+#ifndef GRADSCALE_HAS_CUDA
+#error "lib/cuda is the CUDA backend: configure with -DGRADSCALE_CUDA=ON (or AUTO with nvcc on PATH)"
+#endif
+
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "lib/cuda/check.h"
+#include "lib/cuda/device_buffer.h"
+
+namespace gradscale::cuda {
+
+// Number of CUDA devices; 0 when there is none or no usable driver. Never throws.
+int device_count() noexcept;
+// Why there is no device ("" when there is one), e.g. "cudaGetDeviceCount: cudaErrorNoDevice (no
+// CUDA-capable device is detected)": for skip lines and the benchmark's message.
+std::string no_device_reason();
+// "NVIDIA H100 80GB HBM3, sm_90, 132 SMs, 79.1 GiB" (throws CudaError for a bad index).
+std::string device_description(int device);
+
+class CudaContext {
+ public:
+  // Selects `device` (cudaSetDevice), creates a stream and a cuBLAS handle on it. Throws CudaError
+  // "no CUDA device: ..." when there is none, or naming the failing call.
+  explicit CudaContext(int device = 0);
+  CudaContext(const CudaContext&) = delete;
+  CudaContext& operator=(const CudaContext&) = delete;
+
+  int device() const { return device_; }
+  // A blocking stream (it orders with the legacy default stream): kernels of the backend run here.
+  cudaStream_t stream() const { return stream_.get(); }
+  // cuBLAS on stream(), default math (no TF32) with reductions kept in the compute type (gemm.h).
+  cublasHandle_t cublas() const { return cublas_.get(); }
+  // Device scratch of at least `bytes`, for work queued on stream(); valid until the next call. Entries
+  // that need temporary memory (statistics partials, per-sample losses) take it from here.
+  void* scratch(std::size_t bytes);
+  // Waits for everything queued on stream(); throws CudaError for a fault of that work.
+  void synchronize() const;
+
+ private:
+  struct StreamDeleter {
+    void operator()(cudaStream_t s) const noexcept { (void)cudaStreamDestroy(s); }
+  };
+  struct CublasDeleter {
+    void operator()(cublasHandle_t h) const noexcept { (void)cublasDestroy(h); }
+  };
+
+  int device_;
+  std::unique_ptr<CUstream_st, StreamDeleter> stream_;  // destroyed after the handle that uses it
+  std::unique_ptr<cublasContext, CublasDeleter> cublas_;
+  DeviceBuffer<unsigned char> scratch_;
+};
+
+}  // namespace gradscale::cuda
