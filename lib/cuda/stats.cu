@@ -1,0 +1,241 @@
+// SPEC §3 statistics on the GPU (see stats.h). Two kernels per launch of up to 32 tensors:
+//  1. stats_partial_kernel: grid (blocks, tensors); each thread walks its tensor with a grid-stride loop
+//     and counts how many of the thresholds |v| reaches (the class of a value is that number, exactly as
+//     histogram.cpp's class_index), adds the moments, and counts the binade of every non-zero finite
+//     value in its warp's shared histogram. A block writes one partial record and adds its histogram to
+//     the output's bins (integer atomics: exact in any order).
+//  2. stats_finalize_kernel: one block per tensor combines the partial records in a fixed order.
+#include "lib/cuda/stats.h"
+
+#include <array>
+#include <limits>
+
+#include "lib/cuda/check.h"
+#include "lib/cuda/launch.h"
+#include "lib/cuda/reduce.cuh"
+
+namespace gradscale::cuda {
+namespace {
+
+constexpr std::uint32_t kAbs = 0x7FFFFFFFu;
+constexpr std::uint32_t kInf = 0x7F800000u;
+constexpr int kJobsPerLaunch = 32;
+constexpr unsigned kMaxBlocksPerJob = 1024;  // a constant, not a device property: reproducible sums
+constexpr unsigned kWarps = kBlock / 32;
+constexpr std::size_t kMaxElements = std::size_t{1} << 40;  // per-thread and per-warp counters stay 32-bit
+
+// The tensors of one launch, by value (kernel parameter space).
+struct StatsTable {
+  const float* data[kJobsPerLaunch];
+  unsigned long long n[kJobsPerLaunch];
+  RoundThresholds thresholds[kJobsPerLaunch];
+  DeviceStats* out;  // out[j] for job j of this launch
+  int count;
+};
+
+// One block's share of one tensor.
+struct BlockPartial {
+  unsigned long long reached[5];  // |v| != 0, >= first_nonzero, >= first_normal, >= first_overflow, >= inf
+  double sum, sum_squares;        // finite values
+  float lo, hi;                   // min and max finite value (+inf / -inf when none)
+  unsigned nonzero_m1;            // min over (|v| bits - 1), unsigned: 0 wraps to the top
+};
+
+// Bin of a non-zero finite |v| given by its bits: floor(log2|v|), clamped (histogram.cpp: binade_of).
+__device__ __forceinline__ int bin_of(std::uint32_t a) {
+  const int field = static_cast<int>(a >> 23);
+  const int e = field != 0 ? field - 127 : (31 - __clz(static_cast<int>(a))) - 149;
+  return min(max(e, kBinadeMin), kBinadeMax) - kBinadeMin;
+}
+
+__global__ void __launch_bounds__(kBlock) stats_partial_kernel(StatsTable table, BlockPartial* partials) {
+  __shared__ unsigned hist[kWarps][kBinadeCount];
+  for (unsigned i = threadIdx.x; i < kWarps * kBinadeCount; i += blockDim.x) (&hist[0][0])[i] = 0;
+  __syncthreads();
+
+  const int job = static_cast<int>(blockIdx.y);
+  const float* v = table.data[job];
+  const std::size_t n = table.n[job];
+  const RoundThresholds th = table.thresholds[job];
+  unsigned* my_hist = hist[threadIdx.x / 32];
+  unsigned reached[5] = {0, 0, 0, 0, 0};
+  double sum = 0, sum_squares = 0;
+  float lo = __uint_as_float(kInf), hi = -__uint_as_float(kInf);
+  unsigned nonzero_m1 = 0xFFFFFFFFu;
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    const float x = v[i];
+    const std::uint32_t a = __float_as_uint(x) & kAbs;
+    reached[0] += a != 0u;
+    reached[1] += a >= th.first_nonzero;
+    reached[2] += a >= th.first_normal;
+    reached[3] += a >= th.first_overflow;
+    reached[4] += a >= kInf;
+    nonzero_m1 = min(nonzero_m1, a - 1u);
+    if (a < kInf) {
+      const double d = x;
+      sum += d;
+      sum_squares += d * d;
+      lo = fminf(lo, x);
+      hi = fmaxf(hi, x);
+      if (a != 0u) atomicAdd(&my_hist[bin_of(a)], 1u);
+    }
+  }
+
+  BlockPartial p;
+  for (int k = 0; k < 5; ++k)
+    p.reached[k] = device::block_reduce<unsigned long long>(reached[k], device::Sum());
+  p.sum = device::block_reduce(sum, device::Sum());
+  p.sum_squares = device::block_reduce(sum_squares, device::Sum());
+  p.lo = device::block_reduce(lo, device::MinFloat());
+  p.hi = device::block_reduce(hi, device::MaxFloat());
+  p.nonzero_m1 = device::block_reduce(nonzero_m1, device::MinUnsigned());
+  if (threadIdx.x == 0) partials[static_cast<std::size_t>(job) * gridDim.x + blockIdx.x] = p;
+  // block_reduce synchronised the block: every count of the shared histogram is in.
+  unsigned long long* bins = table.out[job].binades;
+  for (unsigned b = threadIdx.x; b < kBinadeCount; b += blockDim.x) {
+    unsigned total = 0;
+    for (unsigned w = 0; w < kWarps; ++w) total += hist[w][b];
+    if (total != 0) atomicAdd(&bins[b], static_cast<unsigned long long>(total));
+  }
+}
+
+__global__ void __launch_bounds__(kBlock)
+    stats_finalize_kernel(StatsTable table, const BlockPartial* partials, unsigned blocks) {
+  const int job = static_cast<int>(blockIdx.x);
+  const BlockPartial* part = partials + static_cast<std::size_t>(job) * blocks;
+  unsigned long long reached[5] = {0, 0, 0, 0, 0};
+  double sum = 0, sum_squares = 0;
+  float lo = __uint_as_float(kInf), hi = -__uint_as_float(kInf);
+  unsigned nonzero_m1 = 0xFFFFFFFFu;
+  for (unsigned b = threadIdx.x; b < blocks; b += blockDim.x) {
+    const BlockPartial& p = part[b];
+    for (int k = 0; k < 5; ++k) reached[k] += p.reached[k];
+    sum += p.sum;
+    sum_squares += p.sum_squares;
+    lo = fminf(lo, p.lo);
+    hi = fmaxf(hi, p.hi);
+    nonzero_m1 = min(nonzero_m1, p.nonzero_m1);
+  }
+  for (int k = 0; k < 5; ++k) reached[k] = device::block_reduce(reached[k], device::Sum());
+  sum = device::block_reduce(sum, device::Sum());
+  sum_squares = device::block_reduce(sum_squares, device::Sum());
+  lo = device::block_reduce(lo, device::MinFloat());
+  hi = device::block_reduce(hi, device::MaxFloat());
+  nonzero_m1 = device::block_reduce(nonzero_m1, device::MinUnsigned());
+  if (threadIdx.x != 0) return;
+
+  // Class k holds the values that reached exactly k thresholds (histogram.cpp: stats_pass).
+  const unsigned long long n = table.n[job];
+  DeviceStats& s = table.out[job];
+  s.elements = n;
+  s.zero = n - reached[0];
+  s.underflow = reached[0] - reached[1];
+  s.subnormal = reached[1] - reached[2];
+  s.normal = reached[2] - reached[3];
+  s.overflow = reached[3] - reached[4];
+  s.nonfinite = reached[4];
+  s.count = n - s.nonfinite;
+  s.sum = sum;
+  s.sum_squares = sum_squares;
+  s.min = s.count > 0 ? lo : 0.0;
+  s.max = s.count > 0 ? hi : 0.0;
+  s.max_abs = s.count > 0 ? fmax(-s.min, s.max) : 0.0;
+  s.min_nonzero_abs =
+      (nonzero_m1 + 1u < kInf && nonzero_m1 != 0xFFFFFFFFu) ? __uint_as_float(nonzero_m1 + 1u) : 0.0;
+}
+
+void launch_stats(const StatsTable& table, unsigned blocks, BlockPartial* partials, cudaStream_t stream) {
+  stats_partial_kernel<<<dim3(blocks, static_cast<unsigned>(table.count)), kBlock, 0, stream>>>(table,
+                                                                                                partials);
+  GS_CUDA_CHECK_LAUNCH();
+  stats_finalize_kernel<<<static_cast<unsigned>(table.count), kBlock, 0, stream>>>(table, partials, blocks);
+  GS_CUDA_CHECK_LAUNCH();
+}
+
+// round_thresholds() per (format, option), computed once from quantize(): the same cut points as
+// lib/instrument's pass.
+const RoundThresholds& thresholds_for(Format f, RoundOptions opt) {
+  static const auto table = [] {
+    std::array<std::array<RoundThresholds, 2>, 5> t{};
+    for (Format g : all_formats())
+      for (int nan_opt = 0; nan_opt < 2; ++nan_opt)
+        t[static_cast<std::size_t>(g)][static_cast<std::size_t>(nan_opt)] =
+            round_thresholds(g, RoundOptions{nan_opt == 1});
+    return t;
+  }();
+  return table[static_cast<std::size_t>(f)][opt.e4m3_overflow_to_nan ? 1 : 0];
+}
+
+}  // namespace
+
+void tensor_stats(CudaContext& ctx, const StatsJob* jobs, std::size_t count, DeviceStats* out) {
+  if (count == 0) return;
+  GS_CHECK(jobs != nullptr && out != nullptr,
+           "cuda::tensor_stats of " << count << " tensors got a null pointer");
+  for (std::size_t i = 0; i < count; ++i) {
+    GS_CHECK(jobs[i].data != nullptr || jobs[i].n == 0,
+             "cuda::tensor_stats: tensor " << i << " of " << jobs[i].n << " elements is null");
+    GS_CHECK(jobs[i].n <= kMaxElements,
+             "cuda::tensor_stats: tensor " << i << " has " << jobs[i].n << " elements, more than 2^40");
+  }
+  GS_CUDA_CHECK(cudaMemsetAsync(out, 0, count * sizeof(DeviceStats), ctx.stream()));  // the bins add up
+  for (std::size_t first = 0; first < count; first += kJobsPerLaunch) {
+    StatsTable table{};
+    table.count = static_cast<int>(std::min<std::size_t>(kJobsPerLaunch, count - first));
+    table.out = out + first;
+    std::size_t largest = 0;
+    for (int j = 0; j < table.count; ++j) {
+      const StatsJob& job = jobs[first + static_cast<std::size_t>(j)];
+      table.data[j] = job.data;
+      table.n[j] = job.n;
+      table.thresholds[j] = thresholds_for(job.format, job.round);
+      largest = std::max(largest, job.n);
+    }
+    const unsigned blocks = grid_for(largest, 8, kMaxBlocksPerJob);
+    auto* partials = static_cast<BlockPartial*>(
+        ctx.scratch(static_cast<std::size_t>(table.count) * blocks * sizeof(BlockPartial)));
+    launch_stats(table, blocks, partials, ctx.stream());
+  }
+}
+
+void tensor_stats(CudaContext& ctx, const float* data, std::size_t n, Format f, RoundOptions opt,
+                  DeviceStats* out) {
+  const StatsJob job{data, n, f, opt};
+  tensor_stats(ctx, &job, 1, out);
+}
+
+TensorStats to_tensor_stats(const DeviceStats& d) {
+  TensorStats s;
+  s.zero = d.zero;
+  s.underflow = d.underflow;
+  s.subnormal = d.subnormal;
+  s.normal = d.normal;
+  s.overflow = d.overflow;
+  s.nonfinite = d.nonfinite;
+  s.elements = d.elements;
+  s.count = d.count;
+  s.sum = d.sum;
+  s.sum_squares = d.sum_squares;
+  s.min = d.min;
+  s.max = d.max;
+  s.max_abs = d.max_abs;
+  s.min_nonzero_abs = d.min_nonzero_abs;
+  for (int b = 0; b < kBinadeCount; ++b) s.binades[static_cast<std::size_t>(b)] = d.binades[b];
+  return s;
+}
+
+std::vector<TensorStats> download_stats(CudaContext& ctx, const DeviceStats* out, std::size_t count) {
+  std::vector<DeviceStats> host(count);
+  if (count != 0) {
+    GS_CUDA_CHECK(
+        cudaMemcpyAsync(host.data(), out, count * sizeof(DeviceStats), cudaMemcpyDeviceToHost, ctx.stream()));
+    ctx.synchronize();
+  }
+  std::vector<TensorStats> s;
+  s.reserve(count);
+  for (const DeviceStats& d : host) s.push_back(to_tensor_stats(d));
+  return s;
+}
+
+}  // namespace gradscale::cuda

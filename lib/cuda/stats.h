@@ -1,0 +1,53 @@
+// SPEC §3 statistics on the GPU, the twin of lib/instrument's tensor_stats(): in one pass over a float32
+// tensor, the round-to-F class counts (cut at the same round_thresholds(F), computed on the host from
+// quantize()), the binade histogram (bins kBinadeMin..kBinadeMax) and the moments (double sums, min,
+// max, max|v|, smallest non-zero |v|). Counts and bins equal tensor_stats exactly; the sums are added
+// in another order (relative 1e-6 promised, far better in practice). Results are deterministic: the
+// grid depends only on the size, and partial sums are combined in a fixed order.
+//
+// The batched entry fills one device array for several tensors, so a step needs one device→host copy.
+#pragma once
+
+#ifndef GRADSCALE_HAS_CUDA
+#error "lib/cuda is the CUDA backend: configure with -DGRADSCALE_CUDA=ON (or AUTO with nvcc on PATH)"
+#endif
+
+#include <cstddef>
+#include <vector>
+
+#include "lib/cuda/context.h"
+#include "lib/instrument/histogram.h"
+
+namespace gradscale::cuda {
+
+// What the device writes per tensor: TensorStats' fields as plain values (to_tensor_stats converts).
+struct DeviceStats {
+  unsigned long long zero, underflow, subnormal, normal, overflow, nonfinite, elements, count;
+  double sum, sum_squares, min, max, max_abs, min_nonzero_abs;
+  unsigned long long binades[kBinadeCount];
+};
+TensorStats to_tensor_stats(const DeviceStats& d);
+
+// One tensor of a batch: n floats at `data` (device memory), classified for format F.
+struct StatsJob {
+  const float* data = nullptr;
+  std::size_t n = 0;
+  Format format = Format::fp32;
+  RoundOptions round{};
+};
+
+// out[i] ← the statistics of jobs[i] for i < count (`jobs` on the host, `out` in device memory),
+// queued on ctx.stream(); uses ctx.scratch(). Two kernel launches per 32 tensors. Throws Error for a
+// null pointer with n > 0 or more than 2^40 elements in one tensor, CudaError when a launch fails.
+void tensor_stats(CudaContext& ctx, const StatsJob* jobs, std::size_t count, DeviceStats* out);
+inline void tensor_stats(CudaContext& ctx, const std::vector<StatsJob>& jobs, DeviceStats* out) {
+  tensor_stats(ctx, jobs.data(), jobs.size(), out);
+}
+// One tensor.
+void tensor_stats(CudaContext& ctx, const float* data, std::size_t n, Format f, RoundOptions opt,
+                  DeviceStats* out);
+
+// The one device→host copy of a step: `count` results from device memory (waits for ctx.stream()).
+std::vector<TensorStats> download_stats(CudaContext& ctx, const DeviceStats* out, std::size_t count);
+
+}  // namespace gradscale::cuda
