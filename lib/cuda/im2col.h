@@ -1,0 +1,33 @@
+// im2col and its adjoint col2im on the GPU, the column layout of lib/layers/conv2d.cpp: a convolution is
+// then one GEMM per sample (cuda::gemm, batched). im2col copies values, so it is exact; col2im sums each
+// input's column entries in the CPU's order ((ki, kj) ascending), so it gives the CPU's bits.
+#pragma once
+
+#ifndef GRADSCALE_HAS_CUDA
+#error "lib/cuda is the CUDA backend: configure with -DGRADSCALE_CUDA=ON (or AUTO with nvcc on PATH)"
+#endif
+
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+namespace gradscale::cuda {
+
+// Input [n, channels, h, w]; square kernel, stride, zero padding; output [n, O, ho, wo].
+struct ConvGeometry {
+  std::int64_t n = 0, channels = 0, h = 0, w = 0, kernel = 1, stride = 1, pad = 0;
+  std::int64_t ho() const { return (h + 2 * pad - kernel) / stride + 1; }
+  std::int64_t wo() const { return (w + 2 * pad - kernel) / stride + 1; }
+  std::int64_t col_rows() const { return channels * kernel * kernel; }  // C·k·k
+  std::int64_t col_cols() const { return ho() * wo(); }                 // Ho·Wo
+};
+
+// cols [n, C·k·k, Ho·Wo] ← per sample, row (c·k + ki)·k + kj, column oh·Wo + ow: the input at
+// (c, oh·stride − pad + ki, ow·stride − pad + kj), 0 outside. Device pointers, queued on `stream`.
+// Throws ShapeError when the geometry does not describe a convolution.
+void im2col(const float* x, const ConvGeometry& g, float* cols, cudaStream_t stream);
+// gx [n, C, h, w] ← the adjoint: every input element the sum of the column entries that copied it
+// (0 where none), overwriting gx.
+void col2im(const float* cols, const ConvGeometry& g, float* gx, cudaStream_t stream);
+
+}  // namespace gradscale::cuda
