@@ -1,6 +1,7 @@
 // `gradscale bench`: throughput benchmarks that print figures (speed targets are checked here, never
 // by timed assertions in tests). `bench numeric`: rounding and the histogram pass over 16M floats.
-// `bench step`: the training step of a model, layer by layer.
+// `bench step`: the training step of a model, layer by layer. `bench cuda`: the GPU kernels' bandwidth
+// (bench_cuda.cpp, in CUDA builds only).
 #include <omp.h>
 
 #include <algorithm>
@@ -12,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "experiments/cli/bench_cuda.h"
 #include "experiments/cli/command.h"
 #include "experiments/cli/parse.h"
 #include "experiments/cli/train_options.h"
@@ -147,15 +149,30 @@ int bench_step(TrainConfig config, std::int64_t steps, std::int64_t warmup) {
   return 0;
 }
 
+// The CLI's one CUDA seam: bench_cuda.cpp is compiled only when the build has CUDA.
+#ifdef GRADSCALE_HAS_CUDA
+constexpr bool kCudaBuilt = true;
+int run_bench_cuda(std::size_t n, int repeats) {
+  return bench_cuda(n, repeats);
+}
+#else
+constexpr bool kCudaBuilt = false;
+int run_bench_cuda(std::size_t, int) {
+  throw ConfigError(
+      "bench cuda: this gradscale was built without CUDA (configure with -DGRADSCALE_CUDA=ON "
+      "on a machine with nvcc; docs/gpu.md)");
+}
+#endif
+
 int run_bench(const std::vector<std::string>& args) {
   po::options_description desc("options");
   std::string what;
   std::size_t n = std::size_t{1} << 24;
   int repeats = 5;
   std::int64_t steps = 50, warmup = 5;
-  desc.add_options()("what", po::value(&what)->required(), "benchmark: numeric | step")(
-      "elements", po::value(&n), "numeric: number of floats (default 16M)")(
-      "repeats", po::value(&repeats), "numeric: runs per figure; the best is printed")(
+  desc.add_options()("what", po::value(&what)->required(), "benchmark: numeric | step | cuda")(
+      "elements", po::value(&n), "numeric, cuda: number of floats (default 16M; cuda: 64M)")(
+      "repeats", po::value(&repeats), "numeric, cuda: runs per figure; the best is printed")(
       "steps", po::value(&steps), "step: timed training steps (default 50)")(
       "warmup", po::value(&warmup), "step: untimed steps first (default 5)");
   po::options_description train(
@@ -165,10 +182,14 @@ int run_bench(const std::vector<std::string>& args) {
   po::positional_options_description pos;
   pos.add("what", 1);
   po::variables_map vm;
-  if (!parse_options("gradscale bench numeric [--elements N] [--repeats R]\n"
-                     "       gradscale bench step [--steps N] [--warmup N] [train options]",
-                     desc, args, vm, &pos))
-    return 0;
+  const std::string usage = std::string(
+                                "gradscale bench numeric [--elements N] [--repeats R]\n"
+                                "       gradscale bench step [--steps N] [--warmup N] [train options]\n"
+                                "       gradscale bench cuda [--elements N] [--repeats R]") +
+                            (kCudaBuilt ? "   (GPU kernels next to a device copy; prints a line and exits 0 "
+                                          "without a GPU)"
+                                        : "   (not in this build: it has no CUDA)");
+  if (!parse_options(usage, desc, args, vm, &pos)) return 0;
   if (what == "numeric") {
     GS_CHECK_CONFIG(repeats >= 1, "--repeats must be >= 1 (got " << repeats << ")");
     GS_CHECK_CONFIG(n >= 1, "--elements must be >= 1");
@@ -183,7 +204,12 @@ int run_bench(const std::vector<std::string>& args) {
                                                "after --warmup steps)");
     return bench_step(train_config_from(vm), steps, warmup);
   }
-  throw ConfigError("unknown benchmark '" + what + "' (allowed: numeric, step)");
+  if (what == "cuda") {
+    GS_CHECK_CONFIG(repeats >= 1, "--repeats must be >= 1 (got " << repeats << ")");
+    GS_CHECK_CONFIG(n >= 1, "--elements must be >= 1");
+    return run_bench_cuda(vm.count("elements") ? n : std::size_t{1} << 26, repeats);
+  }
+  throw ConfigError("unknown benchmark '" + what + "' (allowed: numeric, step, cuda)");
 }
 
 }  // namespace

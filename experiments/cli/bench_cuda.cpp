@@ -1,0 +1,119 @@
+// `gradscale bench cuda` (see bench_cuda.h): GB/s of the SPEC §3 statistics pass, the rounding and the
+// storage conversions, next to cudaMemcpy device-to-device on the same data. The target is the
+// statistics pass at >= 85% of the copy's bandwidth; the figures are printed, never asserted.
+#include "experiments/cli/bench_cuda.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "lib/cuda/context.h"
+#include "lib/cuda/convert.h"
+#include "lib/cuda/device_buffer.h"
+#include "lib/cuda/quantize.h"
+#include "lib/cuda/stats.h"
+#include "lib/cuda/unscale.h"
+
+namespace gradscale::cli {
+namespace {
+
+// A CUDA event, destroyed with its owner.
+class Event {
+ public:
+  Event() { GS_CUDA_CHECK(cudaEventCreate(&e_)); }
+  ~Event() { (void)cudaEventDestroy(e_); }
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+  cudaEvent_t get() const { return e_; }
+
+ private:
+  cudaEvent_t e_ = nullptr;
+};
+
+// Best of `repeats` runs of fn on ctx's stream, in milliseconds (one untimed warm-up run first).
+double best_ms(cuda::CudaContext& ctx, int repeats, const std::function<void()>& fn) {
+  Event start, stop;
+  fn();
+  ctx.synchronize();
+  float best = 0;
+  for (int r = 0; r < repeats; ++r) {
+    GS_CUDA_CHECK(cudaEventRecord(start.get(), ctx.stream()));
+    fn();
+    GS_CUDA_CHECK(cudaEventRecord(stop.get(), ctx.stream()));
+    GS_CUDA_CHECK(cudaEventSynchronize(stop.get()));
+    float ms = 0;
+    GS_CUDA_CHECK(cudaEventElapsedTime(&ms, start.get(), stop.get()));
+    best = r == 0 ? ms : std::min(best, ms);
+  }
+  return static_cast<double>(best);
+}
+
+// Gradient-like data (as `bench numeric`): log-uniform magnitudes over 2^-40 .. 2^8, random signs, 5% zeros.
+std::vector<float> gradient_like(std::size_t n) {
+  std::mt19937_64 rng(1);
+  std::uniform_real_distribution<float> log2mag(-40.0f, 8.0f);
+  std::uniform_int_distribution<int> pct(0, 99);
+  std::vector<float> v(n);
+  for (auto& x : v) {
+    const int p = pct(rng);
+    x = p < 5 ? 0.0f : std::exp2(log2mag(rng)) * (p % 2 ? 1.0f : -1.0f);
+  }
+  return v;
+}
+
+}  // namespace
+
+int bench_cuda(std::size_t n, int repeats) {
+  if (cuda::device_count() == 0) {
+    std::printf("gradscale bench cuda: no CUDA device (%s): nothing to measure\n",
+                cuda::no_device_reason().c_str());
+    return 0;
+  }
+  cuda::CudaContext ctx;
+  const std::vector<float> host = gradient_like(n);
+  auto in = cuda::DeviceBuffer<float>::from_host(host, ctx.stream());
+  cuda::DeviceBuffer<float> out(n), master(n);
+  master.fill_bytes(0, ctx.stream());
+  cuda::DeviceBuffer<__half> half(n);
+  cuda::DeviceBuffer<__nv_bfloat16> bf16(n);
+  cuda::DeviceBuffer<cuda::DeviceStats> stats(1);
+  cuda::DeviceBuffer<int> flag(1);
+  flag.fill_bytes(0, ctx.stream());
+
+  std::printf("gradscale bench cuda: %s, %zu floats (%.0f MiB), best of %d\n",
+              cuda::device_description(ctx.device()).c_str(), n, static_cast<double>(n) * 4.0 / (1 << 20),
+              repeats);
+  std::printf("%-40s %10s %10s %10s\n", "operation", "ms", "GB/s", "of copy");
+  const auto elements = static_cast<double>(n);
+  double copy_gbs = 0;
+  auto row = [&](const std::string& name, double bytes_per_element, const std::function<void()>& fn_run) {
+    const double ms = best_ms(ctx, repeats, fn_run);
+    const double gbs = bytes_per_element * elements / (ms * 1e6);
+    if (copy_gbs == 0) copy_gbs = gbs;
+    std::printf("%-40s %10.3f %10.1f %9.1f%%\n", name.c_str(), ms, gbs, 100.0 * gbs / copy_gbs);
+    std::fflush(stdout);
+  };
+  row("device-to-device copy (read + write)", 8, [&] {
+    GS_CUDA_CHECK(
+        cudaMemcpyAsync(out.data(), in.data(), n * sizeof(float), cudaMemcpyDeviceToDevice, ctx.stream()));
+  });
+  for (Format f : {Format::fp16, Format::fp8_e5m2})
+    row(std::string("tensor_stats ") + format_name(f) + " (read)", 4,
+        [&] { cuda::tensor_stats(ctx, in.data(), n, f, {}, stats.data()); });
+  for (Format f : {Format::fp16, Format::bf16, Format::fp8_e5m2, Format::fp8_e4m3})
+    row(std::string("quantize ") + format_name(f) + " (fp32 -> fp32)", 8,
+        [&] { cuda::quantize(in.data(), out.data(), n, f, {}, 1.0f, ctx.stream()); });
+  row("to_fp16 (fp32 -> __half)", 6, [&] { cuda::to_fp16(in.data(), half.data(), n, ctx.stream()); });
+  row("to_bf16 (fp32 -> __nv_bfloat16)", 6, [&] { cuda::to_bf16(in.data(), bf16.data(), n, ctx.stream()); });
+  row("unscale_accumulate (g, master -> master)", 12, [&] {
+    const cuda::UnscaleJob job{in.data(), master.data(), n, 1024.0};
+    cuda::unscale_accumulate(&job, 1, flag.data(), ctx.stream());
+  });
+  return 0;
+}
+
+}  // namespace gradscale::cli
