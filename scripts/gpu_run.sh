@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# On a GPU machine without package registries (docs/gpu.md): configures gradscale with CUDA ON against
+# the dependencies gathered by scripts/gpu_bundle.sh, builds, runs the GPU tests (or the whole suite)
+# and `gradscale bench cuda`, and copies the logs to $OUT when that is set. Exits non-zero when the
+# build or a test fails.
+#   scripts/gpu_run.sh [--deps DIR] [--build DIR] [--all-tests] [--no-bench] [--arch LIST]
+#     --deps DIR    the bundle (default build-deps/gpu)     --build DIR  build folder (default build-gpu)
+#     --all-tests   the whole suite, not only the CUDA tests --no-bench  skip `gradscale bench cuda`
+#     --arch LIST   CMAKE_CUDA_ARCHITECTURES (default 90: the H100 / H200 only, the quickest build)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+deps=build-deps/gpu
+build=build-gpu
+all_tests=0
+bench=1
+arch=90
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --deps) deps=$2; shift ;;
+    --build) build=$2; shift ;;
+    --all-tests) all_tests=1 ;;
+    --no-bench) bench=0 ;;
+    --arch) arch=$2; shift ;;
+    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
+    *) echo "gpu_run.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
+  esac
+  shift
+done
+[ -d "$deps/usr/include" ] || { echo "gpu_run.sh: no bundle in $deps: run scripts/gpu_bundle.sh where apt works and carry it" >&2; exit 2; }
+prefix=$(realpath "$deps/usr")
+logs=${OUT:-$build/logs}
+mkdir -p "$logs"
+export PATH="/usr/local/cuda/bin:$PATH"
+# The bundle's shared libraries (Boost.Program_options) for the programs built here.
+export LD_LIBRARY_PATH="$prefix/lib/x86_64-linux-gnu:$(realpath "$deps")/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+
+{
+  echo "== machine"
+  nvidia-smi -L || echo "nvidia-smi: not available"
+  nvcc --version | tail -2 || true
+  cmake --version | head -1
+  cat "$deps/MANIFEST" 2>/dev/null || true
+} 2>&1 | tee "$logs/machine.txt"
+
+generator=()
+command -v ninja >/dev/null 2>&1 && generator=(-G Ninja)
+echo "== configure and build ($build, CUDA architectures $arch)"
+cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DGRADSCALE_CUDA=ON \
+  -DCMAKE_CUDA_ARCHITECTURES="$arch" -DCMAKE_PREFIX_PATH="$prefix" 2>&1 | tee "$logs/configure.txt"
+if ! cmake --build "$build" -j "$(nproc)" >"$logs/build.txt" 2>&1; then
+  tail -40 "$logs/build.txt"
+  echo "gpu_run.sh: build failed (log: $logs/build.txt)" >&2
+  exit 1
+fi
+echo "built: $(grep -c "Building" "$logs/build.txt") sources, $(grep -c "warning" "$logs/build.txt") warning lines"
+
+echo "== tests"
+filter=()
+[ "$all_tests" -eq 1 ] || filter=(-R "cuda|CUDA")
+status=0
+(cd "$build" && ctest --output-on-failure -j 4 "${filter[@]}") 2>&1 | tee "$logs/tests.txt" || status=1
+
+if [ "$bench" -eq 1 ]; then
+  echo "== gradscale bench cuda"
+  "$build/gradscale" bench cuda 2>&1 | tee "$logs/bench_cuda.txt" || status=1
+fi
+exit "$status"
