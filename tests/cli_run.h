@@ -17,10 +17,11 @@ struct CliResult {
   std::vector<std::string> lines;  // stdout and stderr together
 };
 
-// `command 2>&1` through the shell: exit status and output lines.
+// `command 2>&1` through the shell; "$GS" in it is the gradscale binary.
 inline CliResult run_shell(const std::string& command) {
   CliResult r;
-  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
+  const std::string script = "GS='" + std::string(GRADSCALE_CLI) + "'; " + command + " 2>&1";
+  FILE* pipe = popen(script.c_str(), "r");
   REQUIRE(pipe != nullptr);
   std::string out;
   char buf[4096];
@@ -36,7 +37,14 @@ inline CliResult run_shell(const std::string& command) {
 
 // `gradscale <arguments> 2>&1` through the shell (arguments are quoted by the caller).
 inline CliResult run_cli(const std::string& arguments) {
-  return run_shell(std::string(GRADSCALE_CLI) + " " + arguments);
+  return run_shell("\"$GS\" " + arguments);
+}
+
+// `text` as one single-quoted shell word.
+inline std::string shell_quote(const std::string& text) {
+  std::string q = "'";
+  for (const char c : text) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
 }
 
 }  // namespace gradscale::test

@@ -1,36 +1,19 @@
 // Training options shared by `gradscale train` and `gradscale bench step` (see train_options.h).
 #include "experiments/cli/train_options.h"
 
-#include <fstream>
-
 #include <nlohmann/json.hpp>
 
 #include "lib/core/error.h"
+#include "lib/core/json_read.h"
 
 namespace gradscale::cli {
 namespace {
 
 using json = nlohmann::json;
 
-json read_json_file(const std::string& path, const char* what) {
-  std::ifstream in(path);
-  GS_CHECK_CONFIG(in, what << " '" << path << "': cannot open");
-  try {
-    return json::parse(in);
-  } catch (const json::parse_error& e) {
-    throw ConfigError(std::string(what) + " '" + path + "' is not valid JSON: " + e.what());
-  }
-}
-
 // "adam" or '{"name":"sgd",...}'.
 json name_or_object(const std::string& text, const char* what) {
-  if (!text.empty() && text.front() == '{') {
-    try {
-      return json::parse(text);
-    } catch (const json::parse_error& e) {
-      throw ConfigError(std::string(what) + ": not valid JSON: " + e.what());
-    }
-  }
+  if (!text.empty() && text.front() == '{') return parse_json(text, what, JsonSource::config);
   return text;
 }
 
@@ -66,7 +49,8 @@ void add_train_options(po::options_description& desc) {
 
 TrainConfig train_config_from(const po::variables_map& vm) {
   TrainConfig config;
-  if (vm.count("config")) config.merge_json(read_json_file(vm["config"].as<std::string>(), "config file"));
+  if (vm.count("config"))
+    config.merge_json(read_json_file(vm["config"].as<std::string>(), "config file", JsonSource::config));
   json overrides = json::object();
   auto str = [&](const char* flag, const char* key) {
     if (vm.count(flag)) overrides[key] = vm[flag].as<std::string>();

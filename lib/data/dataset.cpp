@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "lib/core/error.h"
+#include "lib/core/json_read.h"
 #include "lib/data/synthetic.h"
 
 namespace gradscale {
@@ -47,7 +48,7 @@ std::int64_t parse_synthetic_size(const std::string& spec, const std::string& te
   for (char c : text) digits = digits && c >= '0' && c <= '9';
   const std::int64_t n = digits ? std::stoll(text) : 0;
   GS_CHECK_CONFIG(n >= 1 && n <= kSyntheticMaxSize,
-                  "data spec '" << spec << "': N must be an integer in 1.." << kSyntheticMaxSize
+                  "data spec '" << text_excerpt(spec) << "': N must be an integer in 1.." << kSyntheticMaxSize
                                 << " (allowed forms: " << kSpecForms << ")");
   return n;
 }
@@ -146,7 +147,7 @@ DataSplit load_data(const std::string& spec, std::uint64_t seed) {
     const std::int64_t n = parse_synthetic_size(spec, spec.substr(synthetic.size()));
     return make_synthetic(n, (n + 3) / 4, seed);
   }
-  throw ConfigError("unknown data spec '" + spec + "': allowed forms are " + kSpecForms);
+  throw ConfigError("unknown data spec '" + text_excerpt(spec) + "': allowed forms are " + kSpecForms);
 }
 
 }  // namespace gradscale

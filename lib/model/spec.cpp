@@ -1,11 +1,13 @@
 // JSON model specs and the built-in architectures (see spec.h, docs/models.md).
 #include "lib/model/spec.h"
 
+#include <iomanip>
 #include <map>
 #include <optional>
 #include <set>
 #include <sstream>
 
+#include "lib/core/json_read.h"
 #include "lib/layers/add.h"
 #include "lib/layers/batchnorm.h"
 #include "lib/layers/conv2d.h"
@@ -19,6 +21,21 @@ namespace {
 
 using json = nlohmann::json;
 
+// Sanity limits, checked before anything is allocated (docs/models.md): a size key (in, out, kernel,
+// stride, padding, channels, input dimensions) is at most kMaxSize, a layer's output and a
+// convolution's unfolded input hold at most kMaxSampleValues values per sample, and a model has at
+// most kMaxParameters parameters and kMaxLayers layers. Products are taken in double (no overflow).
+constexpr std::int64_t kMaxSize = std::int64_t{1} << 24;
+constexpr std::int64_t kMaxSampleValues = std::int64_t{1} << 26;
+constexpr std::int64_t kMaxParameters = std::int64_t{1} << 26;
+constexpr std::size_t kMaxLayers = 10000;
+
+double per_sample(const Shape& batch_shape) {
+  double n = 1;
+  for (std::size_t i = 1; i < batch_shape.size(); ++i) n *= static_cast<double>(batch_shape[i]);
+  return n;
+}
+
 // Reads the keys of one layer object, rejecting unknown keys and wrong types with the layer's name.
 class LayerKeys {
  public:
@@ -26,7 +43,8 @@ class LayerKeys {
       : obj_(obj), where_(std::move(where)), allowed_(std::move(allowed)) {
     allowed_.insert({"type", "name", "inputs"});
     for (const auto& [k, v] : obj_.items())
-      GS_CHECK_CONFIG(allowed_.count(k), where_ << ": unknown key '" << k << "' (allowed: " << list() << ")");
+      GS_CHECK_CONFIG(allowed_.count(k),
+                      where_ << ": unknown key '" << text_excerpt(k) << "' (allowed: " << list() << ")");
   }
   std::int64_t integer(const std::string& key, std::optional<std::int64_t> fallback,
                        std::int64_t min_value) const {
@@ -36,16 +54,20 @@ class LayerKeys {
     }
     const json& v = obj_.at(key);
     GS_CHECK_CONFIG(v.is_number_integer(),
-                    where_ << ": key '" << key << "' must be an integer, got " << v.dump());
-    const auto x = v.get<std::int64_t>();
-    GS_CHECK_CONFIG(x >= min_value,
-                    where_ << ": key '" << key << "' must be >= " << min_value << ", got " << x);
-    return x;
+                    where_ << ": key '" << key << "' must be an integer, got " << json_excerpt(v));
+    const bool fits =
+        !v.is_number_unsigned() || v.get<std::uint64_t>() <= static_cast<std::uint64_t>(kMaxSize);
+    GS_CHECK_CONFIG(!fits || v.get<std::int64_t>() >= min_value,
+                    where_ << ": key '" << key << "' must be >= " << min_value << ", got " << v.dump());
+    GS_CHECK_CONFIG(fits && v.get<std::int64_t>() <= kMaxSize,
+                    where_ << ": key '" << key << "' must be <= " << kMaxSize << ", got " << v.dump());
+    return v.get<std::int64_t>();
   }
   double real(const std::string& key, double fallback, double lo, double hi, bool hi_open = false) const {
     if (!obj_.contains(key)) return fallback;
     const json& v = obj_.at(key);
-    GS_CHECK_CONFIG(v.is_number(), where_ << ": key '" << key << "' must be a number, got " << v.dump());
+    GS_CHECK_CONFIG(v.is_number(),
+                    where_ << ": key '" << key << "' must be a number, got " << json_excerpt(v));
     const auto x = v.get<double>();
     GS_CHECK_CONFIG(x >= lo && (hi_open ? x < hi : x <= hi),
                     where_ << ": key '" << key << "' must be in [" << lo << ", " << hi
@@ -89,26 +111,31 @@ std::unique_ptr<Model> build_model(const json& spec, Rng& rng) {
   GS_CHECK_CONFIG(spec.is_object(), "model spec must be a JSON object with \"input\" and \"layers\"");
   for (const auto& [k, v] : spec.items())
     GS_CHECK_CONFIG(k == "input" || k == "layers" || k == "name",
-                    "model spec: unknown key '" << k << "' (allowed: input, layers, name)");
+                    "model spec: unknown key '" << text_excerpt(k) << "' (allowed: input, layers, name)");
   GS_CHECK_CONFIG(spec.contains("input") && spec["input"].is_array() && !spec["input"].empty(),
                   "model spec: \"input\" must be the per-sample shape, e.g. [1, 28, 28]");
   Shape sample;
   for (const json& d : spec["input"]) {
-    GS_CHECK_CONFIG(
-        d.is_number_integer() && d.get<std::int64_t>() > 0,
-        "model spec: \"input\" dimensions must be positive integers, got " << spec["input"].dump());
+    GS_CHECK_CONFIG(d.is_number_integer() && d.get<std::int64_t>() > 0 && d.get<std::int64_t>() <= kMaxSize,
+                    "model spec: \"input\" dimensions must be integers in [1, "
+                        << kMaxSize << "], got " << json_excerpt(spec["input"]));
     sample.push_back(d.get<std::int64_t>());
   }
-  GS_CHECK_CONFIG(spec.contains("layers") && spec["layers"].is_array() && !spec["layers"].empty(),
-                  "model spec: \"layers\" must be a non-empty array");
+  Shape batch_input = {1};
+  batch_input.insert(batch_input.end(), sample.begin(), sample.end());
+  GS_CHECK_CONFIG(per_sample(batch_input) <= static_cast<double>(kMaxSampleValues),
+                  "model spec: \"input\" " << json_excerpt(spec["input"]) << " has more than "
+                                           << kMaxSampleValues << " values per sample");
+  GS_CHECK_CONFIG(spec.contains("layers") && spec["layers"].is_array() && !spec["layers"].empty() &&
+                      spec["layers"].size() <= kMaxLayers,
+                  "model spec: \"layers\" must be a non-empty array of at most " << kMaxLayers << " layers");
 
   auto model = std::make_unique<Model>();
   std::map<std::string, int> ids;  // layer name -> node id
   // Shapes are tracked while building so "in"/"channels" can be inferred from the input.
   std::vector<Shape> shapes;
-  Shape batch_input = {1};
-  batch_input.insert(batch_input.end(), sample.begin(), sample.end());
   const InitSpec default_init;
+  double parameters = 0;
 
   for (std::size_t index = 0; index < spec["layers"].size(); ++index) {
     const json& obj = spec["layers"][index];
@@ -122,8 +149,8 @@ std::unique_ptr<Model> build_model(const json& spec, Rng& rng) {
                       "model spec: layer " << index << ": \"name\" must be a non-empty string");
       name = obj["name"].get<std::string>();
     }
-    const std::string where =
-        "model spec: layer " + std::to_string(index) + " ('" + name + "', " + type + ")";
+    const std::string where = "model spec: layer " + std::to_string(index) + " ('" + text_excerpt(name) +
+                              "', " + text_excerpt(type) + ")";
     GS_CHECK_CONFIG(kLayerTypes.count(type), where << ": unknown type (allowed: " << type_list() << ")");
     GS_CHECK_CONFIG(!ids.count(name), where << ": duplicate layer name");
 
@@ -139,7 +166,8 @@ std::unique_ptr<Model> build_model(const json& spec, Rng& rng) {
           continue;
         }
         const auto it = ids.find(in_name);
-        GS_CHECK_CONFIG(it != ids.end(), where << ": input '" << in_name << "' is not an earlier layer");
+        GS_CHECK_CONFIG(it != ids.end(),
+                        where << ": input '" << text_excerpt(in_name) << "' is not an earlier layer");
         inputs.push_back(it->second);
       }
     } else {
@@ -152,26 +180,42 @@ std::unique_ptr<Model> build_model(const json& spec, Rng& rng) {
     const std::int64_t features = shape_size(x) / x[0];
     const std::int64_t channels = x.size() >= 2 ? x[1] : 0;
 
+    auto add_parameters = [&](double n) {
+      parameters += n;
+      GS_CHECK_CONFIG(parameters <= static_cast<double>(kMaxParameters),
+                      where << ": the model would have " << std::fixed << std::setprecision(0) << parameters
+                            << " parameters, over the limit of " << kMaxParameters);
+    };
     auto init_of = [&](const LayerKeys& k) {
       return parse_init(k.text("init", "kaiming_normal"), k.real("gain", default_init.gain, 1e-6, 1e6));
     };
     std::unique_ptr<Layer> layer;
+    double unfolded = 0;  // conv2d: values of one output position's input patch
     if (type == "linear") {
       LayerKeys k(obj, where, {"in", "out", "bias", "init", "gain"});
       const std::int64_t in = k.integer("in", features, 1);
       GS_CHECK_CONFIG(in == features, where << ": \"in\" is " << in << " but its input " << shape_string(x)
                                             << " has " << features << " features per sample");
-      layer = std::make_unique<Linear>(name, in, k.integer("out", std::nullopt, 1), k.boolean("bias", true),
-                                       init_of(k), rng);
+      const std::int64_t out = k.integer("out", std::nullopt, 1);
+      const bool bias = k.boolean("bias", true);
+      add_parameters(static_cast<double>(in) * static_cast<double>(out) +
+                     (bias ? static_cast<double>(out) : 0));
+      layer = std::make_unique<Linear>(name, in, out, bias, init_of(k), rng);
     } else if (type == "conv2d") {
       LayerKeys k(obj, where, {"in", "out", "kernel", "stride", "padding", "bias", "init", "gain"});
       GS_CHECK_CONFIG(x.size() == 4, where << ": needs an [N, C, H, W] input, got " << shape_string(x));
       const std::int64_t in = k.integer("in", channels, 1);
       GS_CHECK_CONFIG(in == channels,
                       where << ": \"in\" is " << in << " but its input has " << channels << " channels");
-      layer = std::make_unique<Conv2d>(name, in, k.integer("out", std::nullopt, 1),
-                                       k.integer("kernel", std::nullopt, 1), k.integer("stride", 1, 1),
-                                       k.integer("padding", 0, 0), k.boolean("bias", true), init_of(k), rng);
+      const std::int64_t out = k.integer("out", std::nullopt, 1),
+                         kernel = k.integer("kernel", std::nullopt, 1);
+      const bool bias = k.boolean("bias", true);
+      const double patch =
+          static_cast<double>(in) * static_cast<double>(kernel) * static_cast<double>(kernel);
+      add_parameters(static_cast<double>(out) * patch + (bias ? static_cast<double>(out) : 0));
+      layer = std::make_unique<Conv2d>(name, in, out, kernel, k.integer("stride", 1, 1),
+                                       k.integer("padding", 0, 0), bias, init_of(k), rng);
+      unfolded = patch;  // times the output positions, checked below
     } else if (type == "relu") {
       LayerKeys k(obj, where, {});
       layer = std::make_unique<ReLU>(name);
@@ -191,6 +235,7 @@ std::unique_ptr<Model> build_model(const json& spec, Rng& rng) {
                       where << ": needs [N, C] or [N, C, H, W], got " << shape_string(x));
       const std::int64_t c = k.integer("channels", channels, 1);
       GS_CHECK_CONFIG(c == channels, where << ": \"channels\" is " << c << " but its input has " << channels);
+      add_parameters(2.0 * static_cast<double>(c));
       layer = std::make_unique<BatchNorm>(name, c, k.real("eps", 1e-5, 1e-12, 1.0),
                                           k.real("momentum", 0.1, 0.0, 1.0));
     } else if (type == "dropout") {
@@ -208,6 +253,13 @@ std::unique_ptr<Model> build_model(const json& spec, Rng& rng) {
     } catch (const ShapeError& e) {
       throw ConfigError(where + ": " + e.what());
     }
+    const Shape& y = shapes.back();
+    const double positions = y.size() == 4 ? static_cast<double>(y[2]) * static_cast<double>(y[3]) : 1.0;
+    GS_CHECK_CONFIG(per_sample(y) <= static_cast<double>(kMaxSampleValues) &&
+                        unfolded * positions <= static_cast<double>(kMaxSampleValues),
+                    where << ": output " << shape_string(y)
+                          << (unfolded > 0 ? " (unfolded for the GEMM)" : "") << " holds more than "
+                          << kMaxSampleValues << " values per sample");
     ids[name] = model->add(std::move(layer), inputs);
   }
   try {
@@ -341,7 +393,7 @@ json builtin_model_spec(const std::string& full_name) {
     return {{"name", full_name}, {"input", {1, 28, 28}}, {"layers", layers}};
   }
   throw ConfigError(
-      "unknown model '" + full_name +
+      "unknown model '" + text_excerpt(full_name) +
       "' (allowed: mlp, cnn, resnet-mini[:n=N], deep-mlp[:depth=D,width=W,gain=G], or --model-spec FILE)");
 }
 

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "lib/core/error.h"
+#include "lib/core/json_read.h"
 
 namespace gradscale {
 namespace {
@@ -45,7 +46,7 @@ std::string format_names() {
 Format parse_format(std::string_view name) {
   for (Format f : all_formats())
     if (name == format_name(f)) return f;
-  throw ConfigError("unknown format '" + std::string(name) + "' (allowed: " + format_names() + ")");
+  throw ConfigError("unknown format '" + text_excerpt(name) + "' (allowed: " + format_names() + ")");
 }
 
 }  // namespace gradscale

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "lib/core/error.h"
+#include "lib/core/json_read.h"
 
 namespace gradscale::optim_detail {
 namespace {
@@ -39,11 +40,11 @@ std::string Interval::text() const {
 ConfigReader::ConfigReader(const nlohmann::json& cfg, std::string context,
                            std::vector<std::string> allowed_keys)
     : cfg_(cfg), context_(std::move(context)) {
-  GS_CHECK_CONFIG(cfg_.is_object(), context_ << ": expected a JSON object, got " << cfg_.dump());
+  GS_CHECK_CONFIG(cfg_.is_object(), context_ << ": expected a JSON object, got " << json_excerpt(cfg_));
   for (const auto& item : cfg_.items()) {
     const bool known = std::find(allowed_keys.begin(), allowed_keys.end(), item.key()) != allowed_keys.end();
-    GS_CHECK_CONFIG(
-        known, context_ << ": unknown key '" << item.key() << "' (allowed: " << join(allowed_keys) << ")");
+    GS_CHECK_CONFIG(known, context_ << ": unknown key '" << text_excerpt(item.key())
+                                    << "' (allowed: " << join(allowed_keys) << ")");
   }
 }
 
@@ -59,10 +60,10 @@ const nlohmann::json& ConfigReader::at(const char* key) const {
 double ConfigReader::checked_number(const char* key, const Interval& range) const {
   const nlohmann::json& v = at(key);
   GS_CHECK_CONFIG(v.is_number(), context_ << ": '" << key << "' must be a number in " << range.text()
-                                          << ", got " << v.dump());
+                                          << ", got " << json_excerpt(v));
   const double x = v.get<double>();
   GS_CHECK_CONFIG(std::isfinite(x) && range.contains(x),
-                  context_ << ": '" << key << "' must be in " << range.text() << ", got " << v.dump());
+                  context_ << ": '" << key << "' must be in " << range.text() << ", got " << json_excerpt(v));
   return x;
 }
 
@@ -79,7 +80,7 @@ std::int64_t ConfigReader::checked_integer(const char* key, std::int64_t lo, std
   std::ostringstream range;
   range << "an integer in [" << lo << ", " << hi << "]";
   GS_CHECK_CONFIG(v.is_number(),
-                  context_ << ": '" << key << "' must be " << range.str() << ", got " << v.dump());
+                  context_ << ": '" << key << "' must be " << range.str() << ", got " << json_excerpt(v));
   std::int64_t n = 0;
   if (v.is_number_integer()) {
     // Unsigned values beyond int64 are rejected by the range check below after saturating.
@@ -88,12 +89,13 @@ std::int64_t ConfigReader::checked_integer(const char* key, std::int64_t lo, std
             ? kMax
             : v.get<std::int64_t>();
     GS_CHECK_CONFIG(n >= lo && n <= hi,
-                    context_ << ": '" << key << "' must be " << range.str() << ", got " << v.dump());
+                    context_ << ": '" << key << "' must be " << range.str() << ", got " << json_excerpt(v));
   } else {
     const double x = v.get<double>();
     const bool integral = std::isfinite(x) && std::floor(x) == x;
     const bool inside = integral && x >= static_cast<double>(lo) && x <= static_cast<double>(hi);
-    GS_CHECK_CONFIG(inside, context_ << ": '" << key << "' must be " << range.str() << ", got " << v.dump());
+    GS_CHECK_CONFIG(inside,
+                    context_ << ": '" << key << "' must be " << range.str() << ", got " << json_excerpt(v));
     n = static_cast<std::int64_t>(x);
   }
   return n;
@@ -111,7 +113,8 @@ std::int64_t ConfigReader::required_integer(const char* key, std::int64_t lo, st
 bool ConfigReader::boolean(const char* key, bool fallback) const {
   if (!has(key)) return fallback;
   const nlohmann::json& v = cfg_.at(key);
-  GS_CHECK_CONFIG(v.is_boolean(), context_ << ": '" << key << "' must be true or false, got " << v.dump());
+  GS_CHECK_CONFIG(v.is_boolean(),
+                  context_ << ": '" << key << "' must be true or false, got " << json_excerpt(v));
   return v.get<bool>();
 }
 
@@ -122,11 +125,11 @@ std::string config_name(const nlohmann::json& cfg, const char* what,
     GS_CHECK_CONFIG(cfg.contains("name"), what << ": missing key 'name' (one of " << join(allowed) << ")");
     name = &cfg.at("name");
   }
-  GS_CHECK_CONFIG(name->is_string(),
-                  what << ": 'name' must be a string, one of " << join(allowed) << "; got " << name->dump());
+  GS_CHECK_CONFIG(name->is_string(), what << ": 'name' must be a string, one of " << join(allowed) << "; got "
+                                          << json_excerpt(*name));
   const std::string s = name->get<std::string>();
   GS_CHECK_CONFIG(std::find(allowed.begin(), allowed.end(), s) != allowed.end(),
-                  what << ": unknown name '" << s << "' (allowed: " << join(allowed) << ")");
+                  what << ": unknown name '" << text_excerpt(s) << "' (allowed: " << join(allowed) << ")");
   return s;
 }
 

@@ -7,6 +7,7 @@
 #include <unordered_set>
 
 #include "lib/core/error.h"
+#include "lib/core/json_read.h"
 #include "lib/optim/adam.h"
 #include "lib/optim/config_reader.h"
 #include "lib/optim/sgd.h"
@@ -108,7 +109,7 @@ const nlohmann::json& member(const nlohmann::json& state, const char* key) {
 std::string entry_name(const nlohmann::json& entry, std::size_t index) {
   GS_CHECK_CONFIG(
       entry.is_object() && entry.contains("name") && entry.at("name").is_string(),
-      "optimizer state: parameter entry " << index << " needs a string 'name', got " << entry.dump());
+      "optimizer state: parameter entry " << index << " needs a string 'name', got " << json_excerpt(entry));
   return entry.at("name").get<std::string>();
 }
 
@@ -119,7 +120,7 @@ Shape entry_shape(const nlohmann::json& entry, const std::string& name) {
     for (const nlohmann::json& d : *shape)
       valid = valid && d.is_number_integer() && d.get<std::int64_t>() >= 0;
   GS_CHECK_CONFIG(valid, "optimizer state: parameter '" << name << "' needs a 'shape' of integers >= 0, got "
-                                                        << entry.dump());
+                                                        << json_excerpt(entry));
   return shape->get<Shape>();
 }
 
@@ -128,10 +129,12 @@ Shape entry_shape(const nlohmann::json& entry, const std::string& name) {
 void Optimizer::restore_state(const nlohmann::json& state, const std::vector<Parameter*>& params) {
   const nlohmann::json& saved = member(state, "optimizer");
   const nlohmann::json mine = config();
-  GS_CHECK_CONFIG(saved.is_object(), "optimizer state: 'optimizer' must be an object, got " << saved.dump());
+  GS_CHECK_CONFIG(saved.is_object(),
+                  "optimizer state: 'optimizer' must be an object, got " << json_excerpt(saved));
   GS_CHECK_CONFIG(saved.contains("name") && saved.at("name") == name_,
                   "optimizer state: the checkpoint's optimizer is "
-                      << saved.value("name", nlohmann::json()).dump() << ", this run's is '" << name_ << "'");
+                      << json_excerpt(saved.value("name", nlohmann::json())) << ", this run's is '" << name_
+                      << "'");
   for (const auto& item : saved.items())
     GS_CHECK_CONFIG(mine.contains(item.key()), "optimizer state: the checkpoint's optimizer has '"
                                                    << item.key() << "', which optimizer '" << name_
@@ -140,14 +143,14 @@ void Optimizer::restore_state(const nlohmann::json& state, const std::vector<Par
     GS_CHECK_CONFIG(saved.contains(item.key()),
                     "optimizer state: the checkpoint's optimizer lacks '" << item.key() << "'");
     GS_CHECK_CONFIG(same_value(saved.at(item.key()), item.value()),
-                    "optimizer state: '" << item.key() << "' is " << saved.at(item.key()).dump()
-                                         << " in the checkpoint but " << item.value().dump()
+                    "optimizer state: '" << item.key() << "' is " << json_excerpt(saved.at(item.key()))
+                                         << " in the checkpoint but " << json_excerpt(item.value())
                                          << " in this run");
   }
 
   const nlohmann::json& step = member(state, "step");
   GS_CHECK_CONFIG(step.is_number_integer() && step.get<std::int64_t>() >= 0,
-                  "optimizer state: 'step' must be an integer >= 0, got " << step.dump());
+                  "optimizer state: 'step' must be an integer >= 0, got " << json_excerpt(step));
   const std::int64_t steps = step.get<std::int64_t>();
   const nlohmann::json& saved_params = member(state, "parameters");
   GS_CHECK_CONFIG(saved_params.is_array(), "optimizer state: 'parameters' must be an array");

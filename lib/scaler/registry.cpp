@@ -9,6 +9,7 @@
 #include <mutex>
 #include <string>
 
+#include "lib/core/json_read.h"
 #include "lib/scaler/scaler.h"
 
 namespace gradscale {
@@ -78,14 +79,14 @@ std::vector<std::string> scaler_policies() {
 }
 
 std::unique_ptr<Scaler> make_scaler(const nlohmann::json& config, Format format) {
-  GS_CHECK_CONFIG(config.is_object(),
-                  "a scaler configuration is a JSON object {\"policy\": NAME, ...}, got " << config.dump());
+  GS_CHECK_CONFIG(config.is_object(), "a scaler configuration is a JSON object {\"policy\": NAME, ...}, got "
+                                          << json_excerpt(config));
   GS_CHECK_CONFIG(config.contains("policy"), "scaler configuration "
-                                                 << config.dump()
+                                                 << json_excerpt(config)
                                                  << " has no \"policy\" (known: " << known_policies() << ")");
   const nlohmann::json& policy = config.at("policy");
   GS_CHECK_CONFIG(policy.is_string(), "scaler \"policy\" must be a string (known: "
-                                          << known_policies() << "), got " << policy.dump());
+                                          << known_policies() << "), got " << json_excerpt(policy));
   const std::string name = policy.get<std::string>();
   ScalerFactory factory;
   {
@@ -95,7 +96,7 @@ std::unique_ptr<Scaler> make_scaler(const nlohmann::json& config, Format format)
     if (it != r.factories.end()) factory = it->second.factory;
   }
   GS_CHECK_CONFIG(factory != nullptr,
-                  "unknown scaler policy '" << name << "' (known: " << known_policies() << ")");
+                  "unknown scaler policy '" << text_excerpt(name) << "' (known: " << known_policies() << ")");
   std::unique_ptr<Scaler> scaler = factory(config, format);
   GS_CHECK(scaler != nullptr, "the factory of scaler policy '" << name << "' returned no scaler");
   return scaler;
@@ -111,14 +112,9 @@ nlohmann::json parse_scaler_spec(std::string_view spec) {
                   "empty scaler spec (expected a JSON object {\"policy\": NAME, ...}, a policy name "
                   "such as torch, or static:S)");
   if (s.front() == '{' || s.front() == '[' || s.front() == '"') {
-    nlohmann::json config;
-    try {
-      config = nlohmann::json::parse(s);
-    } catch (const nlohmann::json::exception& e) {
-      throw ConfigError("scaler spec is not valid JSON: " + std::string(e.what()));
-    }
-    GS_CHECK_CONFIG(config.is_object(),
-                    "a scaler spec in JSON is an object {\"policy\": NAME, ...}, got " << config.dump());
+    const nlohmann::json config = parse_json(s, "scaler spec", JsonSource::config);
+    GS_CHECK_CONFIG(config.is_object(), "a scaler spec in JSON is an object {\"policy\": NAME, ...}, got "
+                                            << json_excerpt(config));
     return config;
   }
   const std::size_t colon = s.find(':');
@@ -127,24 +123,24 @@ nlohmann::json parse_scaler_spec(std::string_view spec) {
     const std::string value(s.substr(colon + 1));
     GS_CHECK_CONFIG(
         head == "static", "scaler spec '"
-                              << s
+                              << text_excerpt(s)
                               << "': only static takes a value after ':' (give other "
                                  "parameters as JSON, e.g. {\"policy\":\"torch\",\"init_scale\":1024})");
     char* end = nullptr;
     const double scale = std::strtod(value.c_str(), &end);
-    GS_CHECK_CONFIG(
-        !value.empty() && end == value.c_str() + value.size() && std::isfinite(scale),
-        "scaler spec '" << s << "': '" << value << "' is not a finite number (static:S, e.g. static:1024)");
+    GS_CHECK_CONFIG(!value.empty() && end == value.c_str() + value.size() && std::isfinite(scale),
+                    "scaler spec '" << text_excerpt(s) << "': '" << text_excerpt(value)
+                                    << "' is not a finite number (static:S, e.g. static:1024)");
     return {{"policy", "static"}, {"scale", scale}};
   }
-  GS_CHECK_CONFIG(is_policy_name(s), "scaler spec '" << s
+  GS_CHECK_CONFIG(is_policy_name(s), "scaler spec '" << text_excerpt(s)
                                                      << "' is not a JSON object, a policy name or static:S "
                                                         "(known policies: "
                                                      << known_policies() << ")");
   const std::string name(s);
   const std::vector<std::string> known = scaler_policies();
   GS_CHECK_CONFIG(std::binary_search(known.begin(), known.end(), name),
-                  "unknown scaler policy '" << name << "' (known: " << known_policies() << ")");
+                  "unknown scaler policy '" << text_excerpt(name) << "' (known: " << known_policies() << ")");
   return {{"policy", name}};
 }
 

@@ -2,10 +2,10 @@
 #include "lib/train/config.h"
 
 #include <cmath>
-#include <fstream>
 #include <set>
 
 #include "lib/core/error.h"
+#include "lib/core/json_read.h"
 #include "lib/scaler/scaler.h"
 
 namespace gradscale {
@@ -14,15 +14,17 @@ namespace {
 using json = nlohmann::json;
 
 std::int64_t integer_in(const json& v, const char* key, std::int64_t lo, std::int64_t hi) {
-  GS_CHECK_CONFIG(v.is_number_integer(), "config key '" << key << "' must be an integer, got " << v.dump());
-  const auto x = v.get<std::int64_t>();
-  GS_CHECK_CONFIG(x >= lo && x <= hi,
-                  "config key '" << key << "' must be in [" << lo << ", " << hi << "], got " << x);
-  return x;
+  GS_CHECK_CONFIG(v.is_number_integer(),
+                  "config key '" << key << "' must be an integer, got " << json_excerpt(v));
+  // An unsigned value above the int64 range is out of range, not a negative number.
+  const bool fits = !v.is_number_unsigned() || v.get<std::uint64_t>() <= static_cast<std::uint64_t>(hi);
+  GS_CHECK_CONFIG(fits && v.get<std::int64_t>() >= lo && v.get<std::int64_t>() <= hi,
+                  "config key '" << key << "' must be in [" << lo << ", " << hi << "], got " << v.dump());
+  return v.get<std::int64_t>();
 }
 
 std::string text(const json& v, const char* key) {
-  GS_CHECK_CONFIG(v.is_string(), "config key '" << key << "' must be a string, got " << v.dump());
+  GS_CHECK_CONFIG(v.is_string(), "config key '" << key << "' must be a string, got " << json_excerpt(v));
   return v.get<std::string>();
 }
 
@@ -47,19 +49,13 @@ void TrainConfig::merge_json(const json& j) {
     if (!keys.count(k)) {
       std::string allowed;
       for (const auto& a : keys) allowed += (allowed.empty() ? "" : ", ") + a;
-      throw ConfigError("unknown config key '" + k + "' (allowed: " + allowed + ")");
+      throw ConfigError("unknown config key '" + text_excerpt(k) + "' (allowed: " + allowed + ")");
     }
     if (k == "model") {
       model = text(v, "model");
     } else if (k == "model_spec") {
       if (v.is_string()) {  // a path to a spec file
-        std::ifstream in(v.get<std::string>());
-        GS_CHECK_CONFIG(in, "config key 'model_spec': cannot open '" << v.get<std::string>() << "'");
-        try {
-          model_spec = json::parse(in);
-        } catch (const json::parse_error& e) {
-          throw ConfigError("model spec '" + v.get<std::string>() + "' is not valid JSON: " + e.what());
-        }
+        model_spec = read_json_file(v.get<std::string>(), "config key 'model_spec'", JsonSource::config);
       } else {
         GS_CHECK_CONFIG(v.is_object() || v.is_null(),
                         "config key 'model_spec' must be a spec object or a file path");
@@ -83,8 +79,9 @@ void TrainConfig::merge_json(const json& j) {
       trace_hist = v.get<bool>();
     } else if (k == "weight_grads") {
       const std::string w = text(v, "weight_grads");
-      GS_CHECK_CONFIG(w == "format" || w == "fp32",
-                      "config key 'weight_grads' must be \"format\" or \"fp32\", got '" << w << "'");
+      GS_CHECK_CONFIG(
+          w == "format" || w == "fp32",
+          "config key 'weight_grads' must be \"format\" or \"fp32\", got '" << text_excerpt(w) << "'");
       quantize_weight_grads = w == "format";
     } else if (k == "scaler") {
       scaler = v.is_string() ? parse_scaler_spec(v.get<std::string>()) : v;
@@ -96,7 +93,7 @@ void TrainConfig::merge_json(const json& j) {
       schedule = named_object(v, "schedule");
     } else if (k == "lr") {
       GS_CHECK_CONFIG(v.is_number() && std::isfinite(v.get<double>()) && v.get<double>() >= 0,
-                      "config key 'lr' must be a finite number >= 0, got " << v.dump());
+                      "config key 'lr' must be a finite number >= 0, got " << json_excerpt(v));
       lr = v.get<double>();
     } else if (k == "epochs") {
       epochs = integer_in(v, "epochs", 1, 100000);
@@ -111,8 +108,8 @@ void TrainConfig::merge_json(const json& j) {
     } else if (k == "threads") {
       threads = static_cast<int>(integer_in(v, "threads", 0, 1024));
     } else if (k == "progress_seconds") {
-      GS_CHECK_CONFIG(v.is_number() && v.get<double>() >= 0,
-                      "config key 'progress_seconds' must be a number >= 0");
+      GS_CHECK_CONFIG(v.is_number() && std::isfinite(v.get<double>()) && v.get<double>() >= 0,
+                      "config key 'progress_seconds' must be a finite number >= 0, got " << json_excerpt(v));
       progress_seconds = v.get<double>();
     } else if (k == "checkpoint") {
       checkpoint_dir = text(v, "checkpoint");

@@ -1,0 +1,170 @@
+// `gradscale train` (and `replay`) as a hostile-but-realistic user runs it, through the built binary:
+// deeply nested JSON, values that overflow, huge model sizes, diverging runs, bad output paths and
+// resumes that are not the same run. Each case must end in one clear line and a documented exit status
+// (docs/config.md): 2 for bad input, 3 for a diverged run, never a crash or a silent wrong result.
+#include <catch2/catch.hpp>
+
+#include <sys/stat.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "tests/cli_run.h"
+
+using Catch::Matchers::Contains;
+using gradscale::test::CliResult;
+using gradscale::test::run_cli;
+using gradscale::test::run_shell;
+using gradscale::test::shell_quote;
+using json = nlohmann::json;
+namespace fs = std::filesystem;
+
+namespace {
+
+// A fresh, empty directory for one test case.
+fs::path fresh_dir(const std::string& name) {
+  const fs::path dir = fs::temp_directory_path() / ("gradscale_cli_" + name);
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+void write_text(const fs::path& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary);
+  out << text;
+}
+
+std::string read_text(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+json read_json(const fs::path& path) {
+  return json::parse(read_text(path));
+}
+
+std::string nested(int depth) {
+  return std::string(static_cast<std::size_t>(depth), '[') +
+         std::string(static_cast<std::size_t>(depth), ']');
+}
+
+// The one line an error exit prints, with its status.
+void check_error(const CliResult& r, int status, const std::string& text) {
+  INFO((r.lines.empty() ? std::string("(no output)") : r.lines.back()));
+  CHECK(r.status == status);
+  REQUIRE(r.lines.size() == 1);
+  CHECK_THAT(r.lines[0], Contains(text));
+}
+
+// Training commands: `kSmall` runs 8 iterations of the mlp on synthetic data.
+const std::string kTrain = "train --threads 1 --quiet";
+const std::string kSmall = kTrain + " --data synthetic:512 --batch 64";
+
+std::vector<fs::path> entries(const fs::path& dir) {
+  std::vector<fs::path> out;
+  for (const auto& e : fs::directory_iterator(dir)) out.push_back(e.path().filename());
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("deeply nested JSON anywhere is one line and exit 2, not a crash", "[cli][json]") {
+  const fs::path dir = fresh_dir("deep");
+  write_text(dir / "config.json", "{\"model\": " + nested(100000) + "}");
+  check_error(run_cli("train --config " + shell_quote((dir / "config.json").string())), 2,
+              "nested deeper than 64");
+  write_text(dir / "spec.json", nested(100000));
+  check_error(run_cli("train --quiet --data synthetic:64 --model-spec " + shell_quote((dir / "spec.json").string())),
+              2, "nested deeper than 64");
+  // One command-line argument holds at most 128 KiB: 60,000 levels fit.
+  check_error(run_cli("train --data synthetic:64 --scaler " + shell_quote(nested(60000))), 2, "nested deeper than 64");
+  check_error(run_cli("replay --events F --scaler " + shell_quote(nested(60000))), 2, "nested deeper than 64");
+  check_error(run_cli("train --data synthetic:64 --optimizer '{\"name\":" + nested(60000) + "}'"), 2,
+              "nested deeper than 64");
+  check_error(run_cli("train --data synthetic:64 --schedule '{\"name\":" + nested(60000) + "}'"), 2,
+              "nested deeper than 64");
+}
+
+TEST_CASE("an error message shows a cut excerpt of a long value", "[cli][json]") {
+  const fs::path dir = fresh_dir("excerpt");
+  std::string zeros;
+  for (int i = 0; i < 100000; ++i) zeros += i ? ",0" : "0";
+  write_text(dir / "config.json", "{\"model\": [" + zeros + "]}");
+  const CliResult r = run_cli("train --config " + shell_quote((dir / "config.json").string()));
+  check_error(r, 2, "config key 'model' must be a string, got [0,0,0");
+  CHECK(r.lines[0].size() < 400);
+  const CliResult name = run_cli("train --data synthetic:64 --scaler " + std::string(100000, 'x'));
+  check_error(name, 2, "unknown scaler policy 'xxxx");
+  CHECK(name.lines[0].size() < 800);
+}
+
+TEST_CASE("numbers out of range in a config file are bad input: exit 2", "[cli][config]") {
+  const fs::path dir = fresh_dir("overflow");
+  write_text(dir / "lr.json", R"({"lr": 1e400})");
+  check_error(run_cli("train --config " + shell_quote((dir / "lr.json").string())), 2, "number overflow");
+  write_text(dir / "progress.json", R"({"progress_seconds": 1e999})");
+  check_error(run_cli("train --config " + shell_quote((dir / "progress.json").string())), 2,
+              "number overflow");
+  write_text(dir / "seed.json", R"({"seed": 9223372036854775808})");
+  const CliResult seed = run_cli("train --config " + shell_quote((dir / "seed.json").string()));
+  check_error(seed, 2, "config key 'seed' must be in [0, 4611686018427387904], got 9223372036854775808");
+  CHECK_THAT(seed.lines[0], !Contains("-9223372036854775808"));
+}
+
+TEST_CASE("absurd model sizes are config errors naming the key, checked before allocating", "[cli][model]") {
+  const fs::path dir = fresh_dir("sizes");
+  const std::string big = "1099511627776";  // 2^40
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {R"({"type":"conv2d","out":4,"kernel":)" + big + "}", "'kernel' must be <= 16777216"},
+      {R"({"type":"conv2d","out":4,"kernel":3,"padding":)" + big + "}", "'padding' must be <= 16777216"},
+      {R"({"type":"conv2d","out":1,"kernel":4096,"padding":2048})", "more than 67108864 values per sample"},
+      {R"({"type":"conv2d","out":65536,"kernel":64,"padding":32})", "parameters, over the limit"},
+  };
+  for (const auto& [layer, message] : cases) {
+    write_text(dir / "spec.json", R"({"input":[1,28,28],"layers":[)" + layer +
+                                      R"(,{"type":"flatten"},{"type":"linear","out":10}]})");
+    check_error(
+        run_cli("train --quiet --data synthetic:64 --model-spec " + shell_quote((dir / "spec.json").string())), 2,
+        message);
+  }
+  write_text(dir / "spec.json",
+             R"({"input":[1,28,28],"layers":[{"type":"flatten"},{"type":"linear","out":)" + big + "}]}");
+  check_error(run_cli("train --quiet --data synthetic:64 --model-spec " + shell_quote((dir / "spec.json").string())),
+              2, "'out' must be <= 16777216");
+  check_error(
+      run_cli("train --quiet --data synthetic:64 --model deep-mlp:width=16384"), 2,
+      "layer 3 ('fc2', linear): the model would have 281313280 parameters, over the limit of 67108864");
+}
+
+namespace {
+
+// A tiny MNIST-format directory: `n` train and `n` test images of 28x28 (pixel = (i * 7 + j) % 256),
+// labels i % 10.
+void write_idx_dir(const fs::path& dir, int n) {
+  fs::create_directories(dir);
+  auto be32 = [](std::string& s, std::uint32_t v) {
+    for (int shift = 24; shift >= 0; shift -= 8) s += static_cast<char>((v >> shift) & 0xFF);
+  };
+  for (const char* split : {"train", "t10k"}) {
+    std::string images, labels;
+    be32(images, 0x803);
+    be32(images, static_cast<std::uint32_t>(n));
+    be32(images, 28);
+    be32(images, 28);
+    for (int i = 0; i < n; ++i)
+      for (int j = 0; j < 28 * 28; ++j) images += static_cast<char>((i * 7 + j) % 256);
+    be32(labels, 0x801);
+    be32(labels, static_cast<std::uint32_t>(n));
+    for (int i = 0; i < n; ++i) labels += static_cast<char>(i % 10);
+    write_text(dir / (std::string(split) + "-images-idx3-ubyte"), images);
+    write_text(dir / (std::string(split) + "-labels-idx1-ubyte"), labels);
+  }
+}
+
+}  // namespace
+

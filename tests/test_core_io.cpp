@@ -1,0 +1,114 @@
+// What the program reads and writes, below the trainer: bounded JSON parsing and cut excerpts
+// (json_read.h), XXH64 against the reference implementation's values (checksum.h), checked member
+// reads, the atomic file write and the output path checks (output_path.h), and the divergence check.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+
+#include "lib/core/error.h"
+#include "lib/core/json_read.h"
+
+using namespace gradscale;
+using Catch::Matchers::Contains;
+using json = nlohmann::json;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string nested(int depth, const std::string& inner = "") {
+  return std::string(static_cast<std::size_t>(depth), '[') + inner +
+         std::string(static_cast<std::size_t>(depth), ']');
+}
+
+fs::path fresh_dir(const std::string& name) {
+  const fs::path dir = fs::temp_directory_path() / ("gradscale_io_" + name);
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+std::string read_text(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+std::vector<std::string> names_in(const fs::path& dir) {
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+}  // namespace
+
+TEST_CASE("parse_json bounds the nesting and reports with the source's error kind", "[io][json]") {
+  CHECK(parse_json(nested(kMaxJsonDepth), "x", JsonSource::config).is_array());
+  CHECK_THROWS_AS(parse_json(nested(kMaxJsonDepth + 1), "x", JsonSource::config), ConfigError);
+  CHECK_THROWS_AS(parse_json(nested(kMaxJsonDepth + 1), "x", JsonSource::data), DataError);
+  CHECK_THROWS_WITH(parse_json("{\"a\":" + nested(100000) + "}", "--scaler", JsonSource::config),
+                    "--scaler is JSON nested deeper than 64 levels");
+  // Brackets inside strings, escaped quotes included, are not nesting.
+  const std::string text = "[\"" + std::string(1000, '[') + "\\\"" + std::string(1000, '{') + "\"]";
+  CHECK(parse_json(text, "x", JsonSource::config)[0].get<std::string>().size() == 2001);
+  CHECK_THROWS_WITH(parse_json("[1e400]", "config file 'c.json'", JsonSource::config),
+                    Contains("config file 'c.json' is not valid JSON:") && Contains("number overflow"));
+  CHECK_THROWS_AS(parse_json("{", "x", JsonSource::data), DataError);
+  // The parser's message is cut too (it quotes the last token read).
+  try {
+    parse_json("\"" + std::string(100000, 'a') + "\\q\"", "x", JsonSource::config);
+    FAIL("accepted an invalid escape");
+  } catch (const ConfigError& e) {
+    CHECK(std::string(e.what()).size() < 500);
+  }
+}
+
+TEST_CASE("read_json_file refuses files that cannot be JSON configs", "[io][json]") {
+  CHECK_THROWS_WITH(read_json_file("/nonexistent/c.json", "config file", JsonSource::config),
+                    Contains("config file: cannot open '/nonexistent/c.json'"));
+  CHECK_THROWS_WITH(read_json_file("/dev/zero", "config file", JsonSource::config),
+                    Contains("is larger than 64 MiB"));
+}
+
+TEST_CASE("json_excerpt is short for any value and never throws", "[io][json]") {
+  json big = json::array();
+  for (int i = 0; i < 100000; ++i) big.push_back(i);
+  const std::string e = json_excerpt(big);
+  CHECK(e.size() <= kExcerptChars + 3);
+  CHECK(e.rfind("[0,1,2,3", 0) == 0);
+  CHECK(json_excerpt(json::parse(nested(40, "1"))) == "[[[[...]]]]");
+  CHECK(json_excerpt(json{{"a", 1}, {"b", "x"}}) == R"({"a":1,"b":"x"})");
+  CHECK(json_excerpt(json(std::string(10000, 'q'))).size() <= kExcerptChars + 3);
+  CHECK_NOTHROW(json_excerpt(json(std::string("\xff\xfe bad utf-8"))));
+  CHECK(text_excerpt("short") == "short");
+  CHECK(text_excerpt(std::string(1000, 'z'), 10) == "zzzzzzzzzz...");
+}
+
+TEST_CASE("json_real writes inf by name and JsonFields reads it back", "[io][json]") {
+  const json doc = {{"a", json_real(std::numeric_limits<double>::infinity())},
+                    {"b", json_real(-std::numeric_limits<double>::infinity())},
+                    {"c", json_real(std::nan(""))},
+                    {"d", json_real(2.5)},
+                    {"n", 7},
+                    {"big", 9223372036854775808ull},
+                    {"o", {{"x", "s"}}}};
+  CHECK(doc["a"] == "inf");
+  CHECK(doc["b"] == "-inf");
+  const json round_trip = json::parse(doc.dump());
+  const JsonFields f(round_trip, "f.json");
+  CHECK(std::isinf(f.real("a")));
+  CHECK(f.real("b") < 0);
+  CHECK(std::isnan(f.real("c")));
+  CHECK(f.real("d") == 2.5);
+  CHECK(f.integer("n", 0, 10) == 7);
+  CHECK_THROWS_WITH(f.integer("n", 0, 5), "f.json: field 'n' must be an integer in [0, 5], got 7");
+  CHECK_THROWS_WITH(f.integer("big", 0, 5), Contains("got 9223372036854775808"));
+  CHECK_THROWS_WITH(f.fields("o").boolean("x"), "f.json: field 'o.x' must be true or false, got \"s\"");
+  CHECK_THROWS_WITH(f.text("missing"), "f.json: field 'missing' is missing");
+  CHECK_THROWS_WITH(f.fields("n"), "f.json: field 'n' must be an object, got 7");
+  CHECK_THROWS_AS(f.number("a", 0, 1), DataError);
+}
+
