@@ -141,6 +141,39 @@ TEST_CASE("absurd model sizes are config errors naming the key, checked before a
       "layer 3 ('fc2', linear): the model would have 281313280 parameters, over the limit of 67108864");
 }
 
+TEST_CASE("bad result paths are refused before training, and nothing is replaced", "[cli][output]") {
+  const fs::path dir = fresh_dir("result_paths");
+  const std::string in_dir = "cd " + shell_quote(dir.string()) + " && \"$GS\" " + kSmall;
+  // An empty path leaves no ./.tmp; a directory leaves no isdir.tmp.
+  check_error(run_shell(in_dir + " --result ''"), 2, "--result: the path is empty");
+  fs::create_directory(dir / "isdir");
+  check_error(run_shell(in_dir + " --result isdir"), 2, "--result 'isdir' is a directory");
+  CHECK(entries(dir) == std::vector<fs::path>{"isdir"});
+  // A FIFO stays a FIFO; the input config stays the input config.
+  REQUIRE(::mkfifo((dir / "fifo").c_str(), 0644) == 0);
+  check_error(run_shell(in_dir + " --result fifo"), 2, "--result 'fifo' is a FIFO, not a regular file");
+  CHECK(fs::is_fifo(dir / "fifo"));
+  write_text(dir / "config.json", R"({"epochs": 1})");
+  check_error(run_shell(in_dir + " --config config.json --result config.json"), 2,
+              "--result 'config.json' is the --config file");
+  CHECK(read_text(dir / "config.json") == R"({"epochs": 1})");
+  // A directory where no file can be created (even as root): found before the first step.
+  check_error(run_cli(kSmall + " --result /proc/self/r.json"), 2,
+              "cannot create files in the directory '/proc/self'");
+  write_text(dir / "file", "x");
+  check_error(run_shell(in_dir + " --result file/r.json"), 2, "--result 'file/r.json'");
+  check_error(run_shell(in_dir + " --checkpoint file --save-every 2"), 2, "--checkpoint 'file' is a file");
+  // What works: a new directory is created; a symlink is written through, and stays a symlink.
+  REQUIRE(run_shell(in_dir + " --result new/sub/r.json").status == 0);
+  CHECK(read_json(dir / "new/sub/r.json")["complete"] == true);
+  fs::create_symlink("new/sub/r.json", dir / "link.json");
+  REQUIRE(run_shell(in_dir + " --result link.json --epochs 2").status == 0);
+  CHECK(fs::is_symlink(dir / "link.json"));
+  CHECK(read_json(dir / "new/sub/r.json")["epochs_done"] == 2);
+  for (const auto& e : fs::recursive_directory_iterator(dir))
+    CHECK_THAT(e.path().filename().string(), !Contains(".tmp"));
+}
+
 namespace {
 
 // A tiny MNIST-format directory: `n` train and `n` test images of 28x28 (pixel = (i * 7 + j) % 256),

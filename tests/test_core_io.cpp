@@ -3,6 +3,8 @@
 // reads, the atomic file write and the output path checks (output_path.h), and the divergence check.
 #include <catch2/catch.hpp>
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
@@ -11,6 +13,7 @@
 
 #include "lib/core/error.h"
 #include "lib/core/json_read.h"
+#include "lib/core/output_path.h"
 
 using namespace gradscale;
 using Catch::Matchers::Contains;
@@ -110,5 +113,60 @@ TEST_CASE("json_real writes inf by name and JsonFields reads it back", "[io][jso
   CHECK_THROWS_WITH(f.text("missing"), "f.json: field 'missing' is missing");
   CHECK_THROWS_WITH(f.fields("n"), "f.json: field 'n' must be an object, got 7");
   CHECK_THROWS_AS(f.number("a", 0, 1), DataError);
+}
+
+TEST_CASE("write_file_atomic replaces through a unique temp file and leaves nothing on failure",
+          "[io][output]") {
+  const fs::path dir = fresh_dir("atomic");
+  write_file_atomic((dir / "a/b/r.json").string(), "one");
+  CHECK(read_text(dir / "a/b/r.json") == "one");
+  write_file_atomic((dir / "a/b/r.json").string(), "two");
+  CHECK(read_text(dir / "a/b/r.json") == "two");
+  CHECK(names_in(dir / "a/b") == std::vector<std::string>{"r.json"});
+  // Permissions follow the umask like any new file (not the 0600 of a temp file).
+  struct stat st {};
+  REQUIRE(::stat((dir / "a/b/r.json").c_str(), &st) == 0);
+  const mode_t mask = ::umask(0);
+  ::umask(mask);
+  CHECK((st.st_mode & 0777) == (0666 & ~mask));
+  // A symlink is written through.
+  fs::create_symlink("a/b/r.json", dir / "link");
+  write_file_atomic((dir / "link").string(), "three");
+  CHECK(fs::is_symlink(dir / "link"));
+  CHECK(read_text(dir / "a/b/r.json") == "three");
+  // The rename fails (a non-empty directory is there): an error, and no temp file is left behind.
+  fs::create_directories(dir / "full/x");
+  CHECK_THROWS_WITH(write_file_atomic((dir / "full").string(), "data"), Contains("cannot rename"));
+  CHECK(names_in(dir) == std::vector<std::string>{"a", "full", "link"});
+  CHECK_THROWS_AS(write_file_atomic("", "data"), DataError);
+  CHECK_THROWS_AS(write_file_atomic("/proc/self/x", "data"), DataError);
+}
+
+TEST_CASE("output paths are checked before a run", "[io][output]") {
+  const fs::path dir = fresh_dir("check_output");
+  const std::string r = (dir / "r.json").string();
+  CHECK_NOTHROW(check_output_file(r, "--result"));
+  CHECK_FALSE(fs::exists(r));  // checking creates nothing but missing directories
+  CHECK_NOTHROW(check_output_file((dir / "new/r.json").string(), "--result"));
+  CHECK(fs::is_directory(dir / "new"));
+  CHECK_THROWS_WITH(check_output_file("", "--result"), "--result: the path is empty");
+  CHECK_THROWS_WITH(check_output_file((dir / "d/").string(), "--result"), Contains("ends in '/'"));
+  CHECK_THROWS_WITH(check_output_file(dir.string(), "--result"),
+                    Contains("is a directory, not a regular file"));
+  CHECK_THROWS_WITH(check_output_file("/dev/null", "--result"),
+                    "--result '/dev/null' is a character device, not a regular file: refusing to replace it");
+  std::ofstream(dir / "in.json") << "{}";
+  fs::create_symlink("in.json", dir / "alias.json");
+  CHECK_THROWS_WITH(check_output_file((dir / "alias.json").string(), "--result",
+                                      {{(dir / "in.json").string(), "the --config file"}}),
+                    Contains("is the --config file: refusing to overwrite an input"));
+  CHECK_THROWS_WITH(check_output_file("/proc/self/r.json", "--result"),
+                    Contains("cannot create files in the directory '/proc/self'"));
+  CHECK_NOTHROW(check_output_dir((dir / "ckpt/sub").string(), "--checkpoint"));
+  CHECK(fs::is_directory(dir / "ckpt/sub"));
+  CHECK_THROWS_WITH(check_output_dir((dir / "in.json").string(), "--checkpoint"),
+                    Contains("is a file, not a directory"));
+  CHECK_THROWS_WITH(check_output_dir("/proc/self", "--checkpoint"), Contains("cannot create files"));
+  CHECK(names_in(dir) == std::vector<std::string>{"alias.json", "ckpt", "in.json", "new"});
 }
 

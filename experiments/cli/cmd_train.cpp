@@ -1,5 +1,6 @@
 // `gradscale train`: trains a model with a format and a scaler; keys as in docs/config.md, from a
-// config file and/or the command line (which overrides). Writes the result JSON atomically.
+// config file and/or the command line (which overrides). Output paths are checked before training
+// starts; the result JSON is written atomically.
 #include <iostream>
 #include <string>
 #include <vector>
@@ -9,7 +10,7 @@
 #include "experiments/cli/command.h"
 #include "experiments/cli/train_options.h"
 #include "lib/core/error.h"
-#include "lib/train/checkpoint.h"
+#include "lib/core/output_path.h"
 #include "lib/train/trainer.h"
 
 namespace gradscale::cli {
@@ -28,13 +29,20 @@ int run_train(const std::vector<std::string>& args) {
   const TrainConfig config = train_config_from(vm);
   if (config.save_every > 0)
     GS_CHECK_CONFIG(!config.checkpoint_dir.empty(), "--save-every needs --checkpoint DIR");
+  // Outputs are checked now, not after training.
+  std::string result_path;
+  if (vm.count("result")) {
+    result_path = vm["result"].as<std::string>();
+    check_output_file(result_path, "--result", input_files(vm));
+  }
+  if (config.save_every > 0) check_output_dir(config.checkpoint_dir, "--checkpoint");
 
   Trainer trainer(config, vm["quiet"].as<bool>() ? nullptr : &std::cerr);
   const json result = trainer.run();
-  if (vm.count("result")) write_file_atomic(vm["result"].as<std::string>(), result.dump(2) + "\n");
   std::cout << "test_accuracy " << result["test_accuracy"].get<double>() << "  test_loss "
             << result["test_loss"].get<double>() << "  steps " << result["steps"] << "  skipped "
-            << result["skipped_steps"] << "  final_scale " << result["final_scale"] << "\n";
+            << result["skipped_steps"] << "  final_scale " << result["final_scale"] << std::endl;
+  if (!result_path.empty()) write_file_atomic(result_path, result.dump(2) + "\n");
   return 0;
 }
 

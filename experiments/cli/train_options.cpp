@@ -86,4 +86,11 @@ TrainConfig train_config_from(const po::variables_map& vm) {
   return config;
 }
 
+std::vector<InputFile> input_files(const po::variables_map& vm) {
+  std::vector<InputFile> files;
+  if (vm.count("config")) files.emplace_back(vm["config"].as<std::string>(), "the --config file");
+  if (vm.count("model-spec")) files.emplace_back(vm["model-spec"].as<std::string>(), "the --model-spec file");
+  return files;
+}
+
 }  // namespace gradscale::cli

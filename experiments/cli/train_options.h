@@ -4,8 +4,10 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "experiments/cli/parse.h"
+#include "lib/core/output_path.h"
 #include "lib/train/config.h"
 
 namespace gradscale::cli {
@@ -16,5 +18,8 @@ void add_train_options(po::options_description& desc);
 // The config: the --config file's keys (if given), then the options present in `vm` over them.
 // Bad values → ConfigError naming the option or key.
 TrainConfig train_config_from(const po::variables_map& vm);
+
+// The files given with --config and --model-spec: an output path must not be one of them.
+std::vector<InputFile> input_files(const po::variables_map& vm);
 
 }  // namespace gradscale::cli

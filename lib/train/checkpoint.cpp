@@ -87,22 +87,6 @@ std::string read_all(const fs::path& p) {
 
 }  // namespace
 
-void write_file_atomic(const std::string& path, const std::string& contents) {
-  const fs::path target(path);
-  if (target.has_parent_path()) fs::create_directories(target.parent_path());
-  const fs::path tmp = target.string() + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    GS_CHECK_DATA(out, tmp.string() << ": cannot write");
-    out.write(contents.data(), static_cast<std::streamsize>(contents.size()));
-    out.flush();
-    GS_CHECK_DATA(out, tmp.string() << ": write failed");
-  }
-  std::error_code ec;
-  fs::rename(tmp, target, ec);
-  GS_CHECK_DATA(!ec, path << ": cannot rename into place: " << ec.message());
-}
-
 void write_checkpoint(const std::string& dir, const std::string& tag, const nlohmann::json& meta,
                       const std::vector<std::pair<std::string, const Tensor*>>& tensors) {
   fs::create_directories(dir);

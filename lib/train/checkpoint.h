@@ -11,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "lib/core/output_path.h"  // write_file_atomic, which checkpoints are written with
 #include "lib/tensor/tensor.h"
 
 namespace gradscale {
@@ -27,8 +28,5 @@ void write_checkpoint(const std::string& dir, const std::string& tag, const nloh
 
 // Reads the checkpoint of `dir`. Missing, truncated or corrupt files → DataError naming the file.
 Checkpoint read_checkpoint(const std::string& dir);
-
-// Atomic text file write (temp file in the same directory + rename).
-void write_file_atomic(const std::string& path, const std::string& contents);
 
 }  // namespace gradscale
