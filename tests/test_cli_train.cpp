@@ -141,6 +141,36 @@ TEST_CASE("absurd model sizes are config errors naming the key, checked before a
       "layer 3 ('fc2', linear): the model would have 281313280 parameters, over the limit of 67108864");
 }
 
+TEST_CASE("a diverged run stops with one line, exit 3 and a result that says diverged", "[cli][diverge]") {
+  const fs::path dir = fresh_dir("diverge");
+  // The update itself makes the master weights non-finite.
+  const CliResult sgd =
+      run_cli(kSmall + " --optimizer sgd --lr 1e300 --result " + shell_quote((dir / "sgd.json").string()));
+  check_error(sgd, 3, "diverged at step 1: parameter 'fc1.weight' is not finite after the update");
+  const json r = read_json(dir / "sgd.json");
+  CHECK(r["diverged"] == true);
+  CHECK(r["diverged_step"] == 1);
+  CHECK(r["complete"] == false);
+  CHECK_THAT(r["divergence"].get<std::string>(), Contains("fc1.weight"));
+  // Finite but huge weights: the forward pass overflows, every later step is skipped.
+  for (const char* format : {"fp32", "fp16", "bf16"}) {
+    INFO(format);
+    const fs::path result = dir / (std::string(format) + ".json");
+    const CliResult big = run_cli(kSmall + " --optimizer sgd --lr 1e30 --format " + format +
+                                  " --checkpoint " + shell_quote((dir / format).string()) +
+                                  " --save-every 1 --result " + shell_quote(result.string()));
+    check_error(big, 3,
+                "diverged at step 6: the loss was not finite for 5 iterations in a row (since step 2)");
+    CHECK(read_json(result)["diverged"] == true);
+    // No checkpoint of the diverged state: the last one is the step before.
+    CHECK(read_json(dir / format / "checkpoint.json")["steps"] == 5);
+  }
+  // A healthy run says so too.
+  const CliResult ok = run_cli(kSmall + " --result " + shell_quote((dir / "ok.json").string()));
+  CHECK(ok.status == 0);
+  CHECK(read_json(dir / "ok.json")["diverged"] == false);
+}
+
 TEST_CASE("bad result paths are refused before training, and nothing is replaced", "[cli][output]") {
   const fs::path dir = fresh_dir("result_paths");
   const std::string in_dir = "cd " + shell_quote(dir.string()) + " && \"$GS\" " + kSmall;

@@ -14,6 +14,7 @@
 #include "lib/core/error.h"
 #include "lib/core/json_read.h"
 #include "lib/core/output_path.h"
+#include "lib/train/divergence.h"
 
 using namespace gradscale;
 using Catch::Matchers::Contains;
@@ -170,3 +171,26 @@ TEST_CASE("output paths are checked before a run", "[io][output]") {
   CHECK(names_in(dir) == std::vector<std::string>{"alias.json", "ckpt", "in.json", "new"});
 }
 
+TEST_CASE("divergence: a non-finite master weight, or a loss that stays non-finite", "[train][diverge]") {
+  Parameter w{"fc.weight", Tensor({3}, 1.0f), Tensor({3}, 0.0f)};
+  Parameter b{"fc.bias", Tensor({2}, 0.0f), Tensor({2}, 0.0f)};
+  const std::vector<Parameter*> params = {&w, &b};
+  DivergenceCheck check;
+  CHECK_FALSE(check.observe(1, 0.5, true, params));
+  b.value[1] = std::numeric_limits<float>::infinity();
+  CHECK_FALSE(check.observe(2, 0.5, false, params));  // a skipped step changed nothing: not looked at
+  CHECK(check.observe(3, 0.5, true, params));
+  CHECK(check.diverged());
+  CHECK(check.step() == 3);
+  CHECK(check.reason() == "parameter 'fc.bias' is not finite after the update (element 1 is inf)");
+
+  DivergenceCheck loss;
+  const double nan = std::nan("");
+  for (std::int64_t step = 1; step < kNonFiniteLossLimit; ++step)
+    CHECK_FALSE(loss.observe(step, nan, false, {}));
+  CHECK_FALSE(loss.observe(kNonFiniteLossLimit, 1.0, true, {}));  // one finite loss resets the count
+  CHECK(loss.nonfinite_loss_steps() == 0);
+  loss.restore(kNonFiniteLossLimit - 1);  // as a checkpoint restores it
+  CHECK(loss.observe(100, nan, false, {}));
+  CHECK(loss.reason() == "the loss was not finite for 5 iterations in a row (since step 96)");
+}

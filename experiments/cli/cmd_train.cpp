@@ -1,7 +1,9 @@
 // `gradscale train`: trains a model with a format and a scaler; keys as in docs/config.md, from a
 // config file and/or the command line (which overrides). Output paths are checked before training
-// starts; the result JSON is written atomically.
+// starts; the result JSON is written atomically. Exit status: 0, or 3 when the run diverged (the
+// result file says so); bad input exits 2 and a bad file 1 (main.cpp, docs/config.md).
 #include <iostream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -17,6 +19,16 @@ namespace gradscale::cli {
 namespace {
 
 using json = nlohmann::json;
+
+constexpr int kExitDiverged = 3;
+
+// A metric as the metrics line prints it: a number as the stream writes it; "inf" and null as JSON.
+std::string shown(const json& v) {
+  if (!v.is_number_float()) return v.dump();
+  std::ostringstream os;
+  os << v.get<double>();
+  return os.str();
+}
 
 int run_train(const std::vector<std::string>& args) {
   po::options_description desc("options (config-file keys in brackets; see docs/config.md)");
@@ -39,10 +51,16 @@ int run_train(const std::vector<std::string>& args) {
 
   Trainer trainer(config, vm["quiet"].as<bool>() ? nullptr : &std::cerr);
   const json result = trainer.run();
-  std::cout << "test_accuracy " << result["test_accuracy"].get<double>() << "  test_loss "
-            << result["test_loss"].get<double>() << "  steps " << result["steps"] << "  skipped "
-            << result["skipped_steps"] << "  final_scale " << result["final_scale"] << std::endl;
+  if (!result["diverged"].get<bool>())
+    std::cout << "test_accuracy " << shown(result["test_accuracy"]) << "  test_loss "
+              << shown(result["test_loss"]) << "  steps " << result["steps"] << "  skipped "
+              << result["skipped_steps"] << "  final_scale " << result["final_scale"] << std::endl;
   if (!result_path.empty()) write_file_atomic(result_path, result.dump(2) + "\n");
+  if (result["diverged"].get<bool>()) {
+    std::cerr << "gradscale train: diverged at step " << result["diverged_step"] << ": "
+              << result["divergence"].get<std::string>() << "\n";
+    return kExitDiverged;
+  }
   return 0;
 }
 

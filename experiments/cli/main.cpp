@@ -1,9 +1,12 @@
 // `gradscale`: the command-line front end. One subcommand per verb (cmd_*.cpp registers itself);
-// this file dispatches and turns every error into one clear line and a non-zero exit.
+// this file dispatches and turns every error into one clear line and a non-zero exit: 2 for bad input
+// (ConfigError, a bad option), 1 for anything else (a bad file, a failed write, an internal error).
+// `train` itself returns 3 for a diverged run (docs/config.md, "Exit status").
 #include <boost/program_options/errors.hpp>
 #include <cstdio>
 #include <iostream>
 #include <map>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -63,6 +66,9 @@ int main(int argc, char** argv) {
   } catch (const boost::program_options::error& e) {
     std::cerr << "gradscale " << argv[1] << ": " << e.what() << " (see gradscale " << argv[1] << " --help)\n";
     return 2;
+  } catch (const std::bad_alloc&) {
+    std::cerr << "gradscale " << argv[1] << ": out of memory\n";
+    return 1;
   } catch (const std::exception& e) {
     std::cerr << "gradscale " << argv[1] << ": " << e.what() << "\n";
     return 1;

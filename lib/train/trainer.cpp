@@ -113,6 +113,7 @@ StepOutcome Trainer::train_step(const Tensor& images, const std::vector<std::int
   scaler_seconds_ += out.scaler_seconds;
   skipped_ += out.skipped;
   overflow_steps_ += out.found_inf;
+  divergence_.observe(out.step, out.loss, !out.skipped, model_->parameters());
   if (trace_) {
     TraceStep ts;
     ts.step = out.step;
@@ -196,6 +197,10 @@ nlohmann::json Trainer::run() {
       epoch_seconds_ += t1 - t0;
       t0 = t1;
       progress(false);
+      if (divergence_.diverged()) {  // stop; the last checkpoint stays the last good state
+        stopped = true;
+        break;
+      }
       if (config_.save_every > 0 && !config_.checkpoint_dir.empty() && steps() % config_.save_every == 0) {
         save_checkpoint(config_.checkpoint_dir);
         t0 = now_seconds();  // checkpoint time is not training time
@@ -228,7 +233,8 @@ nlohmann::json Trainer::run() {
       *log_ << line << std::endl;
     }
   }
-  if (!config_.checkpoint_dir.empty() && config_.save_every > 0) save_checkpoint(config_.checkpoint_dir);
+  if (!config_.checkpoint_dir.empty() && config_.save_every > 0 && !divergence_.diverged())
+    save_checkpoint(config_.checkpoint_dir);
   nlohmann::json result = result_json();
   if (trace_) {
     trace_->finish({{"steps", steps()},
@@ -255,7 +261,12 @@ nlohmann::json Trainer::result_json() {
   const bool complete = !history_.empty() && history_.back().steps == steps();
   r["schema"] = "gradscale.result/1";
   r["version"] = GRADSCALE_VERSION;
-  r["complete"] = batcher_->epoch() >= config_.epochs;
+  r["complete"] = batcher_->epoch() >= config_.epochs && !divergence_.diverged();
+  r["diverged"] = divergence_.diverged();
+  if (divergence_.diverged()) {
+    r["diverged_step"] = divergence_.step();
+    r["divergence"] = divergence_.reason();
+  }
   r["steps"] = steps();
   r["skipped_steps"] = skipped_;
   r["overflow_steps"] = overflow_steps_;

@@ -21,6 +21,7 @@
 #include "lib/scaler/scaler.h"
 #include "lib/train/config.h"
 #include "lib/train/scaled_training.h"
+#include "lib/train/divergence.h"
 
 namespace gradscale {
 
@@ -48,8 +49,8 @@ class Trainer {
   explicit Trainer(TrainConfig config, std::ostream* log = nullptr);
   ~Trainer();
 
-  // Trains for config.epochs (or until max_steps); returns the result document (SPEC-free keys:
-  // test_accuracy, test_loss, train_loss, steps, skipped_steps, epoch_seconds, history, config, ...).
+  // Trains for config.epochs (or until max_steps, or until the run diverges); returns the result
+  // document (docs/config.md: test_accuracy, test_loss, steps, history, diverged, config, ...).
   nlohmann::json run();
 
   // One iteration on a batch (exposed for tests and custom loops).
@@ -81,6 +82,7 @@ class Trainer {
   std::unique_ptr<ScaledTraining> training_;  // the scaler, the dropout generator, the iteration count
   std::unique_ptr<LrSchedule> schedule_;
   std::unique_ptr<Batcher> batcher_;
+  DivergenceCheck divergence_;
   std::unique_ptr<TraceWriter> trace_;
   Tensor batch_x_;
   std::vector<std::int32_t> batch_y_;
