@@ -171,6 +171,19 @@ TEST_CASE("a diverged run stops with one line, exit 3 and a result that says div
   CHECK(read_json(dir / "ok.json")["diverged"] == false);
 }
 
+TEST_CASE("a scale that overflowed is written \"inf\" in every place of the result", "[cli][result]") {
+  const fs::path dir = fresh_dir("inf_scale");
+  const CliResult r = run_cli(
+      "train --data synthetic:128 --batch 64 --threads 1 --quiet --scaler "
+      "'{\"policy\":\"megatron\",\"initial_scale\":3e38,\"growth_interval\":1}' --result " +
+      shell_quote((dir / "r.json").string()));
+  REQUIRE(r.status == 0);
+  const json result = read_json(dir / "r.json");
+  CHECK(result["scaler_state"]["scale"] == "inf");
+  CHECK(result["final_scale"] == "inf");
+  CHECK(result["history"][0]["scale"] == "inf");
+}
+
 TEST_CASE("bad result paths are refused before training, and nothing is replaced", "[cli][output]") {
   const fs::path dir = fresh_dir("result_paths");
   const std::string in_dir = "cd " + shell_quote(dir.string()) + " && \"$GS\" " + kSmall;

@@ -12,6 +12,7 @@
 
 #include <Eigen/Core>
 
+#include "lib/core/json_read.h"
 #include "lib/layers/softmax_cross_entropy.h"
 #include "lib/model/spec.h"
 #include "lib/train/checkpoint.h"
@@ -36,10 +37,15 @@ std::string format_duration(double s) {
 }
 
 nlohmann::json epoch_json(const EpochSummary& e) {
-  return {
-      {"epoch", e.epoch},         {"train_loss", e.train_loss},       {"train_accuracy", e.train_accuracy},
-      {"test_loss", e.test_loss}, {"test_accuracy", e.test_accuracy}, {"seconds", e.seconds},
-      {"steps", e.steps},         {"skipped_steps", e.skipped_steps}, {"scale", e.scale}};
+  return {{"epoch", e.epoch},
+          {"train_loss", json_real(e.train_loss)},
+          {"train_accuracy", e.train_accuracy},
+          {"test_loss", json_real(e.test_loss)},
+          {"test_accuracy", e.test_accuracy},
+          {"seconds", e.seconds},
+          {"steps", e.steps},
+          {"skipped_steps", e.skipped_steps},
+          {"scale", json_real(e.scale)}};
 }
 
 EpochSummary epoch_from_json(const nlohmann::json& j) {
@@ -278,21 +284,21 @@ nlohmann::json Trainer::result_json() {
   for (const EpochSummary& e : history_) train_seconds += e.seconds;
   r["train_seconds"] = train_seconds;
   r["history"] = history;
-  r["final_scale"] = training_->scaler().loss_scale();
+  r["final_scale"] = json_real(training_->scaler().loss_scale());
   r["scaler_state"] = training_->scaler().state();
   r["data"] = data_.source;
   r["parameters"] = model_->num_parameters();
   if (complete) {
     r["test_accuracy"] = history_.back().test_accuracy;
-    r["test_loss"] = history_.back().test_loss;
-    r["train_loss"] = history_.back().train_loss;
+    r["test_loss"] = json_real(history_.back().test_loss);
+    r["train_loss"] = json_real(history_.back().train_loss);
     r["train_accuracy"] = history_.back().train_accuracy;
   } else {  // stopped inside an epoch (max_steps): evaluate now
     const EvalResult test = evaluate(data_.test);
     r["test_accuracy"] = test.accuracy;
-    r["test_loss"] = test.loss;
-    r["train_loss"] = epoch_seen_ ? epoch_loss_sum_ / static_cast<double>(epoch_seen_)
-                                  : (history_.empty() ? 0.0 : history_.back().train_loss);
+    r["test_loss"] = json_real(test.loss);
+    r["train_loss"] = json_real(epoch_seen_ ? epoch_loss_sum_ / static_cast<double>(epoch_seen_)
+                                            : (history_.empty() ? 0.0 : history_.back().train_loss));
     r["train_accuracy"] = epoch_seen_ ? static_cast<double>(epoch_correct_) / static_cast<double>(epoch_seen_)
                                       : (history_.empty() ? 0.0 : history_.back().train_accuracy);
   }
