@@ -217,6 +217,28 @@ TEST_CASE("bad result paths are refused before training, and nothing is replaced
     CHECK_THAT(e.path().filename().string(), !Contains(".tmp"));
 }
 
+TEST_CASE("resume refuses a changed run and records what it may change", "[cli][resume]") {
+  const fs::path dir = fresh_dir("resume_config");
+  const std::string ckpt = shell_quote((dir / "ckpt").string());
+  REQUIRE(run_cli(kSmall + " --max-steps 4 --checkpoint " + ckpt + " --save-every 2").status == 0);
+  check_error(run_cli(kSmall + " --resume " + ckpt + " --lr 0.01"), 2,
+              "config key 'lr' is 0.001 in the checkpoint but 0.01 in this run");
+  check_error(run_cli(kSmall + " --resume " + ckpt + " --schedule cosine"), 2,
+              "config key 'schedule' differs from the checkpoint's");
+  check_error(run_cli(kSmall + " --resume " + ckpt + " --scaler static:8"), 2,
+              "used scaler {\"policy\":\"none\"}");
+  check_error(run_cli(kSmall + " --resume " + ckpt + " --seed 3"), 2, "config key 'seed'");
+  // epochs may change; the result records it.
+  const CliResult more = run_cli(kSmall + " --resume " + ckpt + " --epochs 2 --result " +
+                                 shell_quote((dir / "r.json").string()));
+  REQUIRE(more.status == 0);
+  const json r = read_json(dir / "r.json");
+  CHECK(r["config"]["epochs"] == 2);
+  CHECK(r["resumed"]["step"] == 4);
+  CHECK(r["resumed"]["changed"]["epochs"] == json{{"checkpoint", 1}, {"now", 2}});
+  CHECK(r["steps"] == 16);
+}
+
 namespace {
 
 // A tiny MNIST-format directory: `n` train and `n` test images of 28x28 (pixel = (i * 7 + j) % 256),
@@ -244,3 +266,41 @@ void write_idx_dir(const fs::path& dir, int n) {
 
 }  // namespace
 
+TEST_CASE("resume refuses other data with the same counts: data is identified by content", "[cli][resume]") {
+  const fs::path dir = fresh_dir("resume_data");
+  write_idx_dir(dir / "mnist", 64);
+  const std::string data = " --data mnist:" + shell_quote((dir / "mnist").string());
+  const std::string ckpt = shell_quote((dir / "ckpt").string());
+  REQUIRE(
+      run_cli(kTrain + data + " --batch 16 --max-steps 2 --checkpoint " + ckpt + " --save-every 2").status ==
+      0);
+  // The same files elsewhere: accepted.
+  fs::copy(dir / "mnist", dir / "moved");
+  CHECK(run_cli(kTrain + " --data mnist:" + shell_quote((dir / "moved").string()) +
+                " --batch 16 --max-steps 3 " + "--resume " + ckpt)
+            .status == 0);
+  // One pixel changed: refused.
+  std::string pixels = read_text(dir / "mnist/train-images-idx3-ubyte");
+  pixels[16 + 100] = static_cast<char>(pixels[16 + 100] ^ 1);
+  write_text(dir / "mnist/train-images-idx3-ubyte", pixels);
+  check_error(run_cli(kTrain + data + " --batch 16 --resume " + ckpt), 2,
+              "the data differs from the checkpoint's");
+}
+
+TEST_CASE("a corrupt tensor shape is refused before anything is allocated", "[cli][checkpoint]") {
+  const fs::path dir = fresh_dir("tensor_shape");
+  const fs::path ckpt = dir / "ckpt";
+  REQUIRE(run_cli(kSmall + " --max-steps 2 --checkpoint " + shell_quote(ckpt.string()) + " --save-every 2")
+              .status == 0);
+  const fs::path bin = ckpt / "tensors-2.bin";
+  std::string bytes = read_text(bin);
+  // The first tensor is "param/fc1.weight" [256, 784]: its first dimension sits after the magic (8),
+  // the count (8), the name length (4), the name (16) and the rank (4). Byte 2 set: 2^20 + 256 rows.
+  REQUIRE(bytes.substr(20, 16) == "param/fc1.weight");
+  bytes[40 + 2] = 0x10;
+  write_text(bin, bytes);
+  // With 2 GB of address space, allocating the corrupt shape (3.3 GB) fails with bad_alloc.
+  const CliResult r =
+      run_shell("(ulimit -v 2000000; \"$GS\" " + kSmall + " --resume " + shell_quote(ckpt.string()) + ")");
+  check_error(r, 1, "tensors-2.bin: checksum mismatch");
+}

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <limits>
 
+#include "lib/core/checksum.h"
 #include "lib/core/error.h"
 #include "lib/core/json_read.h"
 #include "lib/core/output_path.h"
@@ -48,6 +49,22 @@ std::vector<std::string> names_in(const fs::path& dir) {
 }
 
 }  // namespace
+
+TEST_CASE("xxh64 gives the reference implementation's values", "[io][checksum]") {
+  // Values printed by libxxhash 0.8.1 (XXH64(data, size, seed)).
+  CHECK(xxh64("", 0, 0) == 0xef46db3751d8e999ull);
+  CHECK(xxh64("", 0, 7) == 0x95f0626f6f0a4409ull);
+  CHECK(xxh64("a", 1, 0) == 0xd24ec4f1a98c6e5bull);
+  CHECK(xxh64("abc", 3, 0) == 0x44bc2cf5ad770999ull);
+  CHECK(xxh64("abc", 3, 7) == 0x9e755206156676d7ull);
+  std::string long_input;
+  for (int r = 0; r < 3; ++r)
+    for (int b = 0; b < 256; ++b) long_input += static_cast<char>(b);
+  long_input += "xyz";  // 771 bytes: stripes, then every tail length
+  CHECK(xxh64(long_input.data(), long_input.size(), 0) == 0xe921a1b45bd779f8ull);
+  CHECK(xxh64(long_input.data(), long_input.size(), 7) == 0xb63555d1bf05377full);
+  CHECK(checksum_text(0x44bc2cf5ad770999ull) == "xxh64:44bc2cf5ad770999");
+}
 
 TEST_CASE("parse_json bounds the nesting and reports with the source's error kind", "[io][json]") {
   CHECK(parse_json(nested(kMaxJsonDepth), "x", JsonSource::config).is_array());

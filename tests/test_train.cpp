@@ -40,6 +40,7 @@ json without_timing(json r) {
   r.erase("scaler_seconds");
   r.erase("train_seconds");
   r.erase("config");
+  r.erase("resumed");  // a resumed run records where it resumed from
   for (auto& e : r["history"]) e.erase("seconds");
   return r;
 }

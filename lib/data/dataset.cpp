@@ -8,6 +8,7 @@
 #include <iomanip>
 #include <sstream>
 
+#include "lib/core/checksum.h"
 #include "lib/core/error.h"
 #include "lib/core/json_read.h"
 #include "lib/data/synthetic.h"
@@ -116,7 +117,10 @@ DataSplit load_idx_dir(const std::string& dir, Normalization norm, const std::st
   return split;
 }
 
-DataSplit load_data(const std::string& spec, std::uint64_t seed) {
+namespace {
+
+// The split a spec names (load_data without the checksum).
+DataSplit load_split(const std::string& spec, std::uint64_t seed) {
   if (spec == "fashion-mnist") {
     const char* env = std::getenv(kFashionMnistDirEnv);
     const bool from_env = env != nullptr && *env != '\0';
@@ -148,6 +152,25 @@ DataSplit load_data(const std::string& spec, std::uint64_t seed) {
     return make_synthetic(n, (n + 3) / 4, seed);
   }
   throw ConfigError("unknown data spec '" + text_excerpt(spec) + "': allowed forms are " + kSpecForms);
+}
+
+}  // namespace
+
+std::string data_checksum(const DataSplit& split) {
+  std::uint64_t h = 0;
+  for (const Dataset* d : {&split.train, &split.test}) {
+    const Shape& shape = d->images.shape();
+    h = xxh64(shape.data(), shape.size() * sizeof(std::int64_t), h);
+    h = xxh64(d->images.data(), static_cast<std::size_t>(d->images.size()) * sizeof(float), h);
+    h = xxh64(d->labels.data(), d->labels.size() * sizeof(std::int32_t), h);
+  }
+  return checksum_text(h);
+}
+
+DataSplit load_data(const std::string& spec, std::uint64_t seed) {
+  DataSplit split = load_split(spec, seed);
+  split.checksum = data_checksum(split);
+  return split;
 }
 
 }  // namespace gradscale

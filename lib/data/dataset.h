@@ -38,8 +38,14 @@ struct Dataset {
 struct DataSplit {
   Dataset train;
   Dataset test;
-  std::string source;  // human-readable: which data was used, from where (and why, for the fallback)
+  std::string source;    // human-readable: which data was used, from where (and why, for the fallback)
+  std::string checksum;  // data_checksum() of the split, set by load_data: identifies the data by content
 };
+
+// The content of a split as one checksum ("xxh64:<hex>"): the shapes, normalised images and labels of
+// train then test. The same files, plain or gzipped, wherever they lie, give the same checksum; one
+// changed pixel or label changes it. Takes about 20 ms for Fashion-MNIST.
+std::string data_checksum(const DataSplit& split);
 
 // Bytes [count * channels * rows * cols] to a normalised float tensor [count, channels, rows, cols].
 // Exact and deterministic: every byte value maps through one table computed in double.
@@ -60,7 +66,8 @@ DataSplit load_idx_dir(const std::string& dir, Normalization norm, const std::st
 //   "mnist:DIR"      MNIST-format files in DIR (MNIST normalisation); missing files: DataError.
 //   "synthetic"      4096 train / 1024 test synthetic examples (synthetic.h), from `seed`.
 //   "synthetic:N"    N train / ceil(N / 4) test synthetic examples, 1 <= N <= 10,000,000.
-// `seed` only affects synthetic data. Any other spec: ConfigError listing these forms.
+// `seed` only affects synthetic data. Any other spec: ConfigError listing these forms. The result's
+// `checksum` is filled in.
 DataSplit load_data(const std::string& spec, std::uint64_t seed);
 
 }  // namespace gradscale

@@ -1,10 +1,12 @@
-// Checkpoint files: a JSON document (counters, scaler/optimizer/data-order/RNG state, config) plus a
-// binary file of named float tensors. Written atomically: the tensors go to a new file named after
-// the step, then the JSON that names it replaces the old JSON by rename — the commit point — and the
-// older tensor file is removed. A crash at any moment leaves the previous checkpoint readable.
+// Checkpoint files: checkpoint.json (counters, scaler/optimizer/data-order/RNG state, config; schema
+// kCheckpointSchema) plus a binary file of named float tensors. Written atomically: the tensors go to a
+// new file named after the step, then the JSON that names it replaces the old JSON by rename — the
+// commit point — and the older tensor file is removed. A crash at any moment leaves the previous
+// checkpoint readable. Nothing read back is trusted before it is verified: checkpoint.json carries a
+// checksum of its canonical content, the tensor file a checksum of its bytes, and the tensor file's
+// size, names and shapes must be exactly what the model expects before anything is allocated.
 #pragma once
 
-#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -16,17 +18,35 @@
 
 namespace gradscale {
 
-struct Checkpoint {
-  nlohmann::json meta;
-  std::map<std::string, Tensor> tensors;
-};
+inline constexpr const char* kCheckpointSchema = "gradscale.checkpoint/2";
+inline constexpr const char* kCheckpointJson = "checkpoint.json";
 
-// Writes `meta` and `tensors` into directory `dir` (created if absent) under the name tag `tag`
-// (e.g. the step). Throws DataError on I/O failure.
+// Writes `meta` and `tensors` into directory `dir` (created if absent) under the name tag `tag` (the
+// step: [A-Za-z0-9_]+). `meta` gets "schema", "tensor_file", "tensor_bytes" and the "checksum" seal.
+// Throws DataError on I/O failure.
 void write_checkpoint(const std::string& dir, const std::string& tag, const nlohmann::json& meta,
                       const std::vector<std::pair<std::string, const Tensor*>>& tensors);
 
-// Reads the checkpoint of `dir`. Missing, truncated or corrupt files → DataError naming the file.
-Checkpoint read_checkpoint(const std::string& dir);
+// Reads `dir`/checkpoint.json and verifies it before any field is used: bounded JSON (json_read.h), a
+// "checksum" that matches the content, the schema kCheckpointSchema, a "tensor_file" named
+// tensors-<tag>.bin and an integer "tensor_bytes". The other fields are the caller's to check.
+// Throws DataError naming the file and the field.
+nlohmann::json read_checkpoint_meta(const std::string& dir);
+
+// Fills `tensors` (name → destination, in the order they were written) from the tensor file that
+// `meta` (from read_checkpoint_meta) names. Before reading any tensor: the file's size must be what
+// `tensors` need and what meta.tensor_bytes says, and its checksum must match; then every stored
+// name and shape must equal the expected one. Nothing is allocated beyond the file's bytes (a
+// corrupt size cannot ask for more), and on failure no destination is changed. Throws DataError.
+void read_checkpoint_tensors(const std::string& dir, const nlohmann::json& meta,
+                             const std::vector<std::pair<std::string, Tensor*>>& tensors);
+
+// Sets meta["checksum"] to the checksum of meta's canonical text (compact dump, sorted keys, without
+// "checksum"). write_checkpoint does this; tools and tests that edit a checkpoint.json call it again.
+void seal_checkpoint_json(nlohmann::json& meta);
+
+// Removes what a killed save can leave in `dir`: tensor files (tensors-<tag>.bin) other than `keep`,
+// and temp files of write_file_atomic for checkpoint.json and tensor files. Returns how many.
+int remove_orphaned_checkpoint_files(const std::string& dir, const std::string& keep);
 
 }  // namespace gradscale

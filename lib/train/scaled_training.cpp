@@ -3,18 +3,20 @@
 
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <sstream>
 
+#include "lib/core/json_read.h"
 #include "lib/train/checkpoint.h"
 
 namespace gradscale {
 namespace {
 
-constexpr const char* kCheckpointSchema = "gradscale.checkpoint/1";
-// The keys save() writes itself (write_checkpoint adds tensor_file and tensor_bytes); `extra` may not use
-// them.
-const char* const kReservedKeys[] = {"schema",    "identity", "steps",       "scaler",
-                                     "optimizer", "rng",      "tensor_file", "tensor_bytes"};
+// The keys save() writes itself (write_checkpoint adds schema, tensor_file, tensor_bytes and checksum);
+// `extra` may not use them.
+const char* const kReservedKeys[] = {"schema", "identity",    "steps",        "scaler",  "optimizer",
+                                     "rng",    "tensor_file", "tensor_bytes", "checksum"};
+constexpr std::int64_t kMaxSteps = std::int64_t{1} << 62;
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -30,21 +32,27 @@ std::unique_ptr<Scaler> scaler_from(const nlohmann::json& config, const Precisio
 std::string identity_difference(const nlohmann::json& saved, const nlohmann::json& now) {
   for (const char* key : {"format", "grad_format", "weight_grads"})
     if (saved.value(key, nlohmann::json()) != now.at(key))
-      return std::string(key) + " " + saved.value(key, nlohmann::json()).dump() + ", this run " +
+      return std::string(key) + " " + json_excerpt(saved.value(key, nlohmann::json())) + ", this run " +
              now.at(key).dump();
-  const nlohmann::json& a = saved.value("layers", nlohmann::json::array());
+  nlohmann::json a = saved.value("layers", nlohmann::json::array());
+  if (!a.is_array()) a = nlohmann::json::array();
   const nlohmann::json& b = now.at("layers");
   for (std::size_t i = 0; i < std::max(a.size(), b.size()); ++i) {
     if (i < a.size() && i < b.size() && a[i] == b[i]) continue;
     const auto describe = [](const nlohmann::json& layers, std::size_t k) {
       if (k >= layers.size()) return std::string("none");
       const nlohmann::json& l = layers[k];
-      std::string text = "'" + l.value("name", std::string("?")) + "' (" + l.value("kind", std::string("?"));
+      const auto text_of = [&l](const char* key) {
+        const auto it = l.find(key);  // end() for anything but an object
+        return it != l.end() && it->is_string() ? text_excerpt(it->get<std::string>(), 80) : std::string("?");
+      };
+      std::string text = "'" + text_of("name") + "' (" + text_of("kind");
+      if (!l.is_object()) return text + ")";
       const nlohmann::json params = l.value("parameters", nlohmann::json::array());
       if (!params.empty() && params[0].is_object()) {
         std::string shape;
         for (const nlohmann::json& d : params[0].value("shape", nlohmann::json::array()))
-          shape += (shape.empty() ? "" : ", ") + d.dump();
+          shape += (shape.empty() ? "" : ", ") + json_excerpt(d);
         text += " [" + shape + "]";
       }
       return text + ")";
@@ -202,14 +210,13 @@ void ScaledTraining::save(const std::string& dir, const nlohmann::json& extra) c
               "ScaledTraining::save is called inside an iteration (save between step() "
               "and the next begin_step())");
   GS_CHECK_CONFIG(extra.is_object(),
-                  "ScaledTraining::save: `extra` must be a JSON object, got " << extra.dump());
+                  "ScaledTraining::save: `extra` must be a JSON object, got " << json_excerpt(extra));
   for (const char* key : kReservedKeys)
     GS_CHECK_CONFIG(!extra.contains(key), "ScaledTraining::save: `extra` may not use the key '"
                                               << key << "' (the checkpoint's own)");
   std::ostringstream rng_state;
   rng_state << rng_;
   nlohmann::json meta = extra;
-  meta["schema"] = kCheckpointSchema;
   meta["identity"] = identity();
   meta["steps"] = steps_;
   meta["scaler"] = {{"config", scaler_->config()}, {"state", scaler_->state()}};
@@ -222,40 +229,55 @@ void ScaledTraining::save(const std::string& dir, const nlohmann::json& extra) c
   write_checkpoint(dir, std::to_string(steps_), meta, tensors);
 }
 
+// Nothing is used before it is checked: the seal, schema and tensor file name (read_checkpoint_meta),
+// that the checkpoint is of this model, formats and scaler (ConfigError), then each field (DataError
+// naming it), the optimizer's and the scaler's states by their owners, the tensor file last.
 nlohmann::json ScaledTraining::load(const std::string& dir) {
   GS_CHECK_AS(Error, phase_ == Phase::idle, "ScaledTraining::load is called inside an iteration");
-  Checkpoint c = read_checkpoint(dir);
-  GS_CHECK_DATA(c.meta.value("schema", std::string()) == kCheckpointSchema,
-                "checkpoint in '" << dir << "' has schema " << c.meta.value("schema", nlohmann::json()).dump()
-                                  << ", expected \"" << kCheckpointSchema << "\"");
+  nlohmann::json meta = read_checkpoint_meta(dir);
+  const JsonFields f(meta, (std::filesystem::path(dir) / kCheckpointJson).string());
   const nlohmann::json expect = identity();
-  const nlohmann::json saved = c.meta.value("identity", nlohmann::json::object());
+  const nlohmann::json& saved = f.object("identity");
   GS_CHECK_CONFIG(saved == expect, "checkpoint in '" << dir
                                                      << "' was written for another model or format (it has "
                                                      << identity_difference(saved, expect) << ")");
-  const nlohmann::json saved_scaler = c.meta.value("scaler", nlohmann::json::object());
-  GS_CHECK_CONFIG(saved_scaler.value("config", nlohmann::json()) == scaler_->config(),
-                  "checkpoint in '" << dir << "' used scaler "
-                                    << saved_scaler.value("config", nlohmann::json()).dump() << ", this run "
-                                    << scaler_->config().dump());
-  auto take = [&](const std::string& key, Tensor& into) {
-    const auto it = c.tensors.find(key);
-    GS_CHECK_DATA(it != c.tensors.end(), "checkpoint in '" << dir << "' has no tensor '" << key << "'");
-    GS_CHECK_DATA(it->second.shape() == into.shape(),
-                  "checkpoint tensor '" << key << "' has shape " << shape_string(it->second.shape())
-                                        << ", expected " << shape_string(into.shape()));
-    std::copy(it->second.data(), it->second.data() + into.size(), into.data());
-  };
-  for (Parameter* p : model_.parameters()) take("param/" + p->name, p->value);
-  for (auto& [name, t] : model_.buffers()) take("buffer/" + name, *t);
-  optimizer_.restore_state(c.meta.at("optimizer"), model_.parameters());
-  for (auto& [name, t] : optimizer_.state_tensors()) take("optim/" + name, *t);
-  scaler_->restore_state(saved_scaler.at("state"));
-  std::istringstream rng_state(c.meta.at("rng").get<std::string>());
-  rng_state >> rng_;
-  GS_CHECK_DATA(!rng_state.fail(), "checkpoint in '" << dir << "': 'rng' is not a generator state");
-  steps_ = c.meta.at("steps").get<std::int64_t>();
-  return std::move(c.meta);
+  const JsonFields saved_scaler = f.fields("scaler");
+  GS_CHECK_CONFIG(saved_scaler.object("config") == scaler_->config(),
+                  "checkpoint in '" << dir << "' used scaler " << json_excerpt(saved_scaler.object("config"))
+                                    << ", this run " << json_excerpt(scaler_->config()));
+  const JsonFields saved_optimizer = f.fields("optimizer");
+  GS_CHECK_CONFIG(saved_optimizer.any("optimizer") == optimizer_.config(),
+                  "checkpoint in '" << dir << "' used optimizer " << json_excerpt(saved_optimizer.any("optimizer"))
+                                    << ", this run " << json_excerpt(optimizer_.config()));
+
+  const std::int64_t steps = f.integer("steps", 0, kMaxSteps);
+  std::istringstream rng_text(f.text("rng"));
+  Rng rng;
+  rng_text >> rng;
+  if (rng_text.fail() || !(rng_text >> std::ws).eof())
+    f.fail("rng", "is not the state of the random generator (mt19937_64 as text)");
+  // The owners check their states; built the same way (checked above), a refusal means a damaged state.
+  try {
+    optimizer_.restore_state(f.object("optimizer"), model_.parameters());
+  } catch (const ConfigError& e) {
+    f.fail("optimizer", std::string("is refused: ") + e.what());
+  }
+  if (optimizer_.step_count() > steps)
+    f.fail("optimizer.step", "is " + std::to_string(optimizer_.step_count()) + ", more than the " +
+                                 std::to_string(steps) + " iterations in 'steps'");
+  try {
+    scaler_->restore_state(saved_scaler.object("state"));
+  } catch (const ConfigError& e) {
+    saved_scaler.fail("state", std::string("is refused: ") + e.what());
+  }
+  std::vector<std::pair<std::string, Tensor*>> tensors;
+  for (Parameter* p : model_.parameters()) tensors.emplace_back("param/" + p->name, &p->value);
+  for (auto& [name, t] : model_.buffers()) tensors.emplace_back("buffer/" + name, t);
+  for (auto& [name, t] : optimizer_.state_tensors()) tensors.emplace_back("optim/" + name, t);
+  read_checkpoint_tensors(dir, meta, tensors);
+  rng_ = rng;
+  steps_ = steps;
+  return meta;
 }
 
 std::vector<LayerScale> ScaledTraining::layer_scales() const {

@@ -98,6 +98,7 @@ class Trainer {
   std::vector<EpochSummary> history_;
   double last_progress_ = -1e300, run_start_ = 0;
   std::int64_t steps_at_run_start_ = 0;
+  nlohmann::json resumed_;  // after a resume: where from and which changeable keys changed
 };
 
 }  // namespace gradscale
