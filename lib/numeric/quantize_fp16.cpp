@@ -7,6 +7,7 @@
 #include "lib/numeric/quantize.h"
 
 #if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
 #include <immintrin.h>
 #define GS_X86 1
 #endif
@@ -56,6 +57,14 @@ __attribute__((target("avx512f"))) void quantize_fp16_avx512(const float* in, fl
 #pragma GCC diagnostic pop
 #endif
 
+#ifdef GS_X86
+// CPUID leaf 1, ECX bit 29. (clang's __builtin_cpu_supports does not know "f16c"; GCC's does.)
+bool cpu_has_f16c() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C) != 0;
+}
+#endif
+
 }  // namespace
 
 bool fp16_path_available(Fp16Path path) {
@@ -64,7 +73,7 @@ bool fp16_path_available(Fp16Path path) {
       return true;
 #ifdef GS_X86
     case Fp16Path::f16c:
-      return __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
+      return __builtin_cpu_supports("avx") && cpu_has_f16c();
     case Fp16Path::avx512:
       return __builtin_cpu_supports("avx512f");
 #else
