@@ -7,6 +7,12 @@ set -euo pipefail
 
 packages=(cmake g++ make pkg-config zlib1g-dev libeigen3-dev libboost-program-options-dev
           nlohmann-json3-dev catch2 dataset-fashion-mnist python3 python3-matplotlib)
+# With clang present the build adds the fuzz targets (tests/fuzz, docs/fuzzing.md), which need clang's
+# libFuzzer and sanitizer runtimes and its OpenMP.
+if command -v clang++ >/dev/null 2>&1; then
+  clang_major=$(clang++ --version | sed -n 's/.*clang version \([0-9][0-9]*\).*/\1/p' | head -n 1)
+  [ -z "$clang_major" ] || packages+=("libclang-rt-$clang_major-dev" "libomp-$clang_major-dev")
+fi
 for arg in "$@"; do
   case "$arg" in
     --peer) packages+=(python3-torch libopenblas0-pthread python3-numpy) ;;
