@@ -10,6 +10,7 @@
 #include "adaptive/math.h"
 #include "adaptive/method.h"
 #include "lib/core/error.h"
+#include "lib/core/json_read.h"
 #include "lib/optim/config_reader.h"
 
 namespace gradscale::adaptive {
@@ -215,7 +216,7 @@ std::unique_ptr<Scaler> make_adaptive_scaler(const nlohmann::json& config, Forma
   AdaptiveConfig c;
   if (r.has("method")) {
     GS_CHECK_CONFIG(config.at("method").is_string(), "scaler 'adaptive': 'method' must be a string, got "
-                                                         << config.at("method").dump());
+                                                         << json_excerpt(config.at("method")));
     c.method = config.at("method").get<std::string>();
   }
   make_method(c.method);  // validates the name
@@ -227,7 +228,7 @@ std::unique_ptr<Scaler> make_adaptive_scaler(const nlohmann::json& config, Forma
   c.relu_factor = r.number("relu_factor", c.relu_factor, Interval{0, 1, true, false});
   if (r.has("init_scale") && config.at("init_scale").is_string()) {
     GS_CHECK_CONFIG(config.at("init_scale") == "auto", "scaler 'adaptive': 'init_scale' must be a number > 0 or \"auto\", got "
-                                                           << config.at("init_scale").dump());
+                                                           << json_excerpt(config.at("init_scale")));
     c.auto_init = true;
   } else {
     c.init_scale = r.number("init_scale", c.init_scale, Interval{0, kInf, true, true});
@@ -236,7 +237,7 @@ std::unique_ptr<Scaler> make_adaptive_scaler(const nlohmann::json& config, Forma
     const nlohmann::json& f = config.at("cast_form");
     GS_CHECK_CONFIG(f == "no_weight" || f == "lognormal" || f == "measured",
                     "scaler 'adaptive': 'cast_form' must be \"no_weight\", \"lognormal\" or \"measured\", got "
-                        << f.dump());
+                        << json_excerpt(f));
     c.cast_form = f.get<std::string>();
   }
   c.recover_every = r.integer("recover_every", c.recover_every, 1, std::int64_t{1} << 40);

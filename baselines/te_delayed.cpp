@@ -7,6 +7,7 @@
 #include <map>
 
 #include "baselines/params.h"
+#include "lib/core/json_read.h"
 
 namespace gradscale::baselines {
 namespace {
@@ -90,7 +91,7 @@ class TeDelayedScaler final : public Scaler, public LayerController {
                                                            << c_.history_len << " amax values");
       for (const nlohmann::json& a : h) {
         GS_CHECK_CONFIG(a.is_null() || (a.is_number() && a.get<double>() >= 0),
-                        "scaler 'te_delayed' state: target " << id << " has amax " << a.dump());
+                        "scaler 'te_delayed' state: target " << id << " has amax " << json_excerpt(a));
         target.history.push_back(a.is_null() ? kInf : a.get<double>());
       }
     }
@@ -124,7 +125,7 @@ std::unique_ptr<Scaler> make_te_delayed_scaler(const nlohmann::json& config, For
   if (r.has("amax_compute_algo")) {
     const nlohmann::json& a = config.at("amax_compute_algo");
     GS_CHECK_CONFIG(a == "max" || a == "most_recent",
-                    "scaler 'te_delayed': 'amax_compute_algo' must be \"max\" or \"most_recent\", got " << a.dump());
+                    "scaler 'te_delayed': 'amax_compute_algo' must be \"max\" or \"most_recent\", got " << json_excerpt(a));
     c.most_recent = a == "most_recent";
   }
   return std::make_unique<TeDelayedScaler>(c, format);

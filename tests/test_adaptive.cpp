@@ -555,7 +555,7 @@ std::string temp_path(const std::string& name) {
 }
 
 json strip_timing(json r) {
-  for (const char* k : {"epoch_seconds", "train_seconds", "config", "scaler_seconds", "trace"}) r.erase(k);
+  for (const char* k : {"epoch_seconds", "train_seconds", "config", "scaler_seconds", "trace", "resumed"}) r.erase(k);
   for (auto& e : r["history"]) e.erase("seconds");
   return r;
 }

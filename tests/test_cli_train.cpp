@@ -79,15 +79,32 @@ TEST_CASE("deeply nested JSON anywhere is one line and exit 2, not a crash", "[c
   check_error(run_cli("train --config " + shell_quote((dir / "config.json").string())), 2,
               "nested deeper than 64");
   write_text(dir / "spec.json", nested(100000));
-  check_error(run_cli("train --quiet --data synthetic:64 --model-spec " + shell_quote((dir / "spec.json").string())),
-              2, "nested deeper than 64");
+  check_error(
+      run_cli("train --quiet --data synthetic:64 --model-spec " + shell_quote((dir / "spec.json").string())),
+      2, "nested deeper than 64");
   // One command-line argument holds at most 128 KiB: 60,000 levels fit.
-  check_error(run_cli("train --data synthetic:64 --scaler " + shell_quote(nested(60000))), 2, "nested deeper than 64");
-  check_error(run_cli("replay --events F --scaler " + shell_quote(nested(60000))), 2, "nested deeper than 64");
+  check_error(run_cli("train --data synthetic:64 --scaler " + shell_quote(nested(60000))), 2,
+              "nested deeper than 64");
+  check_error(run_cli("replay --events F --scaler " + shell_quote(nested(60000))), 2,
+              "nested deeper than 64");
   check_error(run_cli("train --data synthetic:64 --optimizer '{\"name\":" + nested(60000) + "}'"), 2,
               "nested deeper than 64");
   check_error(run_cli("train --data synthetic:64 --schedule '{\"name\":" + nested(60000) + "}'"), 2,
               "nested deeper than 64");
+}
+
+TEST_CASE("a trace nested deeper than 64 levels is refused by inspect when it is parsed", "[cli][json]") {
+  // The shipped small trace with 100,000 nested arrays in its header's config: the JSON library would
+  // parse it, and crash later in any copy or dump of that value.
+  const fs::path dir = fresh_dir("deep_trace");
+  for (const char* name : {"trace_small.json", "trace_small.jsonl"}) {
+    std::string text = read_text(fs::path(GRADSCALE_SOURCE_DIR) / "tests/data" / name);
+    const std::size_t config = text.find('{', text.find("\"config\""));
+    REQUIRE(config != std::string::npos);
+    text.insert(config + 1, "\"deep\":" + nested(100000) + ",");
+    write_text(dir / name, text);
+    check_error(run_cli("inspect " + shell_quote((dir / name).string())), 1, "not valid JSON");
+  }
 }
 
 TEST_CASE("an error message shows a cut excerpt of a long value", "[cli][json]") {
@@ -128,14 +145,15 @@ TEST_CASE("absurd model sizes are config errors naming the key, checked before a
   for (const auto& [layer, message] : cases) {
     write_text(dir / "spec.json", R"({"input":[1,28,28],"layers":[)" + layer +
                                       R"(,{"type":"flatten"},{"type":"linear","out":10}]})");
-    check_error(
-        run_cli("train --quiet --data synthetic:64 --model-spec " + shell_quote((dir / "spec.json").string())), 2,
-        message);
+    check_error(run_cli("train --quiet --data synthetic:64 --model-spec " +
+                        shell_quote((dir / "spec.json").string())),
+                2, message);
   }
   write_text(dir / "spec.json",
              R"({"input":[1,28,28],"layers":[{"type":"flatten"},{"type":"linear","out":)" + big + "}]}");
-  check_error(run_cli("train --quiet --data synthetic:64 --model-spec " + shell_quote((dir / "spec.json").string())),
-              2, "'out' must be <= 16777216");
+  check_error(
+      run_cli("train --quiet --data synthetic:64 --model-spec " + shell_quote((dir / "spec.json").string())),
+      2, "'out' must be <= 16777216");
   check_error(
       run_cli("train --quiet --data synthetic:64 --model deep-mlp:width=16384"), 2,
       "layer 3 ('fc2', linear): the model would have 281313280 parameters, over the limit of 67108864");
@@ -173,8 +191,10 @@ TEST_CASE("a diverged run stops with one line, exit 3 and a result that says div
 
 TEST_CASE("a scale that overflowed is written \"inf\" in every place of the result", "[cli][result]") {
   const fs::path dir = fresh_dir("inf_scale");
+  // One clean step grows megatron's scale past float32; the run ends there (a next step would be
+  // refused: its S0 is not finite).
   const CliResult r = run_cli(
-      "train --data synthetic:128 --batch 64 --threads 1 --quiet --scaler "
+      "train --data synthetic:128 --batch 128 --threads 1 --quiet --scaler "
       "'{\"policy\":\"megatron\",\"initial_scale\":3e38,\"growth_interval\":1}' --result " +
       shell_quote((dir / "r.json").string()));
   REQUIRE(r.status == 0);

@@ -48,6 +48,9 @@ int run_train(const std::vector<std::string>& args) {
     check_output_file(result_path, "--result", input_files(vm));
   }
   if (config.save_every > 0) check_output_dir(config.checkpoint_dir, "--checkpoint");
+  if (!config.trace_path.empty())
+    for (const char* ext : {".jsonl", ".json"})
+      check_output_file(config.trace_path + ext, "--trace", input_files(vm));
 
   Trainer trainer(config, vm["quiet"].as<bool>() ? nullptr : &std::cerr);
   const json result = trainer.run();

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "lib/core/error.h"
+#include "lib/core/json_read.h"
 #include "lib/numeric/format.h"
 
 namespace gradscale::cli {
@@ -365,7 +366,7 @@ bool is_blank(const std::string& s) {
 
 // The first line of `text` parses as an object with "type": "header".
 bool starts_with_header_line(const std::string& text) {
-  const json first = json::parse(text.substr(0, text.find('\n')), nullptr, /*allow_exceptions=*/false);
+  const json first = parse_json_or_discarded(std::string_view(text).substr(0, text.find('\n')));
   return first.is_object() && first.value("type", json()) == "header";
 }
 
@@ -380,7 +381,7 @@ void read_lines(Trace& t, const std::string& text) {
   GS_CHECK_DATA(!lines.empty(), t.path << ": the trace is empty (no header line)");
   for (std::size_t i = 0; i < lines.size(); ++i) {
     const std::string where = "line " + std::to_string(lines[i].first);
-    json obj = json::parse(lines[i].second, nullptr, /*allow_exceptions=*/false);
+    json obj = parse_json_or_discarded(lines[i].second);
     if (obj.is_discarded()) {
       // A run that died mid-write leaves a cut last line; anything earlier is a broken file.
       GS_CHECK_DATA(i + 1 == lines.size() && i > 0,
@@ -415,7 +416,7 @@ void read_lines(Trace& t, const std::string& text) {
 }
 
 void read_document(Trace& t, const std::string& text) {
-  json doc = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  json doc = parse_json_or_discarded(text);
   GS_CHECK_DATA(!doc.is_discarded(), t.path << ": not valid JSON (a trace .json is one document; a run that "
                                                "died leaves only the .jsonl)");
   const Where w{t.path, "document"};

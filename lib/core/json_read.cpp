@@ -98,6 +98,11 @@ json parse_json(std::string_view text, const std::string& what, JsonSource sourc
   }
 }
 
+json parse_json_or_discarded(std::string_view text) {
+  if (too_deep(text)) return json::value_t::discarded;
+  return json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
+}
+
 json read_json_file(const std::string& path, const std::string& what, JsonSource source) {
   errno = 0;
   const std::unique_ptr<std::FILE, FileCloser> file(std::fopen(path.c_str(), "rb"));

@@ -30,6 +30,10 @@ enum class JsonSource { config, data };
 // "config file 'a.json'", "--scaler") and quotes at most kExcerptChars of the parser's message.
 nlohmann::json parse_json(std::string_view text, const std::string& what, JsonSource source);
 
+// As parse_json, but text that is not valid JSON or nests too deeply gives a discarded value
+// (is_discarded()) instead of an error, for readers that decide themselves (a trace's cut last line).
+nlohmann::json parse_json_or_discarded(std::string_view text);
+
 // Reads the file at `path` (at most kMaxJsonFileBytes) and parses it like parse_json. A file that
 // cannot be read throws the error of `source` naming `what` and the path.
 nlohmann::json read_json_file(const std::string& path, const std::string& what, JsonSource source);

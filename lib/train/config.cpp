@@ -75,7 +75,7 @@ void TrainConfig::merge_json(const json& j) {
     } else if (k == "trace_every") {
       trace_every = integer_in(v, "trace_every", 1, std::int64_t{1} << 40);
     } else if (k == "trace_hist") {
-      GS_CHECK_CONFIG(v.is_boolean(), "config key 'trace_hist' must be true or false, got " << v.dump());
+      GS_CHECK_CONFIG(v.is_boolean(), "config key 'trace_hist' must be true or false, got " << json_excerpt(v));
       trace_hist = v.get<bool>();
     } else if (k == "weight_grads") {
       const std::string w = text(v, "weight_grads");

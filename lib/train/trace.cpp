@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "lib/core/error.h"
+#include "lib/core/json_read.h"
 #include "lib/train/checkpoint.h"
 
 namespace gradscale {
@@ -150,8 +151,8 @@ nlohmann::json TraceWriter::read_jsonl(const std::string& path) {
   for (std::size_t i = 0; i < lines.size(); ++i) {
     nlohmann::json j;
     try {
-      j = nlohmann::json::parse(lines[i]);
-    } catch (const nlohmann::json::parse_error&) {
+      j = parse_json(lines[i], "trace line", JsonSource::data);
+    } catch (const DataError&) {
       if (i + 1 == lines.size()) break;  // a run killed mid-line: the last line may be cut
       throw DataError("trace file '" + path + "' line " + std::to_string(i + 1) + " is not valid JSON");
     }
