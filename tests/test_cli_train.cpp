@@ -107,6 +107,19 @@ TEST_CASE("a trace nested deeper than 64 levels is refused by inspect when it is
   }
 }
 
+TEST_CASE("an ablation file nested too deeply, or with a number out of range, is exit 2", "[cli][json]") {
+  const fs::path dir = fresh_dir("deep_ablation");
+  write_text(dir / "deep.json", "{\"base\": {\"model\": " + nested(100000) + "}}");
+  check_error(run_cli("ablate " + shell_quote((dir / "deep.json").string()) + " --out " +
+                      shell_quote((dir / "out").string())),
+              2, "nested deeper than 64");
+  write_text(dir / "big.json", R"({"base": {"lr": 1e400}})");
+  check_error(run_cli("ablate " + shell_quote((dir / "big.json").string()) + " --out " +
+                      shell_quote((dir / "out").string())),
+              2, "number overflow");
+  CHECK_FALSE(fs::exists(dir / "out"));
+}
+
 TEST_CASE("an error message shows a cut excerpt of a long value", "[cli][json]") {
   const fs::path dir = fresh_dir("excerpt");
   std::string zeros;

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "lib/core/error.h"
+#include "lib/core/json_read.h"
 #include "lib/model/spec.h"
 #include "lib/optim/lr_schedule.h"
 #include "lib/optim/optimizer.h"
@@ -449,10 +450,11 @@ Ablation load_ablation(const std::string& path) {
   std::stringstream text;
   text << in.rdbuf();
   ordered_json doc;
+  check_json_depth(text.str(), "ablation file '" + path + "'", JsonSource::config);
   try {
     doc = ordered_json::parse(text.str());
-  } catch (const ordered_json::parse_error& e) {
-    throw ConfigError("ablation file '" + path + "' is not valid JSON: " + e.what());
+  } catch (const ordered_json::exception& e) {  // parse_error, and out_of_range for numbers such as 1e400
+    throw ConfigError("ablation file '" + path + "' is not valid JSON: " + text_excerpt(e.what(), 320));
   }
   return expand_ablation(doc, path);
 }

@@ -5,16 +5,17 @@
 #include <fstream>
 #include <sstream>
 
+#include "lib/core/json_read.h"
+
 namespace gradscale::ablate {
 
 nlohmann::json read_json_or_null(const std::string& path) {
   std::ifstream in(path);
   if (!in) return nullptr;
-  try {
-    return nlohmann::json::parse(in);
-  } catch (const nlohmann::json::parse_error&) {
-    return nullptr;
-  }
+  std::stringstream text;
+  text << in.rdbuf();
+  nlohmann::json j = parse_json_or_discarded(text.str());  // bounded nesting, like every JSON read
+  return j.is_discarded() ? nlohmann::json() : j;
 }
 
 std::string file_tail(const std::string& path, std::size_t bytes) {

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "experiments/ablate/files.h"
+#include "lib/core/json_read.h"
 #include "lib/train/checkpoint.h"  // write_file_atomic
 
 namespace gradscale::ablate {
@@ -26,11 +27,8 @@ double number_or_nan(const json& j, const char* key) {
 // The trace's header and summary: the first and last lines of trace.jsonl, else the trace.json document.
 void read_trace_ends(const std::string& base, json& header, json& summary) {
   auto parse = [](const std::string& line) {
-    try {
-      return json::parse(line);
-    } catch (const json::parse_error&) {
-      return json();
-    }
+    json j = parse_json_or_discarded(line);
+    return j.is_discarded() ? json() : j;
   };
   header = parse(file_first_line(base + ".jsonl"));
   const auto lines = lines_of(file_tail(base + ".jsonl", 1 << 16));

@@ -88,9 +88,13 @@ struct FileCloser {
 
 }  // namespace
 
-json parse_json(std::string_view text, const std::string& what, JsonSource source) {
+void check_json_depth(std::string_view text, const std::string& what, JsonSource source) {
   if (too_deep(text))
     raise(source, what + " is JSON nested deeper than " + std::to_string(kMaxJsonDepth) + " levels");
+}
+
+json parse_json(std::string_view text, const std::string& what, JsonSource source) {
+  check_json_depth(text, what, source);
   try {
     return json::parse(text.begin(), text.end());
   } catch (const json::exception& e) {  // parse_error, and out_of_range for numbers such as 1e400

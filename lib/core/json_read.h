@@ -30,6 +30,10 @@ enum class JsonSource { config, data };
 // "config file 'a.json'", "--scaler") and quotes at most kExcerptChars of the parser's message.
 nlohmann::json parse_json(std::string_view text, const std::string& what, JsonSource source);
 
+// Throws the error of `source` (message starting with `what`) when arrays and objects in `text` nest
+// deeper than kMaxJsonDepth: for a reader that parses with another JSON type (ordered_json) itself.
+void check_json_depth(std::string_view text, const std::string& what, JsonSource source);
+
 // As parse_json, but text that is not valid JSON or nests too deeply gives a discarded value
 // (is_discarded()) instead of an error, for readers that decide themselves (a trace's cut last line).
 nlohmann::json parse_json_or_discarded(std::string_view text);
