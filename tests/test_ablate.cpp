@@ -136,7 +136,7 @@ TEST_CASE("ablate: axes expand to their full product, seeds outermost", "[ablate
   CHECK(names.size() == ab.runs.size());
 }
 
-TEST_CASE("ablate: variants, alone and times the axes; a seed axis is the replicate axis", "[ablate]") {
+TEST_CASE("ablate: variants, alone and times the axes, a seed axis is the replicate axis", "[ablate]") {
   const Ablation ab = expand_ablation(ojson::parse(std::string("{") + kTinyBase + R"(,
       "variants": [{"label": "fp32", "format": "fp32"}, {"format": "fp16", "scaler": "torch"}],
       "axes": {"seed": [3, 4], "model": ["mlp", "deep-mlp:depth=2,width=8"]}})"),

@@ -500,7 +500,7 @@ TEST_CASE("fp8_e4m3 saturation is an overflow: found_inf and a backing-off torch
   CHECK(r["final_scale"].get<double>() == 4096.0);
 }
 
-TEST_CASE("te_delayed: scale = max_finite / amax of the history, delayed; loss and layers", "[adaptive]") {
+TEST_CASE("te_delayed: scale = max_finite / amax of the history, delayed, loss and layers", "[adaptive]") {
   auto s = make_scaler(json{{"policy", "te_delayed"}, {"amax_history_len", 2}, {"margin", 1}}, Format::fp16);
   s->bind({LayerInfo{0, "fc", "linear", true, 4, {4, 4}}}, Format::fp16);
   LayerController* c = s->layer_controller();

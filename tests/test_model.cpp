@@ -211,7 +211,7 @@ class QueryCounter final : public Scaler, public LayerController {
 
 }  // namespace
 
-TEST_CASE("backward skips input gradients with no parameter upstream; profiling times each layer",
+TEST_CASE("backward skips input gradients with no parameter upstream, profiling times each layer",
           "[model]") {
   // flatten (no parameters, fed by the model input) -> a -> relu -> b: layer a must not compute the
   // gradient of its input (nothing upstream to train), b must; flatten's backward must not run.

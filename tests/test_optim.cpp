@@ -224,7 +224,7 @@ TEST_CASE("Adam's first step moves every weight by lr * g / (|g| + eps)", "[opti
   }
 }
 
-TEST_CASE("AdamW decays the weight by (1 - lr*wd) outside the adaptive step; Adam inside it", "[optim]") {
+TEST_CASE("AdamW decays the weight by (1 - lr*wd) outside the adaptive step, Adam inside it", "[optim]") {
   const double lr = 0.01, wd = 0.1;
   // w = 2, g = -0.01. AdamW: w1 = 2 * (1 - lr*wd) + lr (g < 0 pushes up).
   // Adam (coupled): g' = g + wd*w = 0.19 > 0, so the step goes the other way: w1 = 2 - lr.

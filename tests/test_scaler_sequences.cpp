@@ -113,7 +113,7 @@ TEST_CASE("torch: the issue's example and growth on the exact step", "[scaler]")
   CHECK(clean_steps(*d, 1).scale == 131072.0);
 }
 
-TEST_CASE("torch: no floor; growth past float32 keeps the old scale", "[scaler]") {
+TEST_CASE("torch: no floor, growth past float32 keeps the old scale", "[scaler]") {
   auto s = make(R"({"policy":"torch","init_scale":1})");
   CHECK(scales(run(*s, "III")) == std::vector<double>{0.5, 0.25, 0.125});
 
@@ -196,7 +196,7 @@ TEST_CASE("deepspeed: floor at min_scale, raising at the minimum", "[scaler]") {
   CHECK(scales(run(*quiet, "III")) == std::vector<double>{1, 1, 1});
 }
 
-TEST_CASE("megatron: hysteresis counts overflows since the last growth; floor", "[scaler]") {
+TEST_CASE("megatron: hysteresis counts overflows since the last growth, floor", "[scaler]") {
   auto s =
       make(R"({"policy":"megatron","initial_scale":8,"growth_interval":2,"hysteresis":2,"min_scale":2})");
   const auto r = run(*s, "IIIIFF");
@@ -224,7 +224,7 @@ TEST_CASE("megatron: unguarded growth overflows float32 to inf, as in Megatron",
   CHECK(std::isinf(t->loss_scale()));
 }
 
-TEST_CASE("apex: window growth, ceiling, floor; starts at min(init, max)", "[scaler]") {
+TEST_CASE("apex: window growth, ceiling, floor, starts at min(init, max)", "[scaler]") {
   auto s = make(R"({"policy":"apex","init_scale":4,"scale_window":2,"max_scale":8,"min_scale":2})");
   const auto r = run(*s, "FFFFIII");
   CHECK(scales(r) == std::vector<double>{4, 8, 8, 8, 4, 2, 2});

@@ -126,7 +126,7 @@ TEST_CASE("jmp: period, factor, min_loss_scale <= loss_scale", "[scaler]") {
              Contains("'min_loss_scale' (4.0) must not exceed 'loss_scale' (2.0)"));
 }
 
-TEST_CASE("cerebras: min_scale >= 2^-14, tolerance in [0, 1), bounds in order", "[scaler]") {
+TEST_CASE("cerebras: min_scale >= 2^-14, 0 <= tolerance < 1, bounds in order", "[scaler]") {
   CHECK_THAT(error_of(R"({"policy":"cerebras","min_scale":1e-5})"),
              Contains("'min_scale' must be in [6.1") && Contains("got 1e-05"));
   CHECK_THAT(error_of(R"({"policy":"cerebras","overflow_tolerance":-0.1})"),
@@ -136,7 +136,7 @@ TEST_CASE("cerebras: min_scale >= 2^-14, tolerance in [0, 1), bounds in order", 
   CHECK_THAT(error_of(R"({"policy":"cerebras","max_scale":1,"min_scale":2})"), Contains("'min_scale' (2.0)"));
 }
 
-TEST_CASE("popart_als: bin_edge in (0, 1], threshold in [0, 1], period >= 1, scales >= 1", "[scaler]") {
+TEST_CASE("popart_als: 0 < bin_edge <= 1, 0 <= threshold <= 1, period >= 1, scales >= 1", "[scaler]") {
   CHECK_THAT(error_of(R"({"policy":"popart_als","bin_edge":0})"),
              Contains("'bin_edge'") && Contains("(0, 1]"));
   CHECK_THAT(error_of(R"({"policy":"popart_als","bin_edge":1.5})"), Contains("'bin_edge'"));

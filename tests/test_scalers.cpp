@@ -150,7 +150,7 @@ TEST_CASE("the registry lists every built-in policy, sorted, and takes new ones"
   CHECK_THROWS_WITH(make("test_registry_empty"), Contains("returned no scaler"));
 }
 
-TEST_CASE("global policies scale only at the loss; only popart_als asks for edge counts", "[scaler]") {
+TEST_CASE("global policies scale only at the loss, only popart_als asks for edge counts", "[scaler]") {
   gradscale::LocalScaleQuery query;
   query.scale_in = 1024.0;
   for (const std::string& spec : policy_specs()) {

@@ -22,6 +22,7 @@
 
 #include "experiments/ablate/files.h"
 #include "lib/core/error.h"
+#include "lib/core/clock.h"
 #include "lib/train/checkpoint.h"  // write_file_atomic
 
 namespace gradscale::ablate {
@@ -29,21 +30,6 @@ namespace {
 
 using json = nlohmann::json;
 namespace fs = std::filesystem;
-
-double now_seconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-std::string duration_text(double s) {
-  if (!std::isfinite(s) || s < 0) return "?";
-  const auto t = static_cast<long long>(s + 0.5);
-  char buf[32];
-  if (t >= 3600)
-    std::snprintf(buf, sizeof buf, "%lld:%02lld:%02lld", t / 3600, t / 60 % 60, t % 60);
-  else
-    std::snprintf(buf, sizeof buf, "%lld:%02lld", t / 60, t % 60);
-  return buf;
-}
 
 // "epoch 2/10  step 120/469" from the last progress line of a run's log, or "".
 std::string child_progress(const std::string& log_path) {
@@ -278,8 +264,8 @@ RunnerSummary run_ablation(const Ablation& ablation, const RunnerOptions& option
     log << "ablate: " << finished << "/" << summary.total << " runs finished";
     if (summary.failed + summary.diverged > 0)
       log << " (" << summary.failed << " failed, " << summary.diverged << " diverged)";
-    log << " | running: " << (current.empty() ? "-" : current) << " | elapsed " << duration_text(now - t0)
-        << " | ETA " << duration_text(left / options.jobs) << std::endl;
+    log << " | running: " << (current.empty() ? "-" : current) << " | elapsed " << format_duration(now - t0)
+        << " | ETA " << format_duration(left / options.jobs) << std::endl;
     last_progress = now;
   };
 
@@ -346,7 +332,7 @@ RunnerSummary run_ablation(const Ablation& ablation, const RunnerOptions& option
         else
           log << "FAILED (exit " << st["exit_code"].dump() << "): " << st.value("last_line", std::string());
       }
-      log << ", " << duration_text(seconds) << std::endl;
+      log << ", " << format_duration(seconds) << std::endl;
       changed = true;
     }
     const double now = now_seconds();

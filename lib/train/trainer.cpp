@@ -12,6 +12,7 @@
 
 #include <Eigen/Core>
 
+#include "lib/core/clock.h"
 #include "lib/core/json_read.h"
 #include "lib/layers/softmax_cross_entropy.h"
 #include "lib/model/spec.h"
@@ -21,21 +22,6 @@
 
 namespace gradscale {
 namespace {
-
-double now_seconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-std::string format_duration(double s) {
-  if (!std::isfinite(s) || s < 0) return "?";
-  const auto t = static_cast<long long>(s + 0.5);
-  char buf[32];
-  if (t >= 3600)
-    std::snprintf(buf, sizeof buf, "%lld:%02lld:%02lld", t / 3600, t / 60 % 60, t % 60);
-  else
-    std::snprintf(buf, sizeof buf, "%lld:%02lld", t / 60, t % 60);
-  return buf;
-}
 
 constexpr std::int64_t kMaxCount = std::int64_t{1} << 62;
 constexpr double kMaxSeconds = 1e12;
