@@ -2,10 +2,12 @@
 # The libFuzzer targets of tests/fuzz (docs/fuzzing.md): the config reader, the model spec reader, the
 # scaler spec parser, the IDX reader and the checkpoint reader, built by clang with ASan + UBSan.
 #   scripts/fuzz.sh [SECONDS]            build, then fuzz each target for SECONDS (default 60), one after
-#                                        another at nice 19; prints seconds, executions, corpus, findings
+#                                        another at nice ${FUZZ_NICE:-19}; prints seconds, executions,
+#                                        corpus, findings
 #   scripts/fuzz.sh --replay [TARGET...] run every committed seed once (what CI does: ctest runs this)
 # Environment: FUZZ_BUILD_DIR (default ${BUILD_DIR:-build}/fuzz), FUZZ_WORK (default
-# ${BUILD_DIR:-build}/fuzz-work: grown corpora, logs, crash inputs), JOBS, CXX_FUZZ (default clang++).
+# ${BUILD_DIR:-build}/fuzz-work: grown corpora, logs, crash inputs), JOBS, CXX_FUZZ (default clang++),
+# FUZZ_NICE (default 19; 0 when the fuzzer must not yield to other work, e.g. a timed campaign).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 all_targets=(config model_spec scaler_spec idx checkpoint)
@@ -44,7 +46,7 @@ if [ "${1:-}" = "--replay" ]; then
 fi
 
 case "${1:-60}" in
-  ''|*[!0-9]*) sed -n '2,9p' "$0"; exit 2 ;;
+  ''|*[!0-9]*) sed -n '2,11p' "$0"; exit 2 ;;
 esac
 seconds=${1:-60}
 build
@@ -58,7 +60,7 @@ for t in "${all_targets[@]}"; do
   [ "$t" = idx ] || dict=(-dict=tests/fuzz/json.dict)
   start=$(date +%s)
   rc=0
-  nice -n 19 "$bin" -max_total_time="$seconds" -timeout=30 -rss_limit_mb=2560 -print_final_stats=1 \
+  nice -n "${FUZZ_NICE:-19}" "$bin" -max_total_time="$seconds" -timeout=30 -rss_limit_mb=2560 -print_final_stats=1 \
     "${dict[@]}" -artifact_prefix="$work/$t/crashes/" "$work/$t/corpus" "$corpus_root/$t" \
     </dev/null >"$work/$t/log" 2>&1 || rc=$?
   elapsed=$(( $(date +%s) - start ))
