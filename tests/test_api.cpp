@@ -19,8 +19,10 @@
 #include <gradscale/gradscale.h>
 
 #include "tests/cli_run.h"
+#include "tests/weight_bits.h"
 
 using namespace gradscale;
+using gradscale::testing::weight_bits;
 using json = nlohmann::json;
 using Catch::Matchers::Contains;
 
@@ -50,16 +52,6 @@ TrainConfig small_config(const json& scaler) {
   c.format = Format::fp16;
   c.scaler = scaler;
   return c;
-}
-
-std::vector<std::uint32_t> weight_bits(Model& m) {
-  std::vector<std::uint32_t> bits;
-  for (Parameter* p : m.parameters()) {
-    const std::size_t at = bits.size();
-    bits.resize(at + static_cast<std::size_t>(p->value.size()));
-    std::memcpy(bits.data() + at, p->value.data(), static_cast<std::size_t>(p->value.size()) * sizeof(float));
-  }
-  return bits;
 }
 
 std::string temp_dir(const std::string& name) {

@@ -15,8 +15,10 @@
 #include "lib/train/checkpoint.h"
 #include "lib/train/resume_check.h"
 #include "lib/train/trainer.h"
+#include "tests/weight_bits.h"
 
 using namespace gradscale;
+using gradscale::testing::weight_bits;
 using Catch::Matchers::Contains;
 using json = nlohmann::json;
 namespace fs = std::filesystem;
@@ -52,16 +54,6 @@ std::string read_text(const fs::path& path) {
 void write_text(const fs::path& path, const std::string& text) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   out << text;
-}
-
-std::vector<std::uint32_t> weight_bits(Trainer& t) {
-  std::vector<std::uint32_t> bits;
-  for (Parameter* p : t.model().parameters()) {
-    const std::size_t at = bits.size();
-    bits.resize(at + static_cast<std::size_t>(p->value.size()));
-    std::memcpy(bits.data() + at, p->value.data(), static_cast<std::size_t>(p->value.size()) * sizeof(float));
-  }
-  return bits;
 }
 
 // A checkpoint after 6 of the 8 iterations (inside epoch 2), in `dir`.

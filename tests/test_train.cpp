@@ -7,8 +7,10 @@
 #include <filesystem>
 
 #include "lib/train/trainer.h"
+#include "tests/weight_bits.h"
 
 using namespace gradscale;
+using gradscale::testing::weight_bits;
 using json = nlohmann::json;
 
 namespace {
@@ -23,16 +25,6 @@ TrainConfig small_config() {
   c.seed = 11;
   c.lr = 1e-3;
   return c;
-}
-
-std::vector<std::uint32_t> weight_bits(Trainer& t) {
-  std::vector<std::uint32_t> bits;
-  for (Parameter* p : t.model().parameters()) {
-    const std::size_t at = bits.size();
-    bits.resize(at + static_cast<std::size_t>(p->value.size()));
-    std::memcpy(bits.data() + at, p->value.data(), static_cast<std::size_t>(p->value.size()) * sizeof(float));
-  }
-  return bits;
 }
 
 json without_timing(json r) {
