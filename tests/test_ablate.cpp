@@ -26,6 +26,7 @@
 #include "lib/core/error.h"
 #include "tests/cli_run.h"
 #include "tests/skip.h"
+#include "tests/temp_dir.h"
 
 namespace {
 
@@ -33,27 +34,8 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 using ojson = nlohmann::ordered_json;
 using namespace gradscale;
+using gradscale::testing::TempDir;
 using namespace gradscale::ablate;
-
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = (fs::temp_directory_path() / "gradscale-ablate-XXXXXX").string();
-    REQUIRE(mkdtemp(pattern.data()) != nullptr);
-    path_ = pattern;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  std::string operator/(const std::string& name) const { return (path_ / name).string(); }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
 
 void write_text(const std::string& path, const std::string& text) {
   fs::create_directories(fs::path(path).parent_path());

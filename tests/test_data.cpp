@@ -27,34 +27,15 @@
 #include "lib/data/idx.h"
 #include "lib/data/shuffle.h"
 #include "lib/data/synthetic.h"
+#include "tests/temp_dir.h"
 
 namespace fs = std::filesystem;
 using namespace gradscale;
+using gradscale::testing::TempDir;
 using Bytes = std::vector<std::uint8_t>;
 using Catch::Matchers::Contains;
 
 namespace {
-
-// A fresh directory under the system temp directory, removed with everything in it at scope exit.
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = (fs::temp_directory_path() / "gradscale-data-XXXXXX").string();
-    REQUIRE(mkdtemp(pattern.data()) != nullptr);
-    path_ = pattern;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-  std::string str() const { return path_.string(); }
-
- private:
-  fs::path path_;
-};
 
 // Sets (or, with nullptr, unsets) an environment variable and puts the old value back at scope exit.
 class EnvGuard {

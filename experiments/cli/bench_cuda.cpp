@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "experiments/cli/bench_data.h"
 #include "lib/cuda/context.h"
 #include "lib/cuda/convert.h"
 #include "lib/cuda/device_buffer.h"
@@ -52,19 +53,6 @@ double best_ms(cuda::CudaContext& ctx, int repeats, const std::function<void()>&
   return static_cast<double>(best);
 }
 
-// Gradient-like data (as `bench numeric`): log-uniform magnitudes over 2^-40 .. 2^8, random signs, 5% zeros.
-std::vector<float> gradient_like(std::size_t n) {
-  std::mt19937_64 rng(1);
-  std::uniform_real_distribution<float> log2mag(-40.0f, 8.0f);
-  std::uniform_int_distribution<int> pct(0, 99);
-  std::vector<float> v(n);
-  for (auto& x : v) {
-    const int p = pct(rng);
-    x = p < 5 ? 0.0f : std::exp2(log2mag(rng)) * (p % 2 ? 1.0f : -1.0f);
-  }
-  return v;
-}
-
 }  // namespace
 
 int bench_cuda(std::size_t n, int repeats) {
@@ -74,7 +62,7 @@ int bench_cuda(std::size_t n, int repeats) {
     return 0;
   }
   cuda::CudaContext ctx;
-  const std::vector<float> host = gradient_like(n);
+  const std::vector<float> host = gradient_like(n, 1);
   auto in = cuda::DeviceBuffer<float>::from_host(host, ctx.stream());
   cuda::DeviceBuffer<float> out(n), master(n);
   master.fill_bytes(0, ctx.stream());

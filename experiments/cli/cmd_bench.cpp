@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "experiments/cli/bench_cuda.h"
+#include "experiments/cli/bench_data.h"
 #include "experiments/cli/command.h"
 #include "experiments/cli/parse.h"
 #include "experiments/cli/train_options.h"
@@ -36,19 +37,6 @@ double best_rate(std::size_t n, int repeats, const std::function<void()>& fn) {
     best = std::max(best, static_cast<double>(n) / s);
   }
   return best;
-}
-
-// Gradient-like data: log-uniform magnitudes over 2^-40 .. 2^8, random signs, 5% zeros.
-std::vector<float> gradient_like(std::size_t n, std::uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<float> log2mag(-40.0f, 8.0f);
-  std::uniform_int_distribution<int> pct(0, 99);
-  std::vector<float> v(n);
-  for (auto& x : v) {
-    const int p = pct(rng);
-    x = p < 5 ? 0.0f : std::exp2(log2mag(rng)) * (p % 2 ? 1.0f : -1.0f);
-  }
-  return v;
 }
 
 int bench_numeric(std::size_t n, int repeats) {
