@@ -7,7 +7,6 @@
 //  2. stats_finalize_kernel: one block per tensor combines the partial records in a fixed order.
 #include "lib/cuda/stats.h"
 
-#include <array>
 #include <limits>
 
 #include "lib/cuda/check.h"
@@ -153,20 +152,6 @@ void launch_stats(const StatsTable& table, unsigned blocks, BlockPartial* partia
   GS_CUDA_CHECK_LAUNCH();
 }
 
-// round_thresholds() per (format, option), computed once from quantize(): the same cut points as
-// lib/instrument's pass.
-const RoundThresholds& thresholds_for(Format f, RoundOptions opt) {
-  static const auto table = [] {
-    std::array<std::array<RoundThresholds, 2>, 5> t{};
-    for (Format g : all_formats())
-      for (int nan_opt = 0; nan_opt < 2; ++nan_opt)
-        t[static_cast<std::size_t>(g)][static_cast<std::size_t>(nan_opt)] =
-            round_thresholds(g, RoundOptions{nan_opt == 1});
-    return t;
-  }();
-  return table[static_cast<std::size_t>(f)][opt.e4m3_overflow_to_nan ? 1 : 0];
-}
-
 }  // namespace
 
 void tensor_stats(CudaContext& ctx, const StatsJob* jobs, std::size_t count, DeviceStats* out) {
@@ -189,7 +174,7 @@ void tensor_stats(CudaContext& ctx, const StatsJob* jobs, std::size_t count, Dev
       const StatsJob& job = jobs[first + static_cast<std::size_t>(j)];
       table.data[j] = job.data;
       table.n[j] = job.n;
-      table.thresholds[j] = thresholds_for(job.format, job.round);
+      table.thresholds[j] = round_thresholds(job.format, job.round);
       largest = std::max(largest, job.n);
     }
     const unsigned blocks = grid_for(largest, 8, kMaxBlocksPerJob);

@@ -55,9 +55,8 @@ inline int bin_index(int e) {
   return std::clamp(e, kBinadeMin, kBinadeMax) - kBinadeMin;
 }
 
-}  // namespace
-
-RoundThresholds round_thresholds(Format f, RoundOptions opt) {
+// The thresholds searched from quantize(); round_thresholds() keeps them per (format, option).
+RoundThresholds search_thresholds(Format f, RoundOptions opt) {
   RoundOptions overflow_as_nan = opt;
   overflow_as_nan.e4m3_overflow_to_nan = true;  // makes saturation visible as NaN
   const float min_normal = static_cast<float>(format_info(f).min_normal);
@@ -72,20 +71,21 @@ RoundThresholds round_thresholds(Format f, RoundOptions opt) {
   return t;
 }
 
-namespace {
+}  // namespace
 
-// Thresholds per (format, option): computed once from quantize(), then read.
-const RoundThresholds& cached_thresholds(Format f, RoundOptions opt) {
+const RoundThresholds& round_thresholds(Format f, RoundOptions opt) {
   static const auto table = [] {
     std::array<std::array<RoundThresholds, 2>, 5> t{};
     for (Format g : all_formats())
       for (int nan_opt = 0; nan_opt < 2; ++nan_opt)
         t[static_cast<std::size_t>(g)][static_cast<std::size_t>(nan_opt)] =
-            round_thresholds(g, RoundOptions{nan_opt == 1});
+            search_thresholds(g, RoundOptions{nan_opt == 1});
     return t;
   }();
   return table[static_cast<std::size_t>(f)][opt.e4m3_overflow_to_nan ? 1 : 0];
 }
+
+namespace {
 
 // The class index: how many thresholds |v| (as bits a) passes.
 inline int class_index(std::uint32_t a, const RoundThresholds& th) {
@@ -98,7 +98,7 @@ inline int class_index(std::uint32_t a, const RoundThresholds& th) {
 RoundClass classify_rounding(float v, Format f, RoundOptions opt) {
   std::uint32_t bits;
   std::memcpy(&bits, &v, sizeof bits);
-  return static_cast<RoundClass>(class_index(bits & kAbs, cached_thresholds(f, opt)));
+  return static_cast<RoundClass>(class_index(bits & kAbs, round_thresholds(f, opt)));
 }
 
 const char* round_class_name(RoundClass c) {
@@ -299,11 +299,11 @@ TensorStats split_pass(const float* v, std::size_t n, const RoundThresholds& th,
 }  // namespace
 
 TensorStats tensor_stats(const float* v, std::size_t n, Format f, RoundOptions opt) {
-  return split_pass(v, n, cached_thresholds(f, opt), true);
+  return split_pass(v, n, round_thresholds(f, opt), true);
 }
 
 TensorStats tensor_moments(const float* v, std::size_t n) {
-  TensorStats s = split_pass(v, n, cached_thresholds(Format::fp32, {}), false);
+  TensorStats s = split_pass(v, n, round_thresholds(Format::fp32, {}), false);
   s.zero = s.underflow = s.subnormal = s.normal = s.overflow = 0;  // not computed here (see header)
   return s;
 }

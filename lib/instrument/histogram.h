@@ -52,14 +52,15 @@ struct TensorStats {
   void merge(const TensorStats& other);
 };
 
-// Thresholds of round(v, F) on |v|, derived once from quantize() itself (one rounding rule).
+// Thresholds of round(v, F) on |v|, derived from quantize() itself (one rounding rule), searched once
+// per (format, option) and kept: the CPU pass and lib/cuda's statistics read the same table.
 // Every value is a float32 bit pattern of a non-negative float; classes are cut by a_bits >= t.
 struct RoundThresholds {
   std::uint32_t first_nonzero;   // smallest |v| whose rounding is not 0
   std::uint32_t first_normal;    // smallest |v| whose rounding is a normal number
   std::uint32_t first_overflow;  // smallest |v| whose rounding overflows (0x7F800000 when none)
 };
-RoundThresholds round_thresholds(Format f, RoundOptions opt = {});
+const RoundThresholds& round_thresholds(Format f, RoundOptions opt = {});
 
 // What rounding one value to F does: the class index of TensorStats' counts, for single values.
 enum class RoundClass : std::uint8_t { zero, underflow, subnormal, normal, overflow, nonfinite };
