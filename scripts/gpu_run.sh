@@ -63,5 +63,15 @@ status=0
 if [ "$bench" -eq 1 ]; then
   echo "== gradscale bench cuda"
   "$build/gradscale" bench cuda 2>&1 | tee "$logs/bench_cuda.txt" || status=1
+  # The training step on the GPU (the device seam), static vs adaptive, next to the CPU's.
+  for scaler in static:1024 '{"policy":"adaptive","method":"approx_range"}' \
+    '{"policy":"adaptive","method":"measured"}'; do
+    for device in cuda cpu; do
+      echo "== gradscale bench step --model mlp --format fp16 --batch 256 --scaler $scaler --device $device"
+      "$build/gradscale" bench step --model mlp --data synthetic:4096 --format fp16 --batch 256 \
+        --scaler "$scaler" --device "$device" --steps 50 --warmup 5 2>&1 |
+        tee -a "$logs/bench_step.txt" || status=1
+    done
+  done
 fi
 exit "$status"

@@ -86,6 +86,8 @@ int bench_step(TrainConfig config, std::int64_t steps, std::int64_t warmup) {
     trainer.train_step(x, y);
   }
   Model& model = trainer.model();
+  Backend& backend = model.backend();
+  backend.synchronize();
   model.set_profiling(true);
   const double scaler_before = trainer.scaler_seconds();
   std::vector<double> step_seconds;
@@ -94,6 +96,7 @@ int bench_step(TrainConfig config, std::int64_t steps, std::int64_t warmup) {
     next_batch();
     const auto t0 = std::chrono::steady_clock::now();
     skipped += trainer.train_step(x, y).skipped;
+    backend.synchronize();  // a device's step ends when its kernels have run
     step_seconds.push_back(seconds_since(t0));
   }
   const double scaler_ms = 1e3 * (trainer.scaler_seconds() - scaler_before) / static_cast<double>(steps);
@@ -112,6 +115,7 @@ int bench_step(TrainConfig config, std::int64_t steps, std::int64_t warmup) {
       config.model_spec.is_object() && !config.model_spec.empty() ? "(spec)" : config.model.c_str(),
       format_name(config.format), static_cast<long long>(config.batch), omp_get_max_threads(),
       static_cast<long long>(steps), static_cast<long long>(warmup), static_cast<long long>(skipped));
+  std::printf("device: %s\n", backend.description().c_str());
   std::printf("%-4s %-16s %-14s %12s %12s %8s\n", "id", "layer", "kind", "forward ms", "backward ms",
               "share");
   double layers_ms = 0;

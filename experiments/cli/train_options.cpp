@@ -38,6 +38,7 @@ void add_train_options(po::options_description& desc) {
                                                                      "[eval_batch] evaluation batch size")(
       "max-steps", po::value<std::int64_t>(), "[max_steps] stop after this many iterations (0: no limit)")(
       "seed", po::value<std::int64_t>(), "[seed]")("threads", po::value<int>(), "[threads] 0 = all cores")(
+      "device", po::value<std::string>(), "[device] cpu | cuda | cuda:N")(
       "progress-seconds", po::value<double>(), "[progress_seconds] seconds between progress lines")(
       "checkpoint", po::value<std::string>(), "[checkpoint] directory for checkpoints")(
       "save-every", po::value<std::int64_t>(), "[save_every] iterations between checkpoints")(
@@ -72,6 +73,7 @@ TrainConfig train_config_from(const po::variables_map& vm) {
   if (vm.count("lr")) overrides["lr"] = vm["lr"].as<double>();
   if (vm.count("progress-seconds")) overrides["progress_seconds"] = vm["progress-seconds"].as<double>();
   if (vm.count("threads")) overrides["threads"] = vm["threads"].as<int>();
+  if (vm.count("device")) overrides["device"] = vm["device"].as<std::string>();
   if (vm.count("trace-hist") && vm["trace-hist"].as<bool>()) overrides["trace_hist"] = true;
   for (const char* flag : {"epochs", "batch", "eval-batch", "max-steps", "seed", "save-every", "trace-every"}) {
     if (!vm.count(flag)) continue;

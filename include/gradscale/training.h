@@ -16,11 +16,16 @@
 //   TraceWriter       the per-layer trace of SPEC §8 (JSON Lines while running, one document at the end);
 //                     its header comes from ScaledTraining::trace_header().
 //   softmax_cross_entropy, LossResult   the loss (fp32/fp64) used by loss_backward.
+//   make_backend("cpu"|"cuda"|"cuda:N"), model.use_backend(*backend)   where the model computes (the
+//                     backend must outlive the model; docs/architecture.md, "The device seam"). On a
+//                     device, forward() takes host or device images and returns device logits
+//                     (Tensor::to_host() reads them).
 //
 // Ownership: the model and the optimizer are borrowed by ScaledTraining (they must outlive it), the
 // scaler is owned by it. Contracts in detail: internal/lib/train/scaled_training.h.
 #pragma once
 
+#include "lib/backend/backend.h"
 #include "lib/layers/softmax_cross_entropy.h"
 #include "lib/optim/lr_schedule.h"
 #include "lib/optim/optimizer.h"

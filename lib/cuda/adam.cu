@@ -17,22 +17,35 @@ struct AdamScalars {
   bool decay_weight, decay_grad;
 };
 
+// One element of torch.optim.Adam's update (lib/optim/adam.cpp's loops).
+__device__ void adam_element(float* w, const float* g, float* m, float* v, std::size_t i, const AdamScalars& p,
+                             float neg_step_size, float bias_correction2_sqrt) {
+  const float wi = p.decay_weight ? w[i] * p.weight_factor : w[i];
+  const float gi = p.decay_grad ? g[i] + p.wd * wi : g[i];
+  const float mi = m[i] * p.beta1 + p.one_minus_beta1 * gi;
+  const float vi = v[i] * p.beta2 + p.one_minus_beta2 * gi * gi;
+  m[i] = mi;
+  v[i] = vi;
+  const float denom = sqrtf(vi) / bias_correction2_sqrt + p.eps;
+  w[i] = wi + neg_step_size * mi / denom;
+}
+
 __global__ void adam_kernel(float* w, const float* g, float* m, float* v, std::size_t n, AdamScalars p,
                             const DeviceOptimizerStep* step) {
   if (step->current == 0) return;  // skipped step: nothing changes
   const float neg_step_size = step->adam_neg_step_size;
   const float bias_correction2_sqrt = step->adam_bias_correction2_sqrt;
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
-  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    const float wi = p.decay_weight ? w[i] * p.weight_factor : w[i];
-    const float gi = p.decay_grad ? g[i] + p.wd * wi : g[i];
-    const float mi = m[i] * p.beta1 + p.one_minus_beta1 * gi;
-    const float vi = v[i] * p.beta2 + p.one_minus_beta2 * gi * gi;
-    m[i] = mi;
-    v[i] = vi;
-    const float denom = sqrtf(vi) / bias_correction2_sqrt + p.eps;
-    w[i] = wi + neg_step_size * mi / denom;
-  }
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
+    adam_element(w, g, m, v, i, p, neg_step_size, bias_correction2_sqrt);
+}
+
+// The same with the step's scalars computed on the host (the training path: the CPU's bits).
+__global__ void adam_host_step_kernel(float* w, const float* g, float* m, float* v, std::size_t n, AdamScalars p,
+                                      float neg_step_size, float bias_correction2_sqrt) {
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
+    adam_element(w, g, m, v, i, p, neg_step_size, bias_correction2_sqrt);
 }
 
 void launch_adam(float* w, const float* g, float* m, float* v, std::size_t n, const AdamScalars& p,
@@ -66,6 +79,18 @@ void adam_update(float* w, const float* g, float* m, float* v, std::size_t n, co
   s.weight_factor = static_cast<float>(1.0 - p.lr * p.weight_decay);  // AdamW
   s.wd = static_cast<float>(p.weight_decay);                          // Adam
   launch_adam(w, g, m, v, n, s, step, stream);
+}
+
+void adam_update(float* w, const float* g, float* m, float* v, std::size_t n, const AdamStep& s,
+                 cudaStream_t stream) {
+  if (n == 0) return;
+  GS_CHECK(w != nullptr && g != nullptr && m != nullptr && v != nullptr,
+           "cuda::adam_update of " << n << " elements got a null pointer");
+  const AdamScalars p{s.beta1, s.one_minus_beta1, s.beta2, s.one_minus_beta2, s.eps, s.weight_factor,
+                      s.weight_decay, s.decay_weight, s.decay_grad};
+  adam_host_step_kernel<<<grid_for(n, 4), kBlock, 0, stream>>>(w, g, m, v, n, p, s.neg_step_size,
+                                                                s.bias_correction2_sqrt);
+  GS_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace gradscale::cuda

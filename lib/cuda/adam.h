@@ -10,6 +10,7 @@
 #include <cstddef>
 
 #include "lib/cuda/optim_step.h"
+#include "lib/optim/optimizer.h"
 
 namespace gradscale::cuda {
 
@@ -29,5 +30,10 @@ struct AdamParams {
 // for options out of range, Error for null pointers.
 void adam_update(float* w, const float* g, float* m, float* v, std::size_t n, const AdamParams& p,
                  const DeviceOptimizerStep* step, cudaStream_t stream);
+
+// The training path's entry (lib/optim's DeviceOptimizerKernels): every scalar comes from Adam::update on
+// the host, so the weights are the CPU's bits too; the step is always applied.
+void adam_update(float* w, const float* g, float* m, float* v, std::size_t n, const AdamStep& s,
+                 cudaStream_t stream);
 
 }  // namespace gradscale::cuda

@@ -15,23 +15,34 @@ struct SgdScalars {
   bool nesterov, with_buffer;
 };
 
+// One element of torch.optim.SGD's update (lib/optim/sgd.cpp's loop body).
+__device__ void sgd_element(float* w, const float* g, float* buf, std::size_t i, const SgdScalars& p, bool first) {
+  const float d = p.weight_decay != 0.0f ? g[i] + p.weight_decay * w[i] : g[i];
+  if (!p.with_buffer) {
+    w[i] = w[i] - p.lr * d;
+    return;
+  }
+  const float b = first ? d : buf[i] * p.momentum + d;
+  buf[i] = b;
+  const float u = p.nesterov ? d + p.momentum * b : b;
+  w[i] = w[i] - p.lr * u;
+}
+
 __global__ void sgd_kernel(float* w, const float* g, float* buf, std::size_t n, SgdScalars p,
                            const DeviceOptimizerStep* step) {
   const long long t = step->current;
   if (t == 0) return;         // skipped step: nothing changes
   const bool first = t == 1;  // torch initialises the buffer to a copy of d on its first step
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
-  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    const float d = p.weight_decay != 0.0f ? g[i] + p.weight_decay * w[i] : g[i];
-    if (!p.with_buffer) {
-      w[i] = w[i] - p.lr * d;
-      continue;
-    }
-    const float b = first ? d : buf[i] * p.momentum + d;
-    buf[i] = b;
-    const float u = p.nesterov ? d + p.momentum * b : b;
-    w[i] = w[i] - p.lr * u;
-  }
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
+    sgd_element(w, g, buf, i, p, first);
+}
+
+// The same with the step decided on the host (the training path: ScaledTraining skips on the host).
+__global__ void sgd_host_step_kernel(float* w, const float* g, float* buf, std::size_t n, SgdScalars p, bool first) {
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
+    sgd_element(w, g, buf, i, p, first);
 }
 
 void launch_sgd(float* w, const float* g, float* buf, std::size_t n, const SgdScalars& p,
@@ -59,6 +70,17 @@ void sgd_update(float* w, const float* g, float* momentum_buffer, std::size_t n,
   const SgdScalars s{static_cast<float>(p.lr), static_cast<float>(p.momentum),
                      static_cast<float>(p.weight_decay), p.nesterov, momentum_buffer != nullptr};
   launch_sgd(w, g, momentum_buffer, n, s, step, stream);
+}
+
+void sgd_update(float* w, const float* g, float* momentum_buffer, std::size_t n, const SgdStep& s,
+                cudaStream_t stream) {
+  GS_CHECK((s.momentum > 0) == (momentum_buffer != nullptr),
+           "cuda::sgd_update: a momentum buffer is needed exactly when momentum > 0 (momentum " << s.momentum << ")");
+  if (n == 0) return;
+  GS_CHECK(w != nullptr && g != nullptr, "cuda::sgd_update of " << n << " elements got a null pointer");
+  const SgdScalars p{s.lr, s.momentum, s.weight_decay, s.nesterov, momentum_buffer != nullptr};
+  sgd_host_step_kernel<<<grid_for(n, 4), kBlock, 0, stream>>>(w, g, momentum_buffer, n, p, s.first);
+  GS_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace gradscale::cuda

@@ -10,6 +10,7 @@
 #include <cstddef>
 
 #include "lib/cuda/optim_step.h"
+#include "lib/optim/optimizer.h"
 
 namespace gradscale::cuda {
 
@@ -27,5 +28,10 @@ struct SgdParams {
 // optimizer_begin_step. Throws ConfigError for options out of range, Error for null pointers.
 void sgd_update(float* w, const float* g, float* momentum_buffer, std::size_t n, const SgdParams& p,
                 const DeviceOptimizerStep* step, cudaStream_t stream);
+
+// The training path's entry (lib/optim's DeviceOptimizerKernels): the scalars come from Sgd::update on the
+// host and the step is always applied (ScaledTraining decides skips on the host).
+void sgd_update(float* w, const float* g, float* momentum_buffer, std::size_t n, const SgdStep& s,
+                cudaStream_t stream);
 
 }  // namespace gradscale::cuda

@@ -116,6 +116,12 @@ enum class GradSite : std::uint8_t { upstream, join, weight, loss };
 // Returns max|d| before rounding (the fp32 values after the multiplier; inf when something is not finite).
 float round_gradient(float* d, std::size_t n, float multiplier, GradSite site, int node, const Precision& p,
                      StepMonitor& monitor);
+// The two records round_gradient makes, for a backend that measures on a device and fills the monitor
+// afterwards: the statistics of a rounding into the site's slot of `node`'s record (weight gradients
+// merge over weight and bias), and the found_inf check from max|d| before rounding (`quantized`: the
+// values are rounded to the gradient format, i.e. not a weight gradient kept in fp32).
+void store_gradient_statistics(StepMonitor& monitor, GradSite site, int node, const TensorStats& stats);
+void check_rounded_max(StepMonitor& monitor, int node, float max_abs_before, bool quantized, const Precision& p);
 // Rounds `t` (an fp32 activation gradient a non-parametric layer sends upstream, at an unchanged scale)
 // in place to the gradient format: round_gradient at the upstream site with multiplier 1.
 void round_activation_grad(Tensor& t, int layer_id, const Precision& p, StepMonitor& monitor);

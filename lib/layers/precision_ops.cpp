@@ -65,24 +65,31 @@ TensorStats* stats_slot(StepMonitor& monitor, GradSite site, int node, bool& mer
 
 }  // namespace
 
+void store_gradient_statistics(StepMonitor& monitor, GradSite site, int node, const TensorStats& s) {
+  bool merge = false;
+  TensorStats* slot = stats_slot(monitor, site, node, merge);
+  if (merge)
+    slot->merge(s);
+  else
+    *slot = s;
+}
+
+void check_rounded_max(StepMonitor& monitor, int node, float max_abs_before, bool quantized, const Precision& p) {
+  // found_inf from the largest magnitude before rounding: rounding is monotone, so the result holds a
+  // non-finite value exactly when that maximum is not finite or rounds to the overflow class — which
+  // also catches a saturating format (fp8_e4m3) clamping an overflow to a finite value (SPEC §4), at
+  // the same threshold tensor_stats counts as overflow.
+  if (!std::isfinite(max_abs_before) ||
+      (quantized && classify_rounding(max_abs_before, p.gradient_format(), p.round) == RoundClass::overflow))
+    monitor.note_nonfinite(node);
+}
+
 float round_gradient(float* d, std::size_t n, float multiplier, GradSite site, int node, const Precision& p,
                      StepMonitor& monitor) {
   const Format f = p.gradient_format();
   const bool quantized = site != GradSite::weight || p.quantize_weight_grads;
   scale_in_place(d, n, multiplier);
-  if (monitor.record) {
-    bool merge = false;
-    TensorStats* slot = stats_slot(monitor, site, node, merge);
-    const TensorStats s = tensor_stats(d, n, f, p.round);
-    if (merge)
-      slot->merge(s);
-    else
-      *slot = s;
-  }
-  // found_inf from the largest magnitude before rounding: rounding is monotone, so the result holds a
-  // non-finite value exactly when that maximum is not finite or rounds to the overflow class — which
-  // also catches a saturating format (fp8_e4m3) clamping an overflow to a finite value (SPEC §4), at
-  // the same threshold tensor_stats counts as overflow.
+  if (monitor.record) store_gradient_statistics(monitor, site, node, tensor_stats(d, n, f, p.round));
   // popart_als counts the weight gradients about its edge as they will be stored in F (histogram.h).
   if (site == GradSite::weight && monitor.gradient_edge > 0) {
     const EdgeCounts c = count_about_edge(d, n, static_cast<float>(monitor.gradient_edge),
@@ -91,8 +98,7 @@ float round_gradient(float* d, std::size_t n, float multiplier, GradSite site, i
     monitor.grad_above_edge += c.above;
   }
   const float m = max_abs(d, n);
-  if (!std::isfinite(m) || (quantized && classify_rounding(m, f, p.round) == RoundClass::overflow))
-    monitor.note_nonfinite(node);
+  check_rounded_max(monitor, node, m, quantized, p);
   if (quantized) round_in_place(d, n, f, p.round);
   return m;
 }

@@ -3,7 +3,7 @@
 
 #include <chrono>
 
-#include "lib/model/join.h"
+#include "lib/backend/backend.h"
 
 namespace gradscale {
 
@@ -14,6 +14,8 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }
 
 }  // namespace
+
+Model::Model() : backend_(&cpu_backend()) {}
 
 int Model::add(std::unique_ptr<Layer> layer, std::vector<int> inputs) {
   GS_CHECK(!finalized_, "model already finalized");
@@ -59,13 +61,36 @@ void Model::finalize(const Shape& sample_shape) {
   GS_CHECK_CONFIG(out.size() == 2, "the last layer '" << nodes_.back().layer->name()
                                                       << "' must output [N, classes], got "
                                                       << shape_string(out));
-  outputs_.assign(nodes_.size(), Tensor());
-  pending_.assign(nodes_.size(), {});
-  for (std::size_t i = 0; i < nodes_.size(); ++i)
-    pending_[i].resize(static_cast<std::size_t>(std::max(1, nodes_[i].consumers)));
-  joined_.assign(nodes_.size(), ScaledGrad());
+  allocate_activations();
   finalized_ = true;
 }
+
+void Model::allocate_activations() {
+  DeviceMemory* memory = backend_->memory();
+  outputs_.assign(nodes_.size(), Tensor(memory));
+  pending_.assign(nodes_.size(), {});
+  for (std::size_t i = 0; i < nodes_.size(); ++i)
+    pending_[i].assign(static_cast<std::size_t>(std::max(1, nodes_[i].consumers)), ScaledGrad{Tensor(memory)});
+  joined_.assign(nodes_.size(), ScaledGrad{Tensor(memory)});
+  last_input_ = nullptr;
+}
+
+void Model::use_backend(Backend& backend) {
+  GS_CHECK(finalized_, "Model::use_backend before finalize");
+  if (&backend == backend_) return;
+  GS_CHECK_CONFIG(backend_->device() == Device::cpu,
+                  "Model::use_backend: the model already runs on " << backend_->description()
+                                                                   << " (move a model from the host only)");
+  for (Node& n : nodes_) {
+    const int id = n.layer->id();
+    n.layer = backend.adopt(std::move(n.layer));
+    n.layer->set_id(id);
+  }
+  backend_ = &backend;
+  allocate_activations();
+}
+
+Device Model::device() const { return backend_->device(); }
 
 void Model::prepare_weights(const Precision& p) {
   for (Node& n : nodes_) n.layer->prepare_weights(p);
@@ -77,6 +102,9 @@ const Tensor& Model::forward(const Tensor& input, ForwardContext& ctx) {
   expect.insert(expect.end(), sample_shape_.begin(), sample_shape_.end());
   GS_CHECK_SHAPE(input.shape() == expect,
                  "model input " << shape_string(input.shape()) << ", expected " << shape_string(expect));
+  GS_CHECK_CONFIG(input.device() == device(), "model input in " << device_name(input.device())
+                                                                << " memory, the model runs on "
+                                                                << backend_->description());
   last_input_ = &input;
   std::vector<const Tensor*> ins;
   for (std::size_t i = 0; i < nodes_.size(); ++i) {
@@ -86,7 +114,10 @@ const Tensor& Model::forward(const Tensor& input, ForwardContext& ctx) {
       ins.push_back(in == kModelInput ? &input : &outputs_[static_cast<std::size_t>(in)]);
     const auto t0 = profiling_ ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
     n.layer->forward(ins, outputs_[i], ctx);
-    if (profiling_) layer_times_[i].forward += seconds_since(t0);
+    if (profiling_) {
+      backend_->synchronize();  // a device's kernels run asynchronously: time them, not their launch
+      layer_times_[i].forward += seconds_since(t0);
+    }
   }
   return outputs_.back();
 }
@@ -108,7 +139,7 @@ void Model::backward(const ScaledGrad& grad_output, BackwardContext& ctx) {
       } else {
         parts.clear();
         for (const ScaledGrad& p : pending_[k]) parts.push_back(&p);
-        join_scaled_grads(parts, joined_[k], ctx.precision, ctx.monitor, static_cast<int>(k));
+        backend_->join(parts, joined_[k], ctx.precision, ctx.monitor, static_cast<int>(k));
         g = &joined_[k];
       }
     }
@@ -124,7 +155,10 @@ void Model::backward(const ScaledGrad& grad_output, BackwardContext& ctx) {
     }
     note_backward(static_cast<int>(k), g->scale, ctx.monitor);
     n.layer->backward(ins, outputs_[k], *g, grad_ins, ctx);
-    if (profiling_) layer_times_[k].backward += seconds_since(t0);
+    if (profiling_) {
+      backend_->synchronize();
+      layer_times_[k].backward += seconds_since(t0);
+    }
   }
 }
 

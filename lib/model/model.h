@@ -13,10 +13,16 @@
 #include "lib/scaler/controller.h"
 
 namespace gradscale {
+class Backend;
+}
+
+namespace gradscale {
 
 class Model {
  public:
   static constexpr int kModelInput = -1;
+
+  Model();  // on cpu_backend()
 
   // Appends a layer fed by the given nodes (kModelInput = the model's input). Returns its node id,
   // which is also the layer's id. Inputs must be earlier nodes.
@@ -25,9 +31,17 @@ class Model {
   // The last node is the output (logits [N, classes]).
   void finalize(const Shape& sample_shape);
 
+  // Moves the finalized model to `backend` (lib/backend): every layer is replaced by its twin there, with
+  // the same parameter values, and activations and gradients live in the backend's memory from then on.
+  // The backend must outlive the model. Before the first forward; the default is cpu_backend().
+  void use_backend(Backend& backend);
+  Backend& backend() const { return *backend_; }
+  Device device() const;
+
   // Working weights = quantize(master, F) for every layer; call once per step before forward.
   void prepare_weights(const Precision& p);
   // Runs every layer; returns the output node's tensor (owned by the model, valid until next forward).
+  // The input and the output are in the backend's memory (device()).
   const Tensor& forward(const Tensor& input, ForwardContext& ctx);
   // Backward from the scaled gradient of the output of the last forward (whose input must still be
   // alive). Parameter gradients are added to Parameter::grad. A layer is asked for the gradient of an
@@ -63,7 +77,10 @@ class Model {
     int consumers = 0;
     bool needs_grad = false;  // some parameter lies on or before this node: its output gradient is used
   };
+  void allocate_activations();
+
   std::vector<Node> nodes_;
+  Backend* backend_;
   Shape sample_shape_;
   bool finalized_ = false;
   std::vector<Tensor> outputs_;

@@ -89,6 +89,12 @@ void Adam::update(Parameter& param, std::vector<Tensor>& slots, std::int64_t ste
   const bool decay_grad = wd != 0.0 && !options_.decoupled;
   const float weight_factor = static_cast<float>(1.0 - lr * wd);  // AdamW
   const float wd_f = static_cast<float>(wd);                      // Adam
+  if (!param.value.on_host()) {
+    const AdamStep s{neg_step_size, bias_correction2_sqrt, beta1, one_minus_beta1, beta2, one_minus_beta2,
+                     eps, weight_factor, wd_f, decay_weight, decay_grad};
+    device_kernels(param).adam(w, g, m, v, static_cast<std::size_t>(n), s);
+    return;
+  }
 
   // Fixed chunks of kChunk elements, so that the moment loop and the update loop vectorise: a loop that
   // calls std::sqrt stays scalar (sqrtf may set errno), so the roots get a loop of their own. Each

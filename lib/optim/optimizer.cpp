@@ -30,6 +30,14 @@ void Optimizer::step(const std::vector<Parameter*>& params, double lr) {
   steps_ = step;
 }
 
+DeviceOptimizerKernels& Optimizer::device_kernels(const Parameter& param) const {
+  GS_CHECK_CONFIG(device_ != nullptr, "optimizer '" << name_ << "': parameter '" << param.name << "' lives in "
+                                                    << device_name(param.value.device())
+                                                    << " memory, but the optimizer has no kernels for it "
+                                                       "(ScaledTraining sets them from the model's backend)");
+  return *device_;
+}
+
 void Optimizer::bind(const std::vector<Parameter*>& params, bool check_grads) {
   std::unordered_set<std::string> names;
   std::vector<Bound> bound;
@@ -44,7 +52,7 @@ void Optimizer::bind(const std::vector<Parameter*>& params, bool check_grads) {
     GS_CHECK_CONFIG(names.insert(p->name).second,
                     "optimizer '" << name_ << "': two parameters are named '" << p->name << "'");
     Bound b{p->name, p->value.shape(), {}};
-    for (std::size_t s = 0; s < slot_names_.size(); ++s) b.slots.emplace_back(p->value.shape(), 0.0f);
+    for (std::size_t s = 0; s < slot_names_.size(); ++s) b.slots.emplace_back(p->value.shape(), 0.0f, p->value.memory());
     bound.push_back(std::move(b));
   }
   bound_ = std::move(bound);

@@ -16,6 +16,29 @@
 
 namespace gradscale {
 
+// The element loops of an update for parameters that live in a device's memory, as a device backend
+// provides them (Backend::optimizer_kernels). The optimizer computes every scalar on the host exactly as
+// its CPU loop does, so a kernel that follows the CPU loop's fp32 operations gives the same bits.
+struct SgdStep {
+  float lr = 0, momentum = 0, weight_decay = 0;
+  bool nesterov = false;
+  bool first = false;  // the first applied step: the momentum buffer starts as a copy of d
+};
+struct AdamStep {
+  float neg_step_size = 0, bias_correction2_sqrt = 1;
+  float beta1 = 0.9f, one_minus_beta1 = 0.1f, beta2 = 0.999f, one_minus_beta2 = 0.001f, eps = 1e-8f;
+  float weight_factor = 1;  // AdamW's 1 − lr·wd
+  float weight_decay = 0;   // Adam's coupled wd
+  bool decay_weight = false, decay_grad = false;
+};
+class DeviceOptimizerKernels {
+ public:
+  virtual ~DeviceOptimizerKernels() = default;
+  // momentum_buffer is null when momentum is 0.
+  virtual void sgd(float* w, const float* g, float* momentum_buffer, std::size_t n, const SgdStep& s) = 0;
+  virtual void adam(float* w, const float* g, float* m, float* v, std::size_t n, const AdamStep& s) = 0;
+};
+
 // One named optimizer state tensor, e.g. {"fc1.weight/momentum_buffer", tensor}.
 using StateTensor = std::pair<std::string, Tensor*>;
 using ConstStateTensor = std::pair<std::string, const Tensor*>;
@@ -37,6 +60,9 @@ class Optimizer {
   void step(const std::vector<Parameter*>& params, double lr);
 
   const std::string& name() const { return name_; }  // "sgd", "adam", "adamw"
+  // The element loops for parameters in device memory (null: every parameter is on the host). Set by
+  // ScaledTraining from its model's backend; the state tensors are allocated where the parameters are.
+  void use_device(DeviceOptimizerKernels* kernels) { device_ = kernels; }
   // Number of applied steps so far: the argument for LrSchedule::lr() and Adam's bias correction.
   std::int64_t step_count() const { return steps_; }
 
@@ -69,6 +95,10 @@ class Optimizer {
   // the parameter; `step` is the 1-based number of this step (1 = first applied step).
   virtual void update(Parameter& param, std::vector<Tensor>& slots, std::int64_t step, double lr) = 0;
 
+  // The device's element loops for a parameter whose value lives in device memory (ConfigError when
+  // the optimizer was not given any).
+  DeviceOptimizerKernels& device_kernels(const Parameter& param) const;
+
   // Element loops run in parallel (OpenMP, static schedule) from this many elements on.
   static constexpr std::int64_t kParallelMinElements = std::int64_t{1} << 16;
 
@@ -85,6 +115,7 @@ class Optimizer {
   std::vector<std::string> slot_names_;
   std::vector<Bound> bound_;  // valid iff steps_ > 0
   std::int64_t steps_ = 0;
+  DeviceOptimizerKernels* device_ = nullptr;
 };
 
 // Builds an optimizer from its JSON configuration (keys, defaults and ranges in docs/optim.md):

@@ -60,6 +60,11 @@ void Sgd::update(Parameter& param, std::vector<Tensor>& slots, std::int64_t step
   // torch casts every Python scalar to the tensor's dtype: the hyperparameters enter as floats.
   const float lr_f = static_cast<float>(lr);
   const float wd = param.weight_decay ? static_cast<float>(options_.weight_decay) : 0.0f;
+  if (!param.value.on_host()) {
+    const SgdStep s{lr_f, static_cast<float>(options_.momentum), wd, options_.nesterov, step == 1};
+    device_kernels(param).sgd(w, g, slots.empty() ? nullptr : slots[0].data(), static_cast<std::size_t>(n), s);
+    return;
+  }
 
   if (slots.empty()) {
 #pragma omp parallel for schedule(static) if (n >= kParallelMinElements)

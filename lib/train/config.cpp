@@ -42,7 +42,7 @@ void TrainConfig::merge_json(const json& j) {
   static const std::set<std::string> keys = {"model",        "model_spec", "data",      "format",
                                              "weight_grads", "scaler",     "optimizer", "schedule",
                                              "lr",           "epochs",     "batch",     "eval_batch",
-                                             "max_steps",    "seed",       "threads",   "progress_seconds",
+                                             "max_steps",    "seed",       "threads",   "progress_seconds", "device",
                                              "checkpoint",   "save_every", "resume",
                                              "grad_format",  "trace",      "trace_every", "trace_hist"};
   for (const auto& [k, v] : j.items()) {
@@ -105,6 +105,12 @@ void TrainConfig::merge_json(const json& j) {
       max_steps = integer_in(v, "max_steps", 0, std::int64_t{1} << 40);
     } else if (k == "seed") {
       seed = static_cast<std::uint64_t>(integer_in(v, "seed", 0, std::int64_t{1} << 62));
+    } else if (k == "device") {
+      device = text(v, "device");
+      GS_CHECK_CONFIG(device == "cpu" || device == "cuda" ||
+                          (device.rfind("cuda:", 0) == 0 && device.size() > 5 && device.size() <= 8 &&
+                           device.find_first_not_of("0123456789", 5) == std::string::npos),
+                      "config key 'device' must be cpu, cuda or cuda:N, got '" << text_excerpt(device) << "'");
     } else if (k == "threads") {
       threads = static_cast<int>(integer_in(v, "threads", 0, 1024));
     } else if (k == "progress_seconds") {
@@ -137,6 +143,7 @@ json TrainConfig::to_json() const {
             {"max_steps", max_steps},
             {"seed", seed},
             {"threads", threads},
+            {"device", device},
             {"progress_seconds", progress_seconds},
             {"checkpoint", checkpoint_dir},
             {"save_every", save_every},

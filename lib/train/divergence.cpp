@@ -11,7 +11,9 @@ namespace {
 
 // Index of the first non-finite value of `t`, or -1. The scan is an integer test of the exponent
 // bits (all ones: inf or NaN), which vectorises; the index is searched only when there is one.
-std::int64_t first_nonfinite(const Tensor& t) {
+std::int64_t first_nonfinite(const Tensor& tensor) {
+  const Tensor copy = tensor.on_host() ? Tensor() : tensor.to_host();  // a device's tensor: read a copy
+  const Tensor& t = tensor.on_host() ? tensor : copy;
   const float* x = t.data();
   const std::int64_t n = t.size();
   std::uint32_t any = 0;

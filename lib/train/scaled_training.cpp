@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <sstream>
 
+#include "lib/backend/backend.h"
 #include "lib/core/json_read.h"
 #include "lib/train/checkpoint.h"
 
@@ -73,6 +74,16 @@ ScaledTraining::ScaledTraining(Model& model, Optimizer& optimizer, const Precisi
                   "ScaledTraining: the model must be finalized (Model::finalize) before training");
   scaler_->bind(model_.layer_infos(), precision_.gradient_format());
   rng_.seed(seed_ ^ 0x9E3779B97F4A7C15ull);
+  DeviceMemory* memory = model_.backend().memory();
+  loss_grad_.g = Tensor(memory);
+  input_ = Tensor(memory);
+  optimizer_.use_device(model_.backend().optimizer_kernels());
+}
+
+const Tensor& ScaledTraining::on_model_device(const Tensor& images) {
+  if (images.device() == model_.device()) return images;
+  input_.copy_from(images);
+  return input_;
 }
 
 ScaledTraining::ScaledTraining(Model& model, Optimizer& optimizer, const Precision& precision,
@@ -106,7 +117,7 @@ void ScaledTraining::begin_step(bool record_statistics) {
 const Tensor& ScaledTraining::forward(const Tensor& images) {
   expect(Phase::begun, "forward");
   ForwardContext ctx{precision_, true, &rng_};
-  const Tensor& logits = model_.forward(images, ctx);
+  const Tensor& logits = model_.forward(on_model_device(images), ctx);
   phase_ = Phase::forwarded;
   return logits;
 }
@@ -121,7 +132,7 @@ double ScaledTraining::loss_scale(const Tensor& logits, const std::vector<std::i
   LocalScaleQuery query;
   QueryStatistics stats;
   if (const StatNeeds needs = scaler_->loss_needs()) {
-    softmax_cross_entropy_fp32(logits, labels.data(), 1.0, &loss_fp32_);
+    model_.backend().loss_gradient_fp32(logits, labels, loss_fp32_);
     query.layer_name = "loss";
     query.step = steps_;
     query.format = precision_.gradient_format();
@@ -150,11 +161,13 @@ LossResult ScaledTraining::loss_backward(const Tensor& logits, const std::vector
   GS_CHECK_SHAPE(
       logits.rank() == 2 && logits.dim(0) == static_cast<std::int64_t>(labels.size()),
       "loss_backward: logits " << shape_string(logits.shape()) << " and " << labels.size() << " labels");
-  const LossResult loss = softmax_cross_entropy(logits, labels.data(), loss_scale, precision_, &loss_grad_,
-                                                &monitor_, model_.num_layers() - 1);
+  Backend& backend = model_.backend();
+  const LossResult loss = backend.softmax_cross_entropy(logits, labels, loss_scale, precision_, &loss_grad_,
+                                                        &monitor_, model_.num_layers() - 1);
   model_.zero_grads();
   BackwardContext ctx{precision_, *scaler_, monitor_, steps_};
   model_.backward(loss_grad_, ctx);
+  backend.finish_backward(monitor_);
   current_.loss = loss.loss;
   current_.correct = loss.correct;
   current_.loss_scale = loss_scale;
@@ -195,7 +208,7 @@ const Tensor& ScaledTraining::predict(const Tensor& images) {
       "ScaledTraining::predict is called inside an iteration (call it between step() and begin_step())");
   model_.prepare_weights(precision_);
   ForwardContext ctx{precision_, false, nullptr};
-  return model_.forward(images, ctx);
+  return model_.forward(on_model_device(images), ctx);
 }
 
 nlohmann::json ScaledTraining::identity() const {
@@ -223,9 +236,18 @@ void ScaledTraining::save(const std::string& dir, const nlohmann::json& extra) c
   meta["optimizer"] = optimizer_.state();
   meta["rng"] = rng_state.str();
   std::vector<std::pair<std::string, const Tensor*>> tensors;
-  for (Parameter* p : model_.parameters()) tensors.emplace_back("param/" + p->name, &p->value);
-  for (auto& [name, t] : model_.buffers()) tensors.emplace_back("buffer/" + name, t);
-  for (auto& [name, t] : optimizer_.state_tensors()) tensors.emplace_back("optim/" + name, t);
+  std::vector<Tensor> staged;  // host copies of tensors in device memory
+  staged.reserve(state_tensor_count());
+  const auto add = [&](const std::string& name, const Tensor* t) {
+    if (!t->on_host()) {
+      staged.push_back(t->to_host());
+      t = &staged.back();
+    }
+    tensors.emplace_back(name, t);
+  };
+  for (Parameter* p : model_.parameters()) add("param/" + p->name, &p->value);
+  for (auto& [name, t] : model_.buffers()) add("buffer/" + name, t);
+  for (auto& [name, t] : optimizer_.state_tensors()) add("optim/" + name, t);
   write_checkpoint(dir, std::to_string(steps_), meta, tensors);
 }
 
@@ -271,13 +293,27 @@ nlohmann::json ScaledTraining::load(const std::string& dir) {
     saved_scaler.fail("state", std::string("is refused: ") + e.what());
   }
   std::vector<std::pair<std::string, Tensor*>> tensors;
-  for (Parameter* p : model_.parameters()) tensors.emplace_back("param/" + p->name, &p->value);
-  for (auto& [name, t] : model_.buffers()) tensors.emplace_back("buffer/" + name, t);
-  for (auto& [name, t] : optimizer_.state_tensors()) tensors.emplace_back("optim/" + name, t);
+  std::vector<std::pair<Tensor*, Tensor>> staged;  // device tensors and their host copies to read into
+  staged.reserve(state_tensor_count());
+  const auto add = [&](const std::string& name, Tensor* t) {
+    if (!t->on_host()) {
+      staged.emplace_back(t, t->to_host());
+      t = &staged.back().second;
+    }
+    tensors.emplace_back(name, t);
+  };
+  for (Parameter* p : model_.parameters()) add("param/" + p->name, &p->value);
+  for (auto& [name, t] : model_.buffers()) add("buffer/" + name, t);
+  for (auto& [name, t] : optimizer_.state_tensors()) add("optim/" + name, t);
   read_checkpoint_tensors(dir, meta, tensors);
+  for (auto& [device_tensor, host] : staged) device_tensor->copy_from(host);
   rng_ = rng;
   steps_ = steps;
   return meta;
+}
+
+std::size_t ScaledTraining::state_tensor_count() const {
+  return model_.parameters().size() + model_.buffers().size() + optimizer_.state_tensors().size();
 }
 
 std::vector<LayerScale> ScaledTraining::layer_scales() const {

@@ -71,9 +71,10 @@ class ScaledTraining {
   // the iteration begins.
   void begin_step(bool record_statistics = false);
   // Forward in F (training mode: dropout active, BatchNorm on batch statistics). images: [N, sample
-  // shape of the model] in fp32, used as given (as Trainer feeds its normalised data). Returns the
-  // logits [N, classes], owned by the model and valid until the next forward; `images` must stay
-  // alive and unchanged until loss_backward has returned (backward reads it).
+  // shape of the model] in fp32, used as given (as Trainer feeds its normalised data), on the host or
+  // on the model's device (host images are copied there). Returns the logits [N, classes] on the
+  // model's device (Tensor::to_host() reads them), owned by the model and valid until the next forward;
+  // `images` must stay alive and unchanged until loss_backward has returned (backward reads it).
   const Tensor& forward(const Tensor& images);
   // S0 for this iteration as the scaler chooses it — from the fp32 loss gradient at scale 1 for policies
   // that look at it (adaptive with init_scale "auto"), else its current scale. Optional: loss_backward
@@ -126,6 +127,9 @@ class ScaledTraining {
  private:
   enum class Phase { idle, begun, forwarded, backwarded };
   void expect(Phase phase, const char* call) const;
+  // `images` on the model's device: itself, or its copy in input_.
+  const Tensor& on_model_device(const Tensor& images);
+  std::size_t state_tensor_count() const;
   nlohmann::json identity() const;
 
   Model& model_;
@@ -136,7 +140,8 @@ class ScaledTraining {
   Rng rng_;  // dropout masks
   StepMonitor monitor_;
   ScaledGrad loss_grad_;
-  Tensor loss_fp32_;  // the loss gradient at scale 1, for policies that choose S0 from it
+  Tensor loss_fp32_;  // the loss gradient at scale 1 (host), for policies that choose S0 from it
+  Tensor input_;      // host images copied to the model's device
   Phase phase_ = Phase::idle;
   std::int64_t steps_ = 0;
   StepResult current_;  // filled while the iteration runs

@@ -69,6 +69,9 @@ Trainer::Trainer(TrainConfig config, std::ostream* log) : config_(std::move(conf
   if (config_.model_spec.is_null()) config_.model_spec = builtin_model_spec(config_.model);
   Rng init_rng(config_.seed);
   model_ = build_model(config_.model_spec, init_rng);
+  backend_ = make_backend(config_.device);
+  model_->use_backend(*backend_);
+  if (log_ && config_.device != "cpu") *log_ << "device: " << backend_->description() << "\n";
   Shape sample(data_.train.images.shape().begin() + 1, data_.train.images.shape().end());
   GS_CHECK_CONFIG(sample == model_->sample_shape(), "the model takes samples of shape "
                                                         << shape_string(model_->sample_shape())
@@ -127,13 +130,14 @@ EvalResult Trainer::evaluate(const Dataset& data) {
   model_->prepare_weights(precision_);
   ForwardContext fctx{precision_, false, nullptr};
   Batcher batches(data, config_.eval_batch, 0, false);
-  Tensor x;
+  Tensor x, x_model(model_->backend().memory());  // x on the model's device
   std::vector<std::int32_t> y;
   double loss_sum = 0;
   std::int64_t correct = 0, seen = 0;
   while (batches.next(x, y)) {
-    const Tensor& logits = model_->forward(x, fctx);
-    const LossResult r = softmax_cross_entropy(logits, y.data(), 1.0, precision_, nullptr, nullptr, -1);
+    if (!x_model.on_host()) x_model.copy_from(x);
+    const Tensor& logits = model_->forward(x_model.on_host() ? x : x_model, fctx);
+    const LossResult r = model_->backend().softmax_cross_entropy(logits, y, 1.0, precision_, nullptr, nullptr, -1);
     const auto n = static_cast<std::int64_t>(y.size());
     loss_sum += r.loss * static_cast<double>(n);
     correct += r.correct;

@@ -15,6 +15,7 @@
 #include "lib/core/random.h"
 #include "lib/data/batcher.h"
 #include "lib/data/dataset.h"
+#include "lib/backend/backend.h"
 #include "lib/model/model.h"
 #include "lib/optim/lr_schedule.h"
 #include "lib/optim/optimizer.h"
@@ -77,6 +78,7 @@ class Trainer {
   std::ostream* log_;
   Precision precision_;
   DataSplit data_;
+  std::unique_ptr<Backend> backend_;  // config_.device's; outlives the model
   std::unique_ptr<Model> model_;
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<ScaledTraining> training_;  // the scaler, the dropout generator, the iteration count

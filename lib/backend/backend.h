@@ -1,0 +1,71 @@
+// The device seam (docs/architecture.md, "The device seam"). A backend is where a model computes: the
+// host (CpuBackend: Eigen and OpenMP, today's layer code) or a GPU (lib/cuda's CudaBackend: cuBLAS and
+// the lib/cuda kernels). Tensors carry their device (lib/tensor); a Model is built on the host from its
+// spec and then moved to a backend (Model::use_backend), which gives every layer its twin there. What the
+// device-agnostic code — Model, ScaledTraining, Optimizer, Trainer — needs beyond the layers is this
+// interface: the join, the loss, the end of a backward pass and the optimizer's element loops. Scalers
+// and controllers never see a backend: they get the same statistics, computed where the data lives.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "lib/layers/layer.h"
+#include "lib/layers/softmax_cross_entropy.h"
+#include "lib/optim/optimizer.h"
+#include "lib/tensor/tensor.h"
+
+namespace gradscale {
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  Backend() = default;
+  Backend(const Backend&) = delete;
+  Backend& operator=(const Backend&) = delete;
+
+  virtual Device device() const = 0;
+  // One line for logs and results: "cpu (8 threads)", "cuda: NVIDIA H100 ..., sm_90, ...".
+  virtual std::string description() const = 0;
+  // The memory this backend's tensors live in (null: the host). It must outlive the tensors.
+  virtual DeviceMemory* memory() = 0;
+
+  // This backend's twin of a layer built on the host: the same name, kind, shapes and parameter values
+  // (the host layer's parameters are copied over). ConfigError naming the kind when the backend has no
+  // such layer. The CPU backend returns the layer itself.
+  virtual std::unique_ptr<Layer> adopt(std::unique_ptr<Layer> layer) = 0;
+
+  // SPEC §5's join at a forked tensor (lib/model/join.h): out = round(Σ g_i·T/S_i) at scale T.
+  virtual void join(const std::vector<const ScaledGrad*>& parts, ScaledGrad& out, const Precision& p,
+                    StepMonitor& monitor, int node_id) = 0;
+  // Softmax cross-entropy of logits on this backend (lib/layers/softmax_cross_entropy.h); labels on the
+  // host. With `grad`, the loss gradient times S0 rounded to F at the loss site.
+  virtual LossResult softmax_cross_entropy(const Tensor& logits, const std::vector<std::int32_t>& labels,
+                                           double loss_scale, const Precision& p, ScaledGrad* grad,
+                                           StepMonitor* monitor, int layer_id) = 0;
+  // The fp32 loss gradient at scale 1, before any rounding, into `host_grad` (host memory, resized to
+  // the logits' shape): what a policy that chooses S0 from the loss gradient looks at (small: the
+  // logits' size). Returns the loss.
+  virtual LossResult loss_gradient_fp32(const Tensor& logits, const std::vector<std::int32_t>& labels,
+                                        Tensor& host_grad) = 0;
+  // After a backward pass: completes `monitor` (a device backend fills in what its kernels measured —
+  // found_inf, max|g|, the statistics — from one copy to the host). Before the scaler reads it.
+  virtual void finish_backward(StepMonitor& monitor) = 0;
+  // Waits until the work queued on this backend has finished (timings; a no-op on the host).
+  virtual void synchronize() = 0;
+  // The optimizer's element loops for this backend's parameters (null: the host loops).
+  virtual DeviceOptimizerKernels* optimizer_kernels() = 0;
+};
+
+// The host backend (stateless; one per process): every model's backend until Model::use_backend.
+Backend& cpu_backend();
+
+// A backend by name: "cpu" (a CpuBackend of its own), "cuda" (device 0) or "cuda:N". ConfigError for another name or for "cuda"
+// in a build without the CUDA backend; CudaError ("no CUDA device: ...") when there is no GPU.
+std::unique_ptr<Backend> make_backend(const std::string& device);
+// Whether this build has the CUDA backend.
+bool cuda_backend_built();
+
+}  // namespace gradscale

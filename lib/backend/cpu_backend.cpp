@@ -1,0 +1,77 @@
+// The host backend: today's layers run as they are, and the seam's other entries are the host functions
+// every CPU path has always used (lib/model/join, lib/layers/softmax_cross_entropy, lib/instrument), so
+// the CPU's numerics are unchanged bit for bit.
+#include <omp.h>
+
+#include "lib/backend/backend.h"
+#include "lib/model/join.h"
+
+#ifdef GRADSCALE_HAS_CUDA
+#include "lib/cuda/backend.h"
+#endif
+
+namespace gradscale {
+namespace {
+
+class CpuBackend final : public Backend {
+ public:
+  Device device() const override { return Device::cpu; }
+  std::string description() const override {
+    return "cpu (" + std::to_string(omp_get_max_threads()) + " threads)";
+  }
+  DeviceMemory* memory() override { return nullptr; }
+  std::unique_ptr<Layer> adopt(std::unique_ptr<Layer> layer) override { return layer; }
+  void join(const std::vector<const ScaledGrad*>& parts, ScaledGrad& out, const Precision& p,
+            StepMonitor& monitor, int node_id) override {
+    join_scaled_grads(parts, out, p, monitor, node_id);
+  }
+  LossResult softmax_cross_entropy(const Tensor& logits, const std::vector<std::int32_t>& labels,
+                                   double loss_scale, const Precision& p, ScaledGrad* grad, StepMonitor* monitor,
+                                   int layer_id) override {
+    return gradscale::softmax_cross_entropy(logits, labels.data(), loss_scale, p, grad, monitor, layer_id);
+  }
+  LossResult loss_gradient_fp32(const Tensor& logits, const std::vector<std::int32_t>& labels,
+                                Tensor& host_grad) override {
+    return softmax_cross_entropy_fp32(logits, labels.data(), 1.0, &host_grad);
+  }
+  void finish_backward(StepMonitor&) override {}  // round_gradient filled the monitor as it went
+  void synchronize() override {}
+  DeviceOptimizerKernels* optimizer_kernels() override { return nullptr; }
+};
+
+}  // namespace
+
+Backend& cpu_backend() {
+  static CpuBackend backend;
+  return backend;
+}
+
+bool cuda_backend_built() {
+#ifdef GRADSCALE_HAS_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+std::unique_ptr<Backend> make_backend(const std::string& device) {
+  if (device == "cpu") return std::make_unique<CpuBackend>();
+  int index = -1;
+  if (device == "cuda") {
+    index = 0;
+  } else if (device.rfind("cuda:", 0) == 0 && device.size() > 5 && device.size() <= 8 &&
+             device.find_first_not_of("0123456789", 5) == std::string::npos) {
+    index = std::stoi(device.substr(5));
+  }
+  GS_CHECK_CONFIG(index >= 0, "unknown device '" << device << "' (allowed: cpu, cuda, cuda:N)");
+#ifdef GRADSCALE_HAS_CUDA
+  return cuda::make_cuda_backend(index);
+#else
+  GS_CHECK_CONFIG(false, "device '" << device
+                                    << "': this build has no CUDA backend (configure with -DGRADSCALE_CUDA=ON "
+                                       "on a machine with the CUDA toolkit)");
+  return nullptr;
+#endif
+}
+
+}  // namespace gradscale

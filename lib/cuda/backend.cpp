@@ -1,0 +1,318 @@
+// The CUDA backend (see backend.h).
+#include "lib/cuda/backend.h"
+
+#include <chrono>
+#include <cmath>
+#include <limits>
+
+#include "lib/cuda/adam.h"
+#include "lib/cuda/elementwise.h"
+#include "lib/cuda/layers.h"
+#include "lib/cuda/quantize.h"
+#include "lib/cuda/sgd.h"
+#include "lib/cuda/unscale.h"
+#include "lib/model/join.h"
+#include "lib/scaler/scaler.h"
+
+namespace gradscale::cuda {
+
+// ---- memory ------------------------------------------------------------------------------------------
+
+float* CudaMemory::allocate(std::size_t n) {
+  void* p = nullptr;
+  GS_CUDA_CHECK(cudaMalloc(&p, n * sizeof(float)));
+  return static_cast<float*>(p);
+}
+
+void CudaMemory::release(float* p) noexcept { (void)cudaFree(p); }
+
+void CudaMemory::fill(float* p, std::size_t n, float value) {
+  if (value == 0.0f && !std::signbit(value)) {
+    GS_CUDA_CHECK(cudaMemsetAsync(p, 0, n * sizeof(float), ctx_.stream()));
+    return;
+  }
+  cuda::fill(p, n, value, ctx_.stream());
+}
+
+void CudaMemory::copy(float* dst, const float* src, std::size_t n) {
+  GS_CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, ctx_.stream()));
+}
+
+void CudaMemory::from_host(float* dst, const float* host, std::size_t n) {
+  // From pageable memory the call returns once `host` has been read: the caller may reuse it.
+  GS_CUDA_CHECK(cudaMemcpyAsync(dst, host, n * sizeof(float), cudaMemcpyHostToDevice, ctx_.stream()));
+}
+
+void CudaMemory::to_host(float* host, const float* src, std::size_t n) {
+  GS_CUDA_CHECK(cudaMemcpyAsync(host, src, n * sizeof(float), cudaMemcpyDeviceToHost, ctx_.stream()));
+  ctx_.synchronize();
+}
+
+// ---- optimizer ---------------------------------------------------------------------------------------
+namespace {
+
+class CudaOptimizerKernels final : public DeviceOptimizerKernels {
+ public:
+  explicit CudaOptimizerKernels(CudaContext& ctx) : ctx_(ctx) {}
+  void sgd(float* w, const float* g, float* momentum_buffer, std::size_t n, const SgdStep& s) override {
+    sgd_update(w, g, momentum_buffer, n, s, ctx_.stream());
+  }
+  void adam(float* w, const float* g, float* m, float* v, std::size_t n, const AdamStep& s) override {
+    adam_update(w, g, m, v, n, s, ctx_.stream());
+  }
+
+ private:
+  CudaContext& ctx_;
+};
+
+StatsJob job_of(const float* data, std::int64_t n, Format f, RoundOptions round) {
+  return StatsJob{data, static_cast<std::size_t>(n), f, round};
+}
+
+}  // namespace
+
+// ---- the backend -------------------------------------------------------------------------------------
+
+CudaBackend::CudaBackend(int device)
+    : ctx_(device),
+      memory_(ctx_),
+      optimizer_(std::make_unique<CudaOptimizerKernels>(ctx_)),
+      now_(8),
+      loss_(1),
+      found_inf_(1),
+      loss_grad_(&memory_) {}
+
+CudaBackend::~CudaBackend() = default;
+
+std::string CudaBackend::description() const { return "cuda: " + device_description(ctx_.device()); }
+
+std::unique_ptr<Layer> CudaBackend::adopt(std::unique_ptr<Layer> layer) { return adopt_layer(*this, std::move(layer)); }
+
+DeviceStats* CudaBackend::next_slot() {
+  const std::size_t i = pending_.size();
+  if (i / kChunk >= chunks_.size()) chunks_.emplace_back(kChunk);
+  return chunks_[i / kChunk].data() + i % kChunk;
+}
+
+void CudaBackend::round_gradient(float* d, std::size_t n, float multiplier, GradSite site, int node,
+                                 const Precision& p, StepMonitor& monitor) {
+  const Format f = p.gradient_format();
+  const bool quantized = site != GradSite::weight || p.quantize_weight_grads;
+  cudaStream_t stream = ctx_.stream();
+  if (multiplier != 1.0f) quantize(d, d, n, Format::fp32, p.round, multiplier, stream);  // fp32: d·multiplier
+  tensor_stats(ctx_, d, n, f, p.round, next_slot());
+  pending_.push_back(Pending{site, node, quantized, p});
+  if (site == GradSite::weight && monitor.gradient_edge > 0) {  // popart_als: counted on the host
+    std::vector<float> host(n);
+    memory_.to_host(host.data(), d, n);
+    const EdgeCounts c = count_about_edge(host.data(), n, static_cast<float>(monitor.gradient_edge),
+                                          quantized ? f : Format::fp32, p.round);
+    monitor.grad_below_edge += c.below;
+    monitor.grad_above_edge += c.above;
+  }
+  if (quantized) quantize(d, d, n, f, p.round, 1.0f, stream);
+}
+
+void CudaBackend::round_activation_grad(Tensor& t, int layer_id, const Precision& p, StepMonitor& monitor) {
+  monitor.record_of(layer_id).sent_grad = true;
+  round_gradient(t.data(), static_cast<std::size_t>(t.size()), 1.0f, GradSite::upstream, layer_id, p, monitor);
+}
+
+void CudaBackend::round_output(Tensor& t, const Precision& p) {
+  if (p.format == Format::fp32) return;
+  quantize(t.data(), t.data(), static_cast<std::size_t>(t.size()), p.format, p.round, 1.0f, ctx_.stream());
+}
+
+void CudaBackend::round_working_copy(const Parameter& master, Tensor& working, const Precision& p) {
+  working.resize(master.value.shape());
+  quantize(master.value.data(), working.data(), static_cast<std::size_t>(master.value.size()), p.format, p.round,
+           1.0f, ctx_.stream());
+}
+
+std::vector<TensorStats> CudaBackend::statistics_now(const std::vector<StatsJob>& jobs) {
+  if (now_.size() < jobs.size()) now_.resize(jobs.size());
+  tensor_stats(ctx_, jobs, now_.data());
+  return download_stats(ctx_, now_.data(), jobs.size());
+}
+
+void CudaBackend::finish_backward(StepMonitor& monitor) {
+  std::vector<TensorStats> all;
+  all.reserve(pending_.size());
+  for (std::size_t c = 0; c * kChunk < pending_.size(); ++c) {
+    const std::vector<TensorStats> part =
+        download_stats(ctx_, chunks_[c].data(), std::min(kChunk, pending_.size() - c * kChunk));
+    all.insert(all.end(), part.begin(), part.end());
+  }
+  for (std::size_t i = 0; i < pending_.size(); ++i) {
+    const Pending& e = pending_[i];
+    const TensorStats& s = all[i];
+    if (monitor.record) store_gradient_statistics(monitor, e.site, e.node, s);
+    // max|d| as lib/instrument's max_abs: infinite when something is not finite.
+    const float m = s.nonfinite > 0 ? std::numeric_limits<float>::infinity() : static_cast<float>(s.max_abs);
+    check_rounded_max(monitor, e.node, m, e.quantized, e.precision);
+    if (e.site == GradSite::upstream) monitor.record_of(e.node).sent_max_abs = m;
+    if (e.site == GradSite::loss) monitor.loss_grad_max_abs = m;
+  }
+  pending_.clear();
+}
+
+void CudaBackend::scale_upstream_grad(const Layer& layer, const ScaledGrad& grad_output,
+                                      const UpstreamProduct& product, ScaledGrad& gx, BackwardContext& ctx) {
+  LocalScale decision;
+  if (LayerController* controller = ctx.scaler.layer_controller()) {
+    const auto t0 = std::chrono::steady_clock::now();
+    LocalScaleQuery q;
+    q.layer_id = layer.id();
+    q.layer_name = layer.name();
+    q.step = ctx.step;
+    q.format = ctx.precision.gradient_format();
+    q.scale_in = grad_output.scale;
+    q.reduction = product.reduction;
+    q.grad_shape = grad_output.g.shape();
+    q.weight_shape = product.weight.shape();
+    q.upstream_shape = gx.g.shape();
+    q.grad_size = grad_output.g.size();
+    q.weight_size = product.weight.size();
+    q.upstream_size = gx.g.size();  // raw views stay null: the data is in device memory
+    const StatNeeds needs = controller->needs(layer.id());
+    QueryStatistics stats;
+    std::vector<StatsJob> jobs;
+    std::vector<TensorStats*> targets;
+    std::vector<const TensorStats**> slots;
+    const auto ask = [&](const Tensor& t, Format f, TensorStats* target, const TensorStats** slot) {
+      jobs.push_back(job_of(t.data(), t.size(), f, ctx.precision.round));
+      targets.push_back(target);
+      slots.push_back(slot);
+    };
+    if (needs & kNeedGradMoments) ask(grad_output.g, q.format, &stats.grad_moments, &q.grad_moments);
+    if (needs & kNeedWeightMoments) ask(product.weight, q.format, &stats.weight_moments, &q.weight_moments);
+    if (needs & kNeedUpstreamStats) ask(gx.g, q.format, &stats.upstream_stats, &q.upstream_stats);
+    if (!jobs.empty()) {
+      const std::vector<TensorStats> got = statistics_now(jobs);
+      for (std::size_t i = 0; i < got.size(); ++i) {
+        *targets[i] = got[i];
+        *slots[i] = targets[i];
+      }
+    }
+    if (needs & kNeedGradLogMoments) {  // on the host, from a copy
+      const Tensor host = grad_output.g.to_host();
+      stats.grad_log_moments = log_abs_moments(host.data(), static_cast<std::size_t>(host.size()));
+      q.grad_log_moments = &stats.grad_log_moments;
+    }
+    if ((needs & kNeedProductRange) && product.product_range) {  // the layer's closure copies to the host
+      stats.products = product.product_range();
+      q.products = &stats.products;
+    }
+    decision = controller->decide(q);
+    GS_CHECK_NUMERIC(std::isfinite(decision.s) && decision.s > 0,
+                     "the controller of policy '" << ctx.scaler.policy() << "' chose local scale " << decision.s
+                                                  << " at layer '" << layer.name() << "' (must be finite and > 0)");
+    ctx.monitor.scaler_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  LayerRecord& r = ctx.monitor.record_of(layer.id());
+  r.local_scale = decision.s;
+  r.unbound_scale = decision.unbound;
+  r.sent_grad = true;
+  round_gradient(gx.g.data(), static_cast<std::size_t>(gx.g.size()), static_cast<float>(decision.s),
+                 GradSite::upstream, layer.id(), ctx.precision, ctx.monitor);
+  gx.scale = decision.s * grad_output.scale;
+  r.scale_out = gx.scale;
+}
+
+void CudaBackend::accumulate_weight_grad(Tensor& g, double scale, Parameter& param, int layer_id,
+                                         const Precision& p, StepMonitor& monitor) {
+  GS_CHECK_SHAPE(g.size() == param.grad.size(),
+                 "gradient of " << param.name << " has shape " << shape_string(g.shape())
+                                << ", parameter has " << shape_string(param.grad.shape()));
+  const auto n = static_cast<std::size_t>(g.size());
+  round_gradient(g.data(), n, 1.0f, GradSite::weight, layer_id, p, monitor);
+  const UnscaleJob job{g.data(), param.grad.data(), n, scale};
+  unscale_accumulate(&job, 1, found_inf_.data(), ctx_.stream());
+}
+
+void CudaBackend::join(const std::vector<const ScaledGrad*>& parts, ScaledGrad& out, const Precision& p,
+                       StepMonitor& monitor, int node_id) {
+  GS_CHECK(!parts.empty(), "join of no gradients");
+  std::vector<StatsJob> jobs;
+  std::vector<double> scales;
+  for (const ScaledGrad* part : parts) {
+    GS_CHECK_SHAPE(part->g.shape() == parts[0]->g.shape(), "join: gradient shapes "
+                                                               << shape_string(part->g.shape()) << " and "
+                                                               << shape_string(parts[0]->g.shape()));
+    jobs.push_back(job_of(part->g.data(), part->g.size(), Format::fp32, p.round));
+    scales.push_back(part->scale);
+  }
+  std::vector<double> max_abs_parts;
+  for (const TensorStats& s : statistics_now(jobs))
+    max_abs_parts.push_back(s.nonfinite > 0 ? std::numeric_limits<double>::infinity() : s.max_abs);
+  const double target = join_target_scale(max_abs_parts, scales, p.gradient_format());
+  out.g.resize(parts[0]->g.shape());
+  out.g.fill(0.0f);
+  const auto n = static_cast<std::size_t>(out.g.size());
+  for (const ScaledGrad* part : parts)
+    scale_add(part->g.data(), static_cast<float>(target / part->scale), out.g.data(), n, ctx_.stream());
+  out.scale = target;
+  round_gradient(out.g.data(), n, 1.0f, GradSite::join, node_id, p, monitor);
+}
+
+namespace {
+
+void check_labels(const Tensor& logits, const std::vector<std::int32_t>& labels) {
+  GS_CHECK_SHAPE(logits.rank() == 2 && logits.dim(0) == static_cast<std::int64_t>(labels.size()),
+                 "softmax cross-entropy: logits " << shape_string(logits.shape()) << " and " << labels.size()
+                                                  << " labels");
+  const std::int64_t c = logits.dim(1);
+  for (std::size_t i = 0; i < labels.size(); ++i)
+    GS_CHECK_NUMERIC(labels[i] >= 0 && labels[i] < c,
+                     "label " << labels[i] << " of sample " << i << " is outside [0, " << c << ")");
+}
+
+}  // namespace
+
+LossResult CudaBackend::softmax_cross_entropy(const Tensor& logits, const std::vector<std::int32_t>& labels,
+                                              double loss_scale, const Precision& p, ScaledGrad* grad,
+                                              StepMonitor* monitor, int layer_id) {
+  check_labels(logits, labels);
+  const std::int64_t n = logits.dim(0), classes = logits.dim(1);
+  if (labels_.size() < labels.size()) labels_.resize(labels.size());
+  GS_CUDA_CHECK(cudaMemcpyAsync(labels_.data(), labels.data(), labels.size() * sizeof(std::int32_t),
+                                cudaMemcpyHostToDevice, ctx_.stream()));
+  float* g = nullptr;
+  if (grad) {
+    pending_.clear();  // a backward pass starts here: nothing of an abandoned one is reported
+    grad->g.resize(logits.shape());
+    g = grad->g.data();
+  }
+  cuda::softmax_cross_entropy(ctx_, logits.data(), labels_.data(), n, classes, loss_scale, g, loss_.data());
+  if (grad) {
+    grad->scale = loss_scale;
+    StepMonitor unused;
+    round_gradient(g, static_cast<std::size_t>(grad->g.size()), 1.0f, GradSite::loss, layer_id, p,
+                   monitor ? *monitor : unused);
+    if (!monitor) pending_.clear();
+  }
+  DeviceLoss result{};
+  GS_CUDA_CHECK(cudaMemcpyAsync(&result, loss_.data(), sizeof(result), cudaMemcpyDeviceToHost, ctx_.stream()));
+  ctx_.synchronize();
+  return LossResult{result.loss_sum / static_cast<double>(n), static_cast<std::int64_t>(result.correct)};
+}
+
+LossResult CudaBackend::loss_gradient_fp32(const Tensor& logits, const std::vector<std::int32_t>& labels,
+                                           Tensor& host_grad) {
+  check_labels(logits, labels);
+  const std::int64_t n = logits.dim(0), classes = logits.dim(1);
+  if (labels_.size() < labels.size()) labels_.resize(labels.size());
+  GS_CUDA_CHECK(cudaMemcpyAsync(labels_.data(), labels.data(), labels.size() * sizeof(std::int32_t),
+                                cudaMemcpyHostToDevice, ctx_.stream()));
+  loss_grad_.resize(logits.shape());
+  cuda::softmax_cross_entropy(ctx_, logits.data(), labels_.data(), n, classes, 1.0, loss_grad_.data(), loss_.data());
+  host_grad.copy_from(loss_grad_);  // waits for the device
+  DeviceLoss result{};
+  GS_CUDA_CHECK(cudaMemcpyAsync(&result, loss_.data(), sizeof(result), cudaMemcpyDeviceToHost, ctx_.stream()));
+  ctx_.synchronize();
+  return LossResult{result.loss_sum / static_cast<double>(n), static_cast<std::int64_t>(result.correct)};
+}
+
+std::unique_ptr<Backend> make_cuda_backend(int device) { return std::make_unique<CudaBackend>(device); }
+
+}  // namespace gradscale::cuda

@@ -1,0 +1,110 @@
+// The CUDA backend (lib/backend's seam on one GPU): tensors in device memory, layers that compute with
+// cuBLAS and the lib/cuda kernels, and the precision model's shared steps (SPEC §4–§5) on the device.
+//
+// Measurement without a synchronisation per rounding: every gradient rounding queues its SPEC §3
+// statistics (one stats kernel over the fp32 values before rounding, which also yields max|g| and the
+// non-finite count) into a slot of a device array, and finish_backward copies all slots to the host at
+// once and fills the StepMonitor in the order the roundings happened — found_inf, the first non-finite
+// layer, max|g| per layer and, on recording steps, the statistics: the records the CPU's round_gradient
+// writes as it goes. The host waits for the device elsewhere only where it must decide from device
+// values: a controller's query (the statistics it asked for), a join (max|g_i| of the parts, for T), the
+// loss (its value), popart_als's edge counts, and a layer that runs on the host (HostLayer below).
+#pragma once
+
+#ifndef GRADSCALE_HAS_CUDA
+#error "lib/cuda is the CUDA backend: configure with -DGRADSCALE_CUDA=ON (or AUTO with nvcc on PATH)"
+#endif
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "lib/backend/backend.h"
+#include "lib/cuda/context.h"
+#include "lib/cuda/optim_step.h"
+#include "lib/cuda/softmax_cross_entropy.h"
+#include "lib/cuda/stats.h"
+
+namespace gradscale::cuda {
+
+// Device memory of one CudaContext, for Tensor (allocations are cudaMalloc'd; copies and fills are
+// queued on the context's stream; to_host waits for it).
+class CudaMemory final : public DeviceMemory {
+ public:
+  explicit CudaMemory(CudaContext& ctx) : ctx_(ctx) {}
+  Device device() const override { return Device::cuda; }
+  float* allocate(std::size_t n) override;
+  void release(float* p) noexcept override;
+  void fill(float* p, std::size_t n, float value) override;
+  void copy(float* dst, const float* src, std::size_t n) override;
+  void from_host(float* dst, const float* host, std::size_t n) override;
+  void to_host(float* host, const float* src, std::size_t n) override;
+
+ private:
+  CudaContext& ctx_;
+};
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(int device);
+  ~CudaBackend() override;
+
+  Device device() const override { return Device::cuda; }
+  std::string description() const override;
+  DeviceMemory* memory() override { return &memory_; }
+  std::unique_ptr<Layer> adopt(std::unique_ptr<Layer> layer) override;
+  void join(const std::vector<const ScaledGrad*>& parts, ScaledGrad& out, const Precision& p,
+            StepMonitor& monitor, int node_id) override;
+  LossResult softmax_cross_entropy(const Tensor& logits, const std::vector<std::int32_t>& labels,
+                                   double loss_scale, const Precision& p, ScaledGrad* grad, StepMonitor* monitor,
+                                   int layer_id) override;
+  LossResult loss_gradient_fp32(const Tensor& logits, const std::vector<std::int32_t>& labels,
+                                Tensor& host_grad) override;
+  void finish_backward(StepMonitor& monitor) override;
+  void synchronize() override { ctx_.synchronize(); }
+  DeviceOptimizerKernels* optimizer_kernels() override { return optimizer_.get(); }
+
+  CudaContext& context() { return ctx_; }
+
+  // ---- the precision model's shared steps on device tensors (the twins of lib/layers/layer.h) ----
+  // d (device) ← quantize(multiplier·d, gradient format), measured as round_gradient does (queued).
+  void round_gradient(float* d, std::size_t n, float multiplier, GradSite site, int node, const Precision& p,
+                      StepMonitor& monitor);
+  void round_activation_grad(Tensor& t, int layer_id, const Precision& p, StepMonitor& monitor);
+  void round_output(Tensor& t, const Precision& p);
+  void round_working_copy(const Parameter& master, Tensor& working, const Precision& p);
+  // SPEC §5 steps 1–2 with gx.g holding the fp32 upstream product at S_in (see scale_upstream_grad).
+  void scale_upstream_grad(const Layer& layer, const ScaledGrad& grad_output, const UpstreamProduct& product,
+                           ScaledGrad& gx, BackwardContext& ctx);
+  void accumulate_weight_grad(Tensor& g, double scale, Parameter& param, int layer_id, const Precision& p,
+                              StepMonitor& monitor);
+  // The statistics of several device tensors now (one kernel pair, one copy, waits for the device).
+  std::vector<TensorStats> statistics_now(const std::vector<StatsJob>& jobs);
+
+ private:
+  struct Pending {
+    GradSite site;
+    int node;
+    bool quantized;
+    Precision precision;  // the gradient format and rounding options of the check
+  };
+  DeviceStats* next_slot();
+
+  CudaContext ctx_;
+  CudaMemory memory_;
+  std::unique_ptr<DeviceOptimizerKernels> optimizer_;
+  // The step's queued measurements: slot i of chunk i / kChunk, in rounding order.
+  static constexpr std::size_t kChunk = 256;
+  std::vector<DeviceBuffer<DeviceStats>> chunks_;
+  std::vector<Pending> pending_;
+  DeviceBuffer<DeviceStats> now_;        // statistics_now's results
+  DeviceBuffer<std::int32_t> labels_;    // the batch's labels
+  DeviceBuffer<DeviceLoss> loss_;        // the loss sums
+  DeviceBuffer<int> found_inf_;          // unscale_accumulate's flag (the host decides from the records)
+  Tensor loss_grad_;                     // loss_gradient_fp32's device result
+};
+
+std::unique_ptr<Backend> make_cuda_backend(int device);
+
+}  // namespace gradscale::cuda
