@@ -161,19 +161,7 @@ void CudaBackend::scale_upstream_grad(const Layer& layer, const ScaledGrad& grad
   LocalScale decision;
   if (LayerController* controller = ctx.scaler.layer_controller()) {
     const auto t0 = std::chrono::steady_clock::now();
-    LocalScaleQuery q;
-    q.layer_id = layer.id();
-    q.layer_name = layer.name();
-    q.step = ctx.step;
-    q.format = ctx.precision.gradient_format();
-    q.scale_in = grad_output.scale;
-    q.reduction = product.reduction;
-    q.grad_shape = grad_output.g.shape();
-    q.weight_shape = product.weight.shape();
-    q.upstream_shape = gx.g.shape();
-    q.grad_size = grad_output.g.size();
-    q.weight_size = product.weight.size();
-    q.upstream_size = gx.g.size();  // raw views stay null: the data is in device memory
+    LocalScaleQuery q = upstream_query(layer, grad_output, product, gx.g, ctx);  // no raw views: device data
     const StatNeeds needs = controller->needs(layer.id());
     QueryStatistics stats;
     std::vector<StatsJob> jobs;
@@ -203,11 +191,7 @@ void CudaBackend::scale_upstream_grad(const Layer& layer, const ScaledGrad& grad
       stats.products = product.product_range();
       q.products = &stats.products;
     }
-    decision = controller->decide(q);
-    GS_CHECK_NUMERIC(std::isfinite(decision.s) && decision.s > 0,
-                     "the controller of policy '" << ctx.scaler.policy() << "' chose local scale " << decision.s
-                                                  << " at layer '" << layer.name() << "' (must be finite and > 0)");
-    ctx.monitor.scaler_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    decision = checked_decision(*controller, q, layer, ctx, t0);
   }
   LayerRecord& r = ctx.monitor.record_of(layer.id());
   r.local_scale = decision.s;

@@ -11,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <chrono>
 #include <functional>
 #include <optional>
 
@@ -134,6 +135,13 @@ void round_working_copy(const Parameter& master, Tensor& working, const Precisio
 // (lib/instrument), gets s, and rounds s·gx.g once (round_gradient); sets gx.scale = s·S.
 void scale_upstream_grad(const Layer& layer, const ScaledGrad& grad_output, const UpstreamProduct& product,
                          ScaledGrad& gx, BackwardContext& ctx);
+// The pieces of scale_upstream_grad a device backend shares: the query of step 1 (its raw views set
+// only when the data is in host memory; no statistics yet), and the controller's decision on it,
+// checked (finite, > 0), its time since `start` added to the monitor's scaler_seconds.
+LocalScaleQuery upstream_query(const Layer& layer, const ScaledGrad& grad_output, const UpstreamProduct& product,
+                               const Tensor& upstream, const BackwardContext& ctx);
+LocalScale checked_decision(LayerController& controller, const LocalScaleQuery& q, const Layer& layer,
+                            BackwardContext& ctx, std::chrono::steady_clock::time_point start);
 // Weight-gradient step (SPEC §4): `g` is the fp32 gradient at scale S; it is rounded to the gradient
 // format (unless the precision keeps weight gradients in fp32), checked for non-finite values, counted
 // about the monitor's edge, and g/S is added to `param.grad`.

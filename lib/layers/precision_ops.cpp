@@ -151,34 +151,48 @@ void QueryStatistics::attach(StatNeeds needs, LocalScaleQuery& q, RoundOptions r
   }
 }
 
+LocalScaleQuery upstream_query(const Layer& layer, const ScaledGrad& grad_output, const UpstreamProduct& product,
+                               const Tensor& upstream, const BackwardContext& ctx) {
+  LocalScaleQuery q;
+  q.layer_id = layer.id();
+  q.layer_name = layer.name();
+  q.step = ctx.step;
+  q.format = ctx.precision.gradient_format();
+  q.scale_in = grad_output.scale;
+  q.reduction = product.reduction;
+  q.grad_shape = grad_output.g.shape();
+  q.weight_shape = product.weight.shape();
+  q.upstream_shape = upstream.shape();
+  q.grad_size = grad_output.g.size();
+  q.weight_size = product.weight.size();
+  q.upstream_size = upstream.size();
+  if (upstream.on_host()) {  // raw views of host memory only
+    q.grad = grad_output.g.data();
+    q.weight = product.weight.data();
+    q.upstream = upstream.data();
+  }
+  return q;
+}
+
+LocalScale checked_decision(LayerController& controller, const LocalScaleQuery& q, const Layer& layer,
+                            BackwardContext& ctx, std::chrono::steady_clock::time_point start) {
+  const LocalScale decision = controller.decide(q);
+  GS_CHECK_NUMERIC(std::isfinite(decision.s) && decision.s > 0,
+                   "the controller of policy '" << ctx.scaler.policy() << "' chose local scale " << decision.s
+                                                << " at layer '" << layer.name() << "' (must be finite and > 0)");
+  ctx.monitor.scaler_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return decision;
+}
+
 void scale_upstream_grad(const Layer& layer, const ScaledGrad& grad_output, const UpstreamProduct& product,
                          ScaledGrad& gx, BackwardContext& ctx) {
   LocalScale decision;
   if (LayerController* controller = ctx.scaler.layer_controller()) {
     const auto t0 = std::chrono::steady_clock::now();
-    LocalScaleQuery q;
-    q.layer_id = layer.id();
-    q.layer_name = layer.name();
-    q.step = ctx.step;
-    q.format = ctx.precision.gradient_format();
-    q.scale_in = grad_output.scale;
-    q.reduction = product.reduction;
-    q.grad_shape = grad_output.g.shape();
-    q.weight_shape = product.weight.shape();
-    q.upstream_shape = gx.g.shape();
-    q.grad = grad_output.g.data();
-    q.grad_size = grad_output.g.size();
-    q.weight = product.weight.data();
-    q.weight_size = product.weight.size();
-    q.upstream = gx.g.data();
-    q.upstream_size = gx.g.size();
+    LocalScaleQuery q = upstream_query(layer, grad_output, product, gx.g, ctx);
     QueryStatistics stats;
     stats.attach(controller->needs(layer.id()), q, ctx.precision.round, product.product_range);
-    decision = controller->decide(q);
-    GS_CHECK_NUMERIC(std::isfinite(decision.s) && decision.s > 0,
-                     "the controller of policy '" << ctx.scaler.policy() << "' chose local scale " << decision.s
-                                                  << " at layer '" << layer.name() << "' (must be finite and > 0)");
-    ctx.monitor.scaler_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    decision = checked_decision(*controller, q, layer, ctx, t0);
   }
   // s multiplies the fp32 accumulator before the one rounding, so s·g itself never overflows.
   LayerRecord& r = ctx.monitor.record_of(layer.id());
