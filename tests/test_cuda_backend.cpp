@@ -3,19 +3,30 @@
 //  - tensors in device memory: fill, copies within and across devices, the copy constructor;
 //  - the queued measurement of a rounding, entered into the monitor at finish_backward, equals the
 //    CPU's round_gradient on the same values: statistics, found_inf, max|g|, the rounded bits;
+//  - every built-in layer kind has a GPU twin, and each twin's forward and backward equal the CPU
+//    layer's on the same values at fp16 — outputs, input gradients, parameter gradients and the
+//    statistics in the monitor (exact sums by construction, so bit for bit; BatchNorm within one F ulp);
+//  - a user-defined layer runs on the host inside a GPU model (HostLayer) with the CPU's numerics;
 //  - training on `--device cuda` tracks the CPU emulation step by step (the GEMMs add in another order:
-//    losses agree to a stated tolerance), for a global and two adaptive policies, an MLP on the GPU's
-//    own layers and a CNN whose convolutions run as host layers; a checkpoint written on the GPU resumes
-//    on the CPU.
+//    losses agree to a stated tolerance), for a global and two adaptive policies, an MLP, a CNN and
+//    resnet-mini; a checkpoint written on the GPU resumes on the CPU.
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <functional>
+#include <sstream>
 #include <filesystem>
 #include <vector>
 
 #include "lib/backend/backend.h"
 #include "lib/core/random.h"
 #include "lib/cuda/backend.h"
+#include "lib/cuda/layers.h"
+#include "lib/layers/batchnorm.h"
+#include "lib/layers/conv2d.h"
+#include "lib/layers/dropout.h"
+#include "lib/layers/pool.h"
+#include "lib/scaler/scaler.h"
 #include "lib/train/trainer.h"
 #include "tests/cuda_test.h"
 #include "tests/temp_dir.h"
@@ -40,6 +51,83 @@ Tensor gradient_values(std::int64_t n, std::uint64_t seed) {
     if (i % 97 == 0) t[i] = 0.0f;
   }
   return t;
+}
+
+// k·unit with k uniform in [lo, hi]: exact in fp16, and the sums the layers form stay exact in fp32.
+Tensor grid_tensor(const Shape& s, Rng& rng, int lo, int hi, double unit) {
+  Tensor t(s);
+  for (std::int64_t i = 0; i < t.size(); ++i)
+    t[i] = static_cast<float>(unit * (lo + static_cast<int>(uniform_below(rng, static_cast<std::uint64_t>(hi - lo + 1)))));
+  return t;
+}
+
+// One forward and backward of a layer at fp16 under a static scale (global policy: s = 1), on the CPU or
+// (with `backend`) on its twin; everything comes back in host memory.
+struct LayerRun {
+  Tensor y, gx;
+  double gx_scale = 0;
+  std::vector<Tensor> param_grads, buffers;
+  StepMonitor monitor;
+};
+
+LayerRun run_layer(Layer& layer, Backend& backend, const Tensor& x, const Tensor& g, bool training,
+                   std::uint64_t mask_seed) {
+  Precision p;
+  p.format = Format::fp16;
+  const std::unique_ptr<Scaler> scaler = make_scaler(json{{"policy", "static"}, {"scale", 1024}}, Format::fp16);
+  LayerRun r;
+  r.monitor.reset(1, true, 0.0);
+  Rng rng(mask_seed);
+  ForwardContext fctx{p, training, &rng};
+  const Tensor dx = x.to(backend.memory());
+  Tensor y(backend.memory());
+  layer.prepare_weights(p);
+  layer.forward({&dx}, y, fctx);
+  const ScaledGrad gy{g.to(backend.memory()), 1024.0};
+  ScaledGrad gx{Tensor(backend.memory()), 0.0};
+  BackwardContext bctx{p, *scaler, r.monitor, 0};
+  note_backward(layer.id(), gy.scale, r.monitor);
+  layer.backward({&dx}, y, gy, {&gx}, bctx);
+  backend.finish_backward(r.monitor);
+  r.y = y.to_host();
+  r.gx = gx.g.to_host();
+  r.gx_scale = gx.scale;
+  for (Parameter* q : layer.parameters()) r.param_grads.push_back(q->grad.to_host());
+  for (auto& [name, t] : layer.buffers()) r.buffers.push_back(t->to_host());
+  return r;
+}
+
+std::vector<float> values_of(const Tensor& t) { return std::vector<float>(t.data(), t.data() + t.size()); }
+
+// |a − b| ≤ one fp16 ulp of b (2^-10·|b|, or the smallest subnormal near 0) for every element.
+std::string within_f_ulp(const Tensor& got, const Tensor& want) {
+  if (got.shape() != want.shape()) return "shapes differ";
+  std::size_t bad = 0;
+  std::ostringstream os;
+  for (std::int64_t i = 0; i < want.size(); ++i) {
+    const double tol = std::max(0x1p-10 * std::fabs(static_cast<double>(want[i])), 0x1p-24);
+    if (std::fabs(static_cast<double>(got[i]) - want[i]) <= tol) continue;
+    if (++bad <= 8) os << "  [" << i << "] got " << got[i] << " want " << want[i] << "\n";
+  }
+  return bad == 0 ? "" : std::to_string(bad) + " of " + std::to_string(want.size()) + " differ:\n" + os.str();
+}
+
+// The statistics the two runs entered into the monitor: equal counts and histograms.
+void check_same_records(const StepMonitor& gpu, const StepMonitor& cpu) {
+  CHECK(gpu.found_inf == cpu.found_inf);
+  const LayerRecord& a = gpu.records[0];
+  const LayerRecord& b = cpu.records[0];
+  CHECK(a.has_activation_grad == b.has_activation_grad);
+  CHECK(a.has_weight_grad == b.has_weight_grad);
+  CHECK(a.sent_max_abs == b.sent_max_abs);
+  for (auto [got, want] : {std::pair{&a.activation_grad, &b.activation_grad}, std::pair{&a.weight_grad, &b.weight_grad}}) {
+    CHECK(got->zero == want->zero);
+    CHECK(got->underflow == want->underflow);
+    CHECK(got->subnormal == want->subnormal);
+    CHECK(got->normal == want->normal);
+    CHECK(got->binades == want->binades);
+    CHECK(got->max_abs == want->max_abs);
+  }
 }
 
 TrainConfig config_for(const std::string& model, Format f, const json& scaler, const std::string& device) {
@@ -117,6 +205,125 @@ TEST_CASE("CUDA backend: a rounding measured on the GPU fills the monitor as the
   }
 }
 
+TEST_CASE("CUDA backend: every built-in layer kind has a GPU twin, other layers run on the host", "[cuda][backend]") {
+  // Needs no GPU: which kinds have twins is a property of the build.
+  for (const char* kind : {"linear", "relu", "flatten", "add", "conv2d", "maxpool2d", "global_avgpool",
+                           "batchnorm", "dropout"})
+    CHECK(cuda::runs_on_gpu(kind));
+  CHECK_FALSE(cuda::runs_on_gpu("my_layer"));
+}
+
+TEST_CASE("CUDA backend: each layer twin equals the CPU layer at fp16: outputs, gradients, statistics",
+          "[cuda][backend][layers]") {
+  test::require_cuda_device();
+  cuda::CudaBackend backend(0);
+  struct Case {
+    std::string what;
+    std::function<std::unique_ptr<Layer>()> make;
+    Shape input;
+    bool training = true;
+    bool bit_exact = true;  // BatchNorm: double sums in another order, one F ulp
+  };
+  const auto conv = [](std::int64_t c, std::int64_t o, std::int64_t k, std::int64_t stride, std::int64_t pad,
+                       bool bias) {
+    return [=] {
+      Rng rng(3);
+      return std::unique_ptr<Layer>(std::make_unique<Conv2d>("conv", c, o, k, stride, pad, bias, InitSpec{}, rng));
+    };
+  };
+  const std::vector<Case> cases = {
+      {"conv 3x3 pad 1 bias", conv(3, 4, 3, 1, 1, true), {2, 3, 7, 6}},
+      {"conv 3x3 stride 2", conv(2, 5, 3, 2, 1, false), {3, 2, 9, 9}},
+      {"conv 1x1 stride 2 (projection)", conv(4, 6, 1, 2, 0, false), {2, 4, 8, 8}},
+      {"maxpool 2x2", [] { return std::unique_ptr<Layer>(std::make_unique<MaxPool2d>("pool", 2)); }, {2, 3, 8, 6}},
+      {"maxpool 3x3 stride 2 (overlapping)",
+       [] { return std::unique_ptr<Layer>(std::make_unique<MaxPool2d>("pool", 3, 2)); }, {2, 2, 9, 7}},
+      {"global avgpool", [] { return std::unique_ptr<Layer>(std::make_unique<GlobalAvgPool>("gap")); }, {3, 4, 5, 7}},
+      {"batchnorm 2d training", [] { return std::unique_ptr<Layer>(std::make_unique<BatchNorm>("bn", 4)); },
+       {3, 4, 5, 5}, true, false},
+      {"batchnorm 1d eval", [] { return std::unique_ptr<Layer>(std::make_unique<BatchNorm>("bn", 6)); },
+       {8, 6}, false, false},
+      {"dropout 0.3", [] { return std::unique_ptr<Layer>(std::make_unique<Dropout>("drop", 0.3)); }, {4, 37}},
+      {"dropout eval", [] { return std::unique_ptr<Layer>(std::make_unique<Dropout>("drop", 0.3)); }, {4, 37}, false},
+  };
+  Rng rng(21);
+  for (const Case& k : cases) {
+    INFO(k.what);
+    std::unique_ptr<Layer> cpu = k.make();
+    std::unique_ptr<Layer> host_twin = k.make();
+    cpu->set_id(0);
+    host_twin->set_id(0);
+    for (std::size_t i = 0; i < cpu->parameters().size(); ++i) {  // exact weights: grid values
+      Parameter* a = cpu->parameters()[i];
+      const Tensor w = grid_tensor(a->value.shape(), rng, -8, 8, 0.125);
+      a->value.copy_from(w);
+      host_twin->parameters()[i]->value.copy_from(w);
+    }
+    std::unique_ptr<Layer> gpu = backend.adopt(std::move(host_twin));
+    REQUIRE(gpu->kind() == cpu->kind());
+    const Tensor x = grid_tensor(k.input, rng, -8, 8, 0.25);
+    const Shape out = cpu->output_shape({k.input});
+    const Tensor g = grid_tensor(out, rng, -4, 4, 0.25);
+    const LayerRun want = run_layer(*cpu, cpu_backend(), x, g, k.training, 99);
+    const LayerRun got = run_layer(*gpu, backend, x, g, k.training, 99);
+    CHECK(got.gx_scale == want.gx_scale);
+    REQUIRE(got.param_grads.size() == want.param_grads.size());
+    REQUIRE(got.buffers.size() == want.buffers.size());
+    if (k.bit_exact) {
+      CHECK(test::bit_mismatches(values_of(got.y), values_of(want.y)).empty());
+      CHECK(test::bit_mismatches(values_of(got.gx), values_of(want.gx)).empty());
+      for (std::size_t i = 0; i < want.param_grads.size(); ++i)
+        CHECK(test::bit_mismatches(values_of(got.param_grads[i]), values_of(want.param_grads[i])).empty());
+      check_same_records(got.monitor, want.monitor);
+    } else {
+      CHECK(within_f_ulp(got.y, want.y).empty());
+      CHECK(within_f_ulp(got.gx, want.gx).empty());
+      for (std::size_t i = 0; i < want.param_grads.size(); ++i)
+        CHECK(within_f_ulp(got.param_grads[i], want.param_grads[i]).empty());
+    }
+    for (std::size_t i = 0; i < want.buffers.size(); ++i)  // running statistics: fp32, one ulp
+      CHECK(within_f_ulp(got.buffers[i], want.buffers[i]).empty());
+  }
+}
+
+namespace {
+
+// A layer the library does not know: y = 2·x in fp32 (exact), the gradient doubled at the same scale.
+class Doubler final : public Layer {
+ public:
+  using Layer::Layer;
+  std::string kind() const override { return "doubler"; }
+  Shape output_shape(const std::vector<Shape>& inputs) const override { return inputs[0]; }
+  void forward(const std::vector<const Tensor*>& inputs, Tensor& output, ForwardContext&) override {
+    GS_CHECK(inputs[0]->on_host(), "doubler runs on the host");
+    output.resize(inputs[0]->shape());
+    for (std::int64_t i = 0; i < output.size(); ++i) output[i] = 2.0f * (*inputs[0])[i];
+  }
+  void backward(const std::vector<const Tensor*>&, const Tensor& output, const ScaledGrad& grad_output,
+                const std::vector<ScaledGrad*>& grad_inputs, BackwardContext&) override {
+    ScaledGrad* gx = grad_inputs[0];
+    gx->g.resize(output.shape());
+    for (std::int64_t i = 0; i < output.size(); ++i) gx->g[i] = 2.0f * grad_output.g[i];
+    gx->scale = grad_output.scale;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("CUDA backend: a user-defined layer runs on the host inside a model on the GPU", "[cuda][backend][layers]") {
+  test::require_cuda_device();
+  cuda::CudaBackend backend(0);
+  Doubler cpu("double");
+  cpu.set_id(0);
+  std::unique_ptr<Layer> gpu = backend.adopt(std::make_unique<Doubler>("double"));
+  Rng rng(8);
+  const Tensor x = grid_tensor({3, 5}, rng, -8, 8, 0.25), g = grid_tensor({3, 5}, rng, -4, 4, 0.25);
+  const LayerRun want = run_layer(cpu, cpu_backend(), x, g, true, 1);
+  const LayerRun got = run_layer(*gpu, backend, x, g, true, 1);
+  CHECK(test::bit_mismatches(values_of(got.y), values_of(want.y)).empty());
+  CHECK(test::bit_mismatches(values_of(got.gx), values_of(want.gx)).empty());
+}
+
 TEST_CASE("CUDA backend: training on the GPU tracks the CPU emulation step by step", "[cuda][backend][train]") {
   test::require_cuda_device();
   struct Case {
@@ -129,7 +336,9 @@ TEST_CASE("CUDA backend: training on the GPU tracks the CPU emulation step by st
       {"mlp", Format::fp16, {{"policy", "torch"}}},
       {"deep-mlp", Format::fp16, {{"policy", "adaptive"}, {"method", "approx_range"}}},
       {"deep-mlp", Format::bf16, {{"policy", "adaptive"}, {"method", "measured"}}},
-      {"cnn", Format::fp16, {{"policy", "adaptive"}, {"method", "approx_range"}}},  // host convolutions
+      {"cnn", Format::fp16, {{"policy", "adaptive"}, {"method", "approx_range"}}},
+      {"resnet-mini", Format::fp16, {{"policy", "torch"}}},
+      {"resnet-mini", Format::fp16, {{"policy", "adaptive"}, {"method", "measured"}}},
   };
   for (const Case& k : cases) {
     INFO(k.model << " " << format_name(k.format) << " " << k.scaler.dump());

@@ -269,6 +269,25 @@ TEST_CASE(
     cuda::col2im(d_col_grad.data(), geo, d_gx.data(), ctx.stream());
     CHECK(bit_mismatches(test::to_host(d_gx, ctx), gx_ref).empty());
 
+    // The batch-wide layout: sample b's columns side by side at b·Ho·Wo in rows of n·Ho·Wo; the same
+    // entries, and col2im from it sums in the same order.
+    std::vector<float> wide_ref(cols_ref.size()), col_grad_wide(cols_ref.size());
+    for (std::int64_t b = 0; b < k.n; ++b)
+      for (std::int64_t r = 0; r < rows; ++r)
+        for (std::int64_t q = 0; q < plane; ++q) {
+          const auto from = static_cast<std::size_t>((b * rows + r) * plane + q);
+          const auto to = static_cast<std::size_t>(r * k.n * plane + b * plane + q);
+          wide_ref[to] = cols_ref[from];
+          col_grad_wide[to] = col_grad[from];
+        }
+    auto d_wide = test::sentinel_buffer<float>(cols_ref.size(), ctx);
+    cuda::im2col(d_x.data(), geo, d_wide.data(), ctx.stream(), cuda::ColumnLayout::batch_wide);
+    CHECK(bit_mismatches(test::to_host(d_wide, ctx), wide_ref).empty());
+    auto d_col_grad_wide = test::to_device(col_grad_wide, ctx);
+    auto d_gx_wide = test::sentinel_buffer<float>(x.size(), ctx);
+    cuda::col2im(d_col_grad_wide.data(), geo, d_gx_wide.data(), ctx.stream(), cuda::ColumnLayout::batch_wide);
+    CHECK(bit_mismatches(test::to_host(d_gx_wide, ctx), gx_ref).empty());
+
     // The convolution of Conv2d (no bias) on exact values: y_b = W·cols_b; the upstream gradient
     // col2im(Wᵀ·g_b); the weight gradient Σ_b g_b·cols_bᵀ. Every sum is exact, so the bits must match.
     Rng init_rng(9);

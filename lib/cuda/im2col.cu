@@ -9,7 +9,18 @@
 namespace gradscale::cuda {
 namespace {
 
-__global__ void im2col_kernel(const float* x, ConvGeometry g, std::int64_t ho, std::int64_t wo, float* cols) {
+// Offset of sample b's column matrix, and the distance between its rows, in `layout`.
+struct ColumnStrides {
+  std::int64_t sample, row;
+};
+ColumnStrides column_strides(const ConvGeometry& g, ColumnLayout layout) {
+  const std::int64_t plane = g.col_cols();
+  if (layout == ColumnLayout::batch_wide) return {plane, g.n * plane};
+  return {g.col_rows() * plane, plane};
+}
+
+__global__ void im2col_kernel(const float* x, ConvGeometry g, std::int64_t ho, std::int64_t wo,
+                              ColumnStrides cs, float* cols) {
   const std::int64_t k = g.kernel, plane = ho * wo, rows = g.channels * k * k;
   const std::int64_t total = g.n * rows * plane;
   const std::int64_t step = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
@@ -19,20 +30,20 @@ __global__ void im2col_kernel(const float* x, ConvGeometry g, std::int64_t ho, s
     const std::int64_t kj = row % k, ki = (row / k) % k, c = row / (k * k);
     const std::int64_t ih = (col / wo) * g.stride - g.pad + ki, iw = (col % wo) * g.stride - g.pad + kj;
     const bool inside = ih >= 0 && ih < g.h && iw >= 0 && iw < g.w;
-    cols[t] = inside ? x[((b * g.channels + c) * g.h + ih) * g.w + iw] : 0.0f;
+    cols[b * cs.sample + row * cs.row + col] = inside ? x[((b * g.channels + c) * g.h + ih) * g.w + iw] : 0.0f;
   }
 }
 
 __global__ void col2im_kernel(const float* cols, ConvGeometry g, std::int64_t ho, std::int64_t wo,
-                              float* gx) {
-  const std::int64_t k = g.kernel, plane = ho * wo, rows = g.channels * k * k;
+                              ColumnStrides cs, float* gx) {
+  const std::int64_t k = g.kernel;
   const std::int64_t total = g.n * g.channels * g.h * g.w;
   const std::int64_t step = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
   for (std::int64_t t = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; t < total;
        t += step) {
     const std::int64_t iw = t % g.w, ih = (t / g.w) % g.h, c = (t / (g.w * g.h)) % g.channels;
     const std::int64_t b = t / (g.w * g.h * g.channels);
-    const float* sample = cols + b * rows * plane;
+    const float* sample = cols + b * cs.sample;
     float sum = 0.0f;
     for (std::int64_t ki = 0; ki < k; ++ki) {
       const std::int64_t th = ih + g.pad - ki;  // = oh·stride
@@ -40,7 +51,7 @@ __global__ void col2im_kernel(const float* cols, ConvGeometry g, std::int64_t ho
       for (std::int64_t kj = 0; kj < k; ++kj) {
         const std::int64_t tw = iw + g.pad - kj;  // = ow·stride
         if (tw < 0 || tw % g.stride != 0 || tw / g.stride >= wo) continue;
-        sum += sample[((c * k + ki) * k + kj) * plane + (th / g.stride) * wo + tw / g.stride];
+        sum += sample[((c * k + ki) * k + kj) * cs.row + (th / g.stride) * wo + tw / g.stride];
       }
     }
     gx[t] = sum;
@@ -55,32 +66,32 @@ void check_geometry(const ConvGeometry& g, const char* what) {
                           << ", " << g.w << "]");
 }
 
-void launch_im2col(const float* x, const ConvGeometry& g, float* cols, cudaStream_t stream) {
+void launch_im2col(const float* x, const ConvGeometry& g, float* cols, cudaStream_t stream, ColumnLayout layout) {
   const auto total = static_cast<std::size_t>(g.n * g.col_rows() * g.col_cols());
-  im2col_kernel<<<grid_for(total, 4), kBlock, 0, stream>>>(x, g, g.ho(), g.wo(), cols);
+  im2col_kernel<<<grid_for(total, 4), kBlock, 0, stream>>>(x, g, g.ho(), g.wo(), column_strides(g, layout), cols);
   GS_CUDA_CHECK_LAUNCH();
 }
 
-void launch_col2im(const float* cols, const ConvGeometry& g, float* gx, cudaStream_t stream) {
+void launch_col2im(const float* cols, const ConvGeometry& g, float* gx, cudaStream_t stream, ColumnLayout layout) {
   const auto total = static_cast<std::size_t>(g.n * g.channels * g.h * g.w);
-  col2im_kernel<<<grid_for(total, 4), kBlock, 0, stream>>>(cols, g, g.ho(), g.wo(), gx);
+  col2im_kernel<<<grid_for(total, 4), kBlock, 0, stream>>>(cols, g, g.ho(), g.wo(), column_strides(g, layout), gx);
   GS_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace
 
-void im2col(const float* x, const ConvGeometry& g, float* cols, cudaStream_t stream) {
+void im2col(const float* x, const ConvGeometry& g, float* cols, cudaStream_t stream, ColumnLayout layout) {
   check_geometry(g, "im2col");
   if (g.n == 0) return;
   GS_CHECK(x != nullptr && cols != nullptr, "cuda::im2col got a null pointer");
-  launch_im2col(x, g, cols, stream);
+  launch_im2col(x, g, cols, stream, layout);
 }
 
-void col2im(const float* cols, const ConvGeometry& g, float* gx, cudaStream_t stream) {
+void col2im(const float* cols, const ConvGeometry& g, float* gx, cudaStream_t stream, ColumnLayout layout) {
   check_geometry(g, "col2im");
   if (g.n == 0) return;
   GS_CHECK(cols != nullptr && gx != nullptr, "cuda::col2im got a null pointer");
-  launch_col2im(cols, g, gx, stream);
+  launch_col2im(cols, g, gx, stream, layout);
 }
 
 }  // namespace gradscale::cuda

@@ -1,6 +1,8 @@
 // im2col and its adjoint col2im on the GPU, the column layout of lib/layers/conv2d.cpp: a convolution is
-// then one GEMM per sample (cuda::gemm, batched). im2col copies values, so it is exact; col2im sums each
-// input's column entries in the CPU's order ((ki, kj) ascending), so it gives the CPU's bits.
+// then one GEMM per sample (cuda::gemm, batched), or — with the columns of the whole batch side by side —
+// one GEMM whose reduction runs over the batch (the weight gradient). im2col copies values, so it is
+// exact; col2im sums each input's column entries in the CPU's order ((ki, kj) ascending), so it gives the
+// CPU's bits in either layout.
 #pragma once
 
 #ifndef GRADSCALE_HAS_CUDA
@@ -22,12 +24,19 @@ struct ConvGeometry {
   std::int64_t col_cols() const { return ho() * wo(); }                 // Ho·Wo
 };
 
-// cols [n, C·k·k, Ho·Wo] ← per sample, row (c·k + ki)·k + kj, column oh·Wo + ow: the input at
+// Where sample b's column matrix [C·k·k, Ho·Wo] lies: `per_sample`, the matrices one after another
+// (cols [n, C·k·k, Ho·Wo]); `batch_wide`, side by side (cols [C·k·k, n·Ho·Wo], sample b's columns at
+// b·Ho·Wo), so that one GEMM with K = n·Ho·Wo sums over the batch.
+enum class ColumnLayout : std::uint8_t { per_sample, batch_wide };
+
+// cols ← per sample, row (c·k + ki)·k + kj, column oh·Wo + ow: the input at
 // (c, oh·stride − pad + ki, ow·stride − pad + kj), 0 outside. Device pointers, queued on `stream`.
 // Throws ShapeError when the geometry does not describe a convolution.
-void im2col(const float* x, const ConvGeometry& g, float* cols, cudaStream_t stream);
+void im2col(const float* x, const ConvGeometry& g, float* cols, cudaStream_t stream,
+            ColumnLayout layout = ColumnLayout::per_sample);
 // gx [n, C, h, w] ← the adjoint: every input element the sum of the column entries that copied it
 // (0 where none), overwriting gx.
-void col2im(const float* cols, const ConvGeometry& g, float* gx, cudaStream_t stream);
+void col2im(const float* cols, const ConvGeometry& g, float* gx, cudaStream_t stream,
+            ColumnLayout layout = ColumnLayout::per_sample);
 
 }  // namespace gradscale::cuda

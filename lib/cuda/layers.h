@@ -1,10 +1,10 @@
 // The CUDA backend's layers (lib/cuda/backend.h): each is the twin of a host layer (lib/layers) and
 // keeps it for what does not depend on the device — name, kind, shapes, the layer table's description —
-// while its parameters, activations and gradients live in device memory. Linear, ReLU, Flatten and Add
-// compute on the GPU (cuBLAS GEMMs with fp32 accumulation and the lib/cuda kernels, through the
-// backend's shared precision steps). Every other kind runs as a HostLayer: the host layer itself, on
-// host copies of its inputs and gradients — the same numerics as the CPU backend, at the cost of the
-// copies — until its twin is written (the kernels for Conv2d, pooling and BatchNorm are in lib/cuda).
+// while its parameters, activations and gradients live in device memory. Every built-in kind computes on
+// the GPU (cuBLAS GEMMs with fp32 accumulation and the lib/cuda kernels, through the backend's shared
+// precision steps, in the host layer's order). A layer of another kind — a user's own Layer — runs as a
+// HostLayer: the layer itself, on host copies of its inputs and gradients, with the CPU's numerics at
+// the cost of the copies.
 #pragma once
 
 #ifndef GRADSCALE_HAS_CUDA
@@ -23,7 +23,8 @@ class CudaBackend;
 // HostLayer when there is no twin for its kind.
 std::unique_ptr<Layer> adopt_layer(CudaBackend& backend, std::unique_ptr<Layer> layer);
 
-// Whether layers of this kind compute on the GPU ("linear", "relu", "flatten", "add").
+// Whether layers of this kind compute on the GPU: linear, conv2d, relu, flatten, add, maxpool2d,
+// global_avgpool, batchnorm, dropout.
 bool runs_on_gpu(const std::string& kind);
 
 }  // namespace gradscale::cuda
