@@ -1,11 +1,15 @@
 // The device seam on the host (lib/backend, lib/tensor): backends by name and their refusals, the
-// `device` config key and `--device`, host tensors' copies, and a model on the CPU backend. The GPU side
-// of the seam is tested in test_cuda_backend.cpp.
+// `device` config key and `--device`, host tensors' copies, a model on the CPU backend, and the placement
+// a model hands a backend (which GEMM operands the graph guarantees in F). The GPU side of the seam is
+// tested in test_cuda_backend.cpp.
 #include <catch2/catch.hpp>
 
+#include <map>
 #include <string>
 
 #include "lib/backend/backend.h"
+#include "lib/layers/linear.h"
+#include "lib/model/model.h"
 #include "lib/model/spec.h"
 #include "lib/train/config.h"
 #include "tests/cli_run.h"
@@ -79,4 +83,74 @@ TEST_CASE("a model runs on the CPU backend until it is moved", "[backend][model]
   CHECK(&m->backend() == other.get());
   CHECK(m->layer(0).kind() == "flatten");  // the same host layers
   CHECK(m->device() == Device::cpu);
+}
+
+TEST_CASE("the placement a model hands its backend: which operands the graph guarantees in F", "[backend][model]") {
+  Rng rng(1);
+  const auto placements = [&](const std::string& name) {
+    const std::unique_ptr<Model> m = build_model(builtin_model_spec(name), rng);
+    std::map<std::string, LayerPlacement> by_name;
+    const std::vector<LayerPlacement> p = m->placement();
+    REQUIRE(p.size() == static_cast<std::size_t>(m->num_layers()));
+    for (int i = 0; i < m->num_layers(); ++i) by_name[m->layer(i).name()] = p[static_cast<std::size_t>(i)];
+    return by_name;
+  };
+  // mlp: flatten copies the model input (fp32 data), so fc1 reads an input not in F; relu1 passes fc1's
+  // rounded output on. Every output gradient is rounded somewhere downstream (the loss, a Linear).
+  auto mlp = placements("mlp");
+  CHECK_FALSE(mlp["flatten"].inputs_in_format);
+  CHECK_FALSE(mlp["fc1"].inputs_in_format);
+  CHECK(mlp["relu1"].inputs_in_format);
+  CHECK(mlp["fc2"].inputs_in_format);
+  CHECK(mlp["fc3"].inputs_in_format);
+  for (const char* name : {"flatten", "fc1", "relu1", "fc2", "relu2", "fc3"}) {
+    INFO(name);
+    CHECK(mlp[name].output_grad_in_format);
+  }
+  // resnet-mini: the stem conv reads the model input; a block's convolutions read rounded values; the
+  // stem's relu forks (a join rounds its gradient); the adds pass their gradient on.
+  auto resnet = placements("resnet-mini");
+  CHECK_FALSE(resnet["stem.conv"].inputs_in_format);
+  CHECK(resnet["stem.bn"].inputs_in_format);
+  CHECK(resnet["s1.b1.conv1"].inputs_in_format);
+  CHECK(resnet["s2.b1.proj"].inputs_in_format);
+  CHECK(resnet["fc"].inputs_in_format);
+  CHECK(resnet["s1.b1.bn2"].output_grad_in_format);
+  CHECK(resnet["stem.relu"].output_grad_in_format);
+  CHECK(resnet["pool"].output_grad_in_format);
+}
+
+namespace {
+
+// A layer the library does not know: nothing is guaranteed about its output or its input gradient.
+class Opaque final : public Layer {
+ public:
+  using Layer::Layer;
+  std::string kind() const override { return "opaque"; }
+  Shape output_shape(const std::vector<Shape>& inputs) const override { return inputs[0]; }
+  void forward(const std::vector<const Tensor*>& inputs, Tensor& output, ForwardContext&) override {
+    output.copy_from(*inputs[0]);
+  }
+  void backward(const std::vector<const Tensor*>&, const Tensor&, const ScaledGrad& g,
+                const std::vector<ScaledGrad*>& gi, BackwardContext&) override {
+    if (gi[0]) *gi[0] = g;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("the placement is conservative around a layer the library does not know", "[backend][model]") {
+  Rng rng(2);
+  Model m;
+  const int fc1 = m.add(std::make_unique<Linear>("fc1", 4, 6, true, InitSpec{}, rng), {Model::kModelInput});
+  const int opaque = m.add(std::make_unique<Opaque>("opaque"), {fc1});
+  const int fc2 = m.add(std::make_unique<Linear>("fc2", 6, 3, true, InitSpec{}, rng), {opaque});
+  m.finalize({4});
+  const std::vector<LayerPlacement> p = m.placement();
+  CHECK_FALSE(p[static_cast<std::size_t>(fc1)].inputs_in_format);       // the model input
+  CHECK(p[static_cast<std::size_t>(opaque)].inputs_in_format);          // fc1 rounds its output
+  CHECK_FALSE(p[static_cast<std::size_t>(fc2)].inputs_in_format);       // unknown output
+  CHECK(p[static_cast<std::size_t>(fc2)].output_grad_in_format);        // the loss gradient
+  CHECK(p[static_cast<std::size_t>(opaque)].output_grad_in_format);     // fc2 rounds its input gradient
+  CHECK_FALSE(p[static_cast<std::size_t>(fc1)].output_grad_in_format);  // unknown input gradient
 }

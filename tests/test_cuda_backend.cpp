@@ -4,8 +4,9 @@
 //  - the queued measurement of a rounding, entered into the monitor at finish_backward, equals the
 //    CPU's round_gradient on the same values: statistics, found_inf, max|g|, the rounded bits;
 //  - every built-in layer kind has a GPU twin, and each twin's forward and backward equal the CPU
-//    layer's on the same values at fp16 — outputs, input gradients, parameter gradients and the
-//    statistics in the monitor (exact sums by construction, so bit for bit; BatchNorm within one F ulp);
+//    layer's on the same values at fp16, with 16-bit GEMM operands and with fp32 ones — outputs, input
+//    gradients, parameter gradients and the statistics in the monitor (exact sums by construction, so
+//    bit for bit; BatchNorm within one F ulp);
 //  - a user-defined layer runs on the host inside a GPU model (HostLayer) with the CPU's numerics;
 //  - training on `--device cuda` tracks the CPU emulation step by step (the GEMMs add in another order:
 //    losses agree to a stated tolerance), for a global and two adaptive policies, an MLP, a CNN and
@@ -25,6 +26,7 @@
 #include "lib/layers/batchnorm.h"
 #include "lib/layers/conv2d.h"
 #include "lib/layers/dropout.h"
+#include "lib/layers/linear.h"
 #include "lib/layers/pool.h"
 #include "lib/scaler/scaler.h"
 #include "lib/train/trainer.h"
@@ -57,7 +59,8 @@ Tensor gradient_values(std::int64_t n, std::uint64_t seed) {
 Tensor grid_tensor(const Shape& s, Rng& rng, int lo, int hi, double unit) {
   Tensor t(s);
   for (std::int64_t i = 0; i < t.size(); ++i)
-    t[i] = static_cast<float>(unit * (lo + static_cast<int>(uniform_below(rng, static_cast<std::uint64_t>(hi - lo + 1)))));
+    t[i] = static_cast<float>(
+        unit * (lo + static_cast<int>(uniform_below(rng, static_cast<std::uint64_t>(hi - lo + 1)))));
   return t;
 }
 
@@ -120,7 +123,8 @@ void check_same_records(const StepMonitor& gpu, const StepMonitor& cpu) {
   CHECK(a.has_activation_grad == b.has_activation_grad);
   CHECK(a.has_weight_grad == b.has_weight_grad);
   CHECK(a.sent_max_abs == b.sent_max_abs);
-  for (auto [got, want] : {std::pair{&a.activation_grad, &b.activation_grad}, std::pair{&a.weight_grad, &b.weight_grad}}) {
+  for (auto [got, want] :
+       {std::pair{&a.activation_grad, &b.activation_grad}, std::pair{&a.weight_grad, &b.weight_grad}}) {
     CHECK(got->zero == want->zero);
     CHECK(got->underflow == want->underflow);
     CHECK(got->subnormal == want->subnormal);
@@ -232,6 +236,12 @@ TEST_CASE("CUDA backend: each layer twin equals the CPU layer at fp16: outputs, 
     };
   };
   const std::vector<Case> cases = {
+      {"linear",
+       [] {
+         Rng rng(3);
+         return std::unique_ptr<Layer>(std::make_unique<Linear>("fc", 12, 5, true, InitSpec{}, rng));
+       },
+       {6, 12}},
       {"conv 3x3 pad 1 bias", conv(3, 4, 3, 1, 1, true), {2, 3, 7, 6}},
       {"conv 3x3 stride 2", conv(2, 5, 3, 2, 1, false), {3, 2, 9, 9}},
       {"conv 1x1 stride 2 (projection)", conv(4, 6, 1, 2, 0, false), {2, 4, 8, 8}},
@@ -246,43 +256,46 @@ TEST_CASE("CUDA backend: each layer twin equals the CPU layer at fp16: outputs, 
       {"dropout 0.3", [] { return std::unique_ptr<Layer>(std::make_unique<Dropout>("drop", 0.3)); }, {4, 37}},
       {"dropout eval", [] { return std::unique_ptr<Layer>(std::make_unique<Dropout>("drop", 0.3)); }, {4, 37}, false},
   };
-  Rng rng(21);
-  for (const Case& k : cases) {
-    INFO(k.what);
-    std::unique_ptr<Layer> cpu = k.make();
-    std::unique_ptr<Layer> host_twin = k.make();
-    cpu->set_id(0);
-    host_twin->set_id(0);
-    for (std::size_t i = 0; i < cpu->parameters().size(); ++i) {  // exact weights: grid values
-      Parameter* a = cpu->parameters()[i];
-      const Tensor w = grid_tensor(a->value.shape(), rng, -8, 8, 0.125);
-      a->value.copy_from(w);
-      host_twin->parameters()[i]->value.copy_from(w);
+  for (const bool gemm16 : {true, false}) {  // 16-bit GEMM operands, then fp32 ones: the same bits
+    backend.set_16bit_gemms(gemm16);
+    Rng rng(21);
+    for (const Case& k : cases) {
+      INFO(k.what << (gemm16 ? ", 16-bit GEMMs" : ", fp32 GEMMs"));
+      std::unique_ptr<Layer> cpu = k.make();
+      std::unique_ptr<Layer> host_twin = k.make();
+      cpu->set_id(0);
+      host_twin->set_id(0);
+      for (std::size_t i = 0; i < cpu->parameters().size(); ++i) {  // exact weights: grid values
+        Parameter* a = cpu->parameters()[i];
+        const Tensor w = grid_tensor(a->value.shape(), rng, -8, 8, 0.125);
+        a->value.copy_from(w);
+        host_twin->parameters()[i]->value.copy_from(w);
+      }
+      std::unique_ptr<Layer> gpu = backend.adopt(std::move(host_twin), LayerPlacement{true, true});
+      REQUIRE(gpu->kind() == cpu->kind());
+      const Tensor x = grid_tensor(k.input, rng, -8, 8, 0.25);
+      const Shape out = cpu->output_shape({k.input});
+      const Tensor g = grid_tensor(out, rng, -4, 4, 0.25);
+      const LayerRun want = run_layer(*cpu, cpu_backend(), x, g, k.training, 99);
+      const LayerRun got = run_layer(*gpu, backend, x, g, k.training, 99);
+      CHECK(got.gx_scale == want.gx_scale);
+      REQUIRE(got.param_grads.size() == want.param_grads.size());
+      REQUIRE(got.buffers.size() == want.buffers.size());
+      if (k.bit_exact) {
+        CHECK(test::bit_mismatches(values_of(got.y), values_of(want.y)).empty());
+        CHECK(test::bit_mismatches(values_of(got.gx), values_of(want.gx)).empty());
+        for (std::size_t i = 0; i < want.param_grads.size(); ++i)
+          CHECK(test::bit_mismatches(values_of(got.param_grads[i]), values_of(want.param_grads[i])).empty());
+        check_same_records(got.monitor, want.monitor);
+      } else {
+        CHECK(within_f_ulp(got.y, want.y).empty());
+        CHECK(within_f_ulp(got.gx, want.gx).empty());
+        for (std::size_t i = 0; i < want.param_grads.size(); ++i)
+          CHECK(within_f_ulp(got.param_grads[i], want.param_grads[i]).empty());
+      }
+      for (std::size_t i = 0; i < want.buffers.size(); ++i)  // running statistics: fp32, one ulp
+        CHECK(within_f_ulp(got.buffers[i], want.buffers[i]).empty());
     }
-    std::unique_ptr<Layer> gpu = backend.adopt(std::move(host_twin));
-    REQUIRE(gpu->kind() == cpu->kind());
-    const Tensor x = grid_tensor(k.input, rng, -8, 8, 0.25);
-    const Shape out = cpu->output_shape({k.input});
-    const Tensor g = grid_tensor(out, rng, -4, 4, 0.25);
-    const LayerRun want = run_layer(*cpu, cpu_backend(), x, g, k.training, 99);
-    const LayerRun got = run_layer(*gpu, backend, x, g, k.training, 99);
-    CHECK(got.gx_scale == want.gx_scale);
-    REQUIRE(got.param_grads.size() == want.param_grads.size());
-    REQUIRE(got.buffers.size() == want.buffers.size());
-    if (k.bit_exact) {
-      CHECK(test::bit_mismatches(values_of(got.y), values_of(want.y)).empty());
-      CHECK(test::bit_mismatches(values_of(got.gx), values_of(want.gx)).empty());
-      for (std::size_t i = 0; i < want.param_grads.size(); ++i)
-        CHECK(test::bit_mismatches(values_of(got.param_grads[i]), values_of(want.param_grads[i])).empty());
-      check_same_records(got.monitor, want.monitor);
-    } else {
-      CHECK(within_f_ulp(got.y, want.y).empty());
-      CHECK(within_f_ulp(got.gx, want.gx).empty());
-      for (std::size_t i = 0; i < want.param_grads.size(); ++i)
-        CHECK(within_f_ulp(got.param_grads[i], want.param_grads[i]).empty());
-    }
-    for (std::size_t i = 0; i < want.buffers.size(); ++i)  // running statistics: fp32, one ulp
-      CHECK(within_f_ulp(got.buffers[i], want.buffers[i]).empty());
   }
 }
 
@@ -315,7 +328,7 @@ TEST_CASE("CUDA backend: a user-defined layer runs on the host inside a model on
   cuda::CudaBackend backend(0);
   Doubler cpu("double");
   cpu.set_id(0);
-  std::unique_ptr<Layer> gpu = backend.adopt(std::make_unique<Doubler>("double"));
+  std::unique_ptr<Layer> gpu = backend.adopt(std::make_unique<Doubler>("double"), LayerPlacement{});
   Rng rng(8);
   const Tensor x = grid_tensor({3, 5}, rng, -8, 8, 0.25), g = grid_tensor({3, 5}, rng, -4, 4, 0.25);
   const LayerRun want = run_layer(cpu, cpu_backend(), x, g, true, 1);

@@ -33,9 +33,10 @@ class Backend {
   virtual DeviceMemory* memory() = 0;
 
   // This backend's twin of a layer built on the host: the same name, kind, shapes and parameter values
-  // (the host layer's parameters are copied over). ConfigError naming the kind when the backend has no
-  // such layer. The CPU backend returns the layer itself.
-  virtual std::unique_ptr<Layer> adopt(std::unique_ptr<Layer> layer) = 0;
+  // (the host layer's parameters are copied over). `placement` says what the graph guarantees about
+  // the values the layer will see (a device may store them in 16 bits for its GEMMs). The CPU backend
+  // returns the layer itself.
+  virtual std::unique_ptr<Layer> adopt(std::unique_ptr<Layer> layer, const LayerPlacement& placement) = 0;
 
   // SPEC §5's join at a forked tensor (lib/model/join.h): out = round(Σ g_i·T/S_i) at scale T.
   virtual void join(const std::vector<const ScaledGrad*>& parts, ScaledGrad& out, const Precision& p,

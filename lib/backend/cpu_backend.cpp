@@ -20,7 +20,7 @@ class CpuBackend final : public Backend {
     return "cpu (" + std::to_string(omp_get_max_threads()) + " threads)";
   }
   DeviceMemory* memory() override { return nullptr; }
-  std::unique_ptr<Layer> adopt(std::unique_ptr<Layer> layer) override { return layer; }
+  std::unique_ptr<Layer> adopt(std::unique_ptr<Layer> layer, const LayerPlacement&) override { return layer; }
   void join(const std::vector<const ScaledGrad*>& parts, ScaledGrad& out, const Precision& p,
             StepMonitor& monitor, int node_id) override {
     join_scaled_grads(parts, out, p, monitor, node_id);

@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "lib/cuda/adam.h"
+#include "lib/cuda/convert.h"
 #include "lib/cuda/elementwise.h"
 #include "lib/cuda/layers.h"
 #include "lib/cuda/quantize.h"
@@ -86,7 +87,9 @@ CudaBackend::~CudaBackend() = default;
 
 std::string CudaBackend::description() const { return "cuda: " + device_description(ctx_.device()); }
 
-std::unique_ptr<Layer> CudaBackend::adopt(std::unique_ptr<Layer> layer) { return adopt_layer(*this, std::move(layer)); }
+std::unique_ptr<Layer> CudaBackend::adopt(std::unique_ptr<Layer> layer, const LayerPlacement& placement) {
+  return adopt_layer(*this, std::move(layer), placement);
+}
 
 DeviceStats* CudaBackend::next_slot() {
   const std::size_t i = pending_.size();
@@ -133,6 +136,25 @@ std::vector<TensorStats> CudaBackend::statistics_now(const std::vector<StatsJob>
   if (now_.size() < jobs.size()) now_.resize(jobs.size());
   tensor_stats(ctx_, jobs, now_.data());
   return download_stats(ctx_, now_.data(), jobs.size());
+}
+
+DeviceType CudaBackend::gemm_type(Format a, Format b, bool exact) const {
+  if (!gemm16_ || !exact || a != b) return DeviceType::f32;
+  if (a == Format::fp16) return DeviceType::f16;
+  if (a == Format::bf16) return DeviceType::bf16;
+  return DeviceType::f32;  // fp8 and fp32: fp32 GEMMs
+}
+
+const void* CudaBackend::gemm_operand(const float* data, std::size_t n, DeviceType type, int slot) {
+  if (type == DeviceType::f32) return data;
+  GS_CHECK(slot == 0 || slot == 1, "CudaBackend::gemm_operand: slot " << slot << " (0 or 1)");
+  DeviceBuffer<std::uint16_t>& buffer = gemm_slots_[slot];
+  if (buffer.size() < n) buffer.resize(n);
+  if (type == DeviceType::f16)
+    to_fp16(data, reinterpret_cast<__half*>(buffer.data()), n, ctx_.stream());
+  else
+    to_bf16(data, reinterpret_cast<__nv_bfloat16*>(buffer.data()), n, ctx_.stream());
+  return buffer.data();
 }
 
 void CudaBackend::finish_backward(StepMonitor& monitor) {

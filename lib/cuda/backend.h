@@ -22,6 +22,8 @@
 
 #include "lib/backend/backend.h"
 #include "lib/cuda/context.h"
+#include "lib/cuda/device_buffer.h"
+#include "lib/cuda/gemm.h"
 #include "lib/cuda/optim_step.h"
 #include "lib/cuda/softmax_cross_entropy.h"
 #include "lib/cuda/stats.h"
@@ -53,7 +55,7 @@ class CudaBackend final : public Backend {
   Device device() const override { return Device::cuda; }
   std::string description() const override;
   DeviceMemory* memory() override { return &memory_; }
-  std::unique_ptr<Layer> adopt(std::unique_ptr<Layer> layer) override;
+  std::unique_ptr<Layer> adopt(std::unique_ptr<Layer> layer, const LayerPlacement& placement) override;
   void join(const std::vector<const ScaledGrad*>& parts, ScaledGrad& out, const Precision& p,
             StepMonitor& monitor, int node_id) override;
   LossResult softmax_cross_entropy(const Tensor& logits, const std::vector<std::int32_t>& labels,
@@ -82,6 +84,20 @@ class CudaBackend final : public Backend {
   // The statistics of several device tensors now (one kernel pair, one copy, waits for the device).
   std::vector<TensorStats> statistics_now(const std::vector<StatsJob>& jobs);
 
+  // ---- 16-bit GEMM operands (SPEC §4: products of F values, fp32 accumulation) ----
+  // The storage type a GEMM reads for two operands holding values of formats a and b (`exact`: the
+  // graph guarantees they do, LayerPlacement): fp16 or bf16 — real 16-bit storage, tensor cores — when
+  // both are that format and 16-bit GEMMs are on, else fp32. The products are the same either way (exact
+  // in fp32); only the order of the fp32 sums may differ.
+  DeviceType gemm_type(Format a, Format b, bool exact) const;
+  // n floats at `data` as `type`: the array itself for fp32, else its conversion (exact: the values are
+  // in that format) into scratch slot `slot` (0 or 1, the two operands of one GEMM; the next GEMM on the
+  // stream may reuse it).
+  const void* gemm_operand(const float* data, std::size_t n, DeviceType type, int slot);
+  // On by default; off makes every GEMM read the fp32 arrays (for comparisons and benchmarks).
+  void set_16bit_gemms(bool on) { gemm16_ = on; }
+  bool uses_16bit_gemms() const { return gemm16_; }
+
  private:
   struct Pending {
     GradSite site;
@@ -103,6 +119,8 @@ class CudaBackend final : public Backend {
   DeviceBuffer<DeviceLoss> loss_;        // the loss sums
   DeviceBuffer<int> found_inf_;          // unscale_accumulate's flag (the host decides from the records)
   Tensor loss_grad_;                     // loss_gradient_fp32's device result
+  bool gemm16_ = true;
+  DeviceBuffer<std::uint16_t> gemm_slots_[2];  // 16-bit copies of a GEMM's two operands
 };
 
 std::unique_ptr<Backend> make_cuda_backend(int device);

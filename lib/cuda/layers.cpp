@@ -22,8 +22,8 @@ namespace {
 // What every twin shares: the host layer for its description, and device copies of its parameters.
 class DeviceLayer : public Layer {
  public:
-  DeviceLayer(CudaBackend& backend, std::unique_ptr<Layer> host)
-      : Layer(host->name()), backend_(backend), host_(std::move(host)) {
+  DeviceLayer(CudaBackend& backend, std::unique_ptr<Layer> host, const LayerPlacement& placement)
+      : Layer(host->name()), backend_(backend), host_(std::move(host)), placement_(placement) {
     id_ = host_->id();
     for (Parameter* p : host_->parameters()) {
       auto d = std::make_unique<Parameter>();
@@ -44,12 +44,21 @@ class DeviceLayer : public Layer {
   }
   nlohmann::json describe() const override { return host_->describe(); }
   std::int64_t reduction_length() const override { return host_->reduction_length(); }
+  bool output_in_format(bool in) const override { return host_->output_in_format(in); }
+  bool input_grads_in_format(bool out) const override { return host_->input_grads_in_format(out); }
 
  protected:
   Tensor device_tensor() { return Tensor(backend_.memory()); }
+  // A GEMM operand: t's values as `type` (CudaBackend::gemm_operand, scratch slot `slot`).
+  GemmInput operand(const Tensor& t, DeviceType type, int slot, bool transposed = false,
+                    std::int64_t batch_stride = 0) {
+    return {backend_.gemm_operand(t.data(), static_cast<std::size_t>(t.size()), type, slot), type, transposed,
+            batch_stride};
+  }
 
   CudaBackend& backend_;
   std::unique_ptr<Layer> host_;
+  LayerPlacement placement_;
   std::vector<std::unique_ptr<Parameter>> params_;
 };
 
@@ -57,8 +66,8 @@ class DeviceLayer : public Layer {
 // lib/layers/linear.cpp: o = g·W in fp32 then the controller's s and one rounding, dW = gᵀ·x, db = Σ g.
 class CudaLinear final : public DeviceLayer {
  public:
-  CudaLinear(CudaBackend& backend, std::unique_ptr<Layer> host)
-      : DeviceLayer(backend, std::move(host)),
+  CudaLinear(CudaBackend& backend, std::unique_ptr<Layer> host, const LayerPlacement& placement)
+      : DeviceLayer(backend, std::move(host), placement),
         weight_work_(device_tensor()),
         bias_work_(device_tensor()),
         grad_w_(device_tensor()),
@@ -80,7 +89,9 @@ class CudaLinear final : public DeviceLayer {
     const std::int64_t n = x.dim(0);
     output.resize(output_shape({x.shape()}));
     CudaContext& c = backend_.context();
-    gemm(c, n, out_, in_, 1.0f, {x.data()}, {weight_work_.data(), DeviceType::f32, true}, 0.0f, {output.data()});
+    const Format f = ctx.precision.format;
+    const DeviceType t = backend_.gemm_type(f, f, placement_.inputs_in_format);
+    gemm(c, n, out_, in_, 1.0f, operand(x, t, 0), operand(weight_work_, t, 1, true), 0.0f, {output.data()});
     if (has_bias_) {  // y += 1·b: one exact product per element, then the CPU's one fp32 sum
       ensure_ones(n);
       gemm(c, n, out_, 1, 1.0f, {ones_.data()}, {bias_work_.data()}, 1.0f, {output.data()});
@@ -94,9 +105,13 @@ class CudaLinear final : public DeviceLayer {
     const std::int64_t n = x.dim(0);
     const Tensor& g = grad_output.g;
     CudaContext& c = backend_.context();
+    const Format f = ctx.precision.format, gf = ctx.precision.gradient_format();
+    // g·W reads g and W; gᵀ·x reads g and x (the model input is not in F: then fp32).
+    const DeviceType tg = backend_.gemm_type(gf, f, placement_.output_grad_in_format);
+    const DeviceType tw = backend_.gemm_type(gf, f, placement_.output_grad_in_format && placement_.inputs_in_format);
     if (ScaledGrad* gx = grad_inputs[0]) {
       gx->g.resize(x.shape());
-      gemm(c, n, in_, out_, 1.0f, {g.data()}, {weight_work_.data()}, 0.0f, {gx->g.data()});
+      gemm(c, n, in_, out_, 1.0f, operand(g, tg, 0), operand(weight_work_, tg, 1), 0.0f, {gx->g.data()});
       const std::int64_t out = out_, in = in_;
       const UpstreamProduct product{weight_work_, out_, [&g, this, n, out, in] {
                                       const Tensor hg = g.to_host(), hw = weight_work_.to_host();
@@ -105,7 +120,7 @@ class CudaLinear final : public DeviceLayer {
       backend_.scale_upstream_grad(*this, grad_output, product, *gx, ctx);
     }
     grad_w_.resize(params_[0]->value.shape());
-    gemm(c, out_, in_, n, 1.0f, {g.data(), DeviceType::f32, true}, {x.data()}, 0.0f, {grad_w_.data()});
+    gemm(c, out_, in_, n, 1.0f, operand(g, tw, 0, true), operand(x, tw, 1), 0.0f, {grad_w_.data()});
     backend_.accumulate_weight_grad(grad_w_, grad_output.scale, *params_[0], id_, ctx.precision, ctx.monitor);
     if (has_bias_) {
       ensure_ones(n);
@@ -197,8 +212,8 @@ class CudaAdd final : public DeviceLayer {
 // on the CPU, rather than kept from forward (C·k²·n·Ho·Wo floats per layer).
 class CudaConv2d final : public DeviceLayer {
  public:
-  CudaConv2d(CudaBackend& backend, std::unique_ptr<Layer> host)
-      : DeviceLayer(backend, std::move(host)),
+  CudaConv2d(CudaBackend& backend, std::unique_ptr<Layer> host, const LayerPlacement& placement)
+      : DeviceLayer(backend, std::move(host), placement),
         weight_work_(device_tensor()),
         bias_work_(device_tensor()),
         cols_(device_tensor()),
@@ -230,8 +245,10 @@ class CudaConv2d final : public DeviceLayer {
     CudaContext& c = backend_.context();
     cols_.resize({n * rows * plane});
     im2col(x.data(), geo, cols_.data(), c.stream());
-    gemm(c, out_, plane, rows, 1.0f, {weight_work_.data()}, {cols_.data(), DeviceType::f32, false, rows * plane},
-         0.0f, {output.data(), DeviceType::f32, out_ * plane}, n);
+    const Format f = ctx.precision.format;
+    const DeviceType t = backend_.gemm_type(f, f, placement_.inputs_in_format);  // the columns are x's values
+    gemm(c, out_, plane, rows, 1.0f, operand(weight_work_, t, 0), operand(cols_, t, 1, false, rows * plane), 0.0f,
+         {output.data(), DeviceType::f32, out_ * plane}, n);
     if (has_bias_) {
       ensure_ones(plane);
       gemm(c, out_, plane, 1, 1.0f, {bias_work_.data()}, {ones_.data()}, 1.0f,
@@ -255,9 +272,12 @@ class CudaConv2d final : public DeviceLayer {
     cols_.resize({rows, wide});
     im2col(x.data(), geo, cols_.data(), c.stream(), ColumnLayout::batch_wide);
     // dW = g·colsᵀ at scale S, one GEMM over the batch; then the columns' buffer takes Wᵀ·g.
+    const Format f = ctx.precision.format, gf = ctx.precision.gradient_format();
+    const DeviceType tg = backend_.gemm_type(gf, f, placement_.output_grad_in_format);
+    const DeviceType tw = backend_.gemm_type(gf, f, placement_.output_grad_in_format && placement_.inputs_in_format);
     grad_w_.resize(params_[0]->value.shape());
-    gemm(c, out_, rows, wide, 1.0f, {g_wide_.data()}, {cols_.data(), DeviceType::f32, true}, 0.0f,
-         {grad_w_.data()});
+    const GemmInput g_w = operand(g_wide_, tw, 0);
+    gemm(c, out_, rows, wide, 1.0f, g_w, operand(cols_, tw, 1, true), 0.0f, {grad_w_.data()});
     if (has_bias_) {
       ensure_ones(wide);
       grad_b_.resize(params_[1]->value.shape());
@@ -265,8 +285,8 @@ class CudaConv2d final : public DeviceLayer {
     }
     if (ScaledGrad* gx = grad_inputs[0]) {  // SPEC §5 steps 1–2: o = col2im(Wᵀ·g) in fp32, then s
       gx->g.resize(x.shape());
-      gemm(c, rows, wide, out_, 1.0f, {weight_work_.data(), DeviceType::f32, true}, {g_wide_.data()}, 0.0f,
-           {cols_.data()});
+      const GemmInput g_x = tg == tw ? g_w : operand(g_wide_, tg, 0);  // slot 0 still holds g when tg == tw
+      gemm(c, rows, wide, out_, 1.0f, operand(weight_work_, tg, 1, true), g_x, 0.0f, {cols_.data()});
       col2im(cols_.data(), geo, gx->g.data(), c.stream(), ColumnLayout::batch_wide);
       const gradscale::ConvGeometry cg{n, in_, out_, kernel_, stride_, pad_, geo.h, geo.w, geo.ho(), geo.wo()};
       const UpstreamProduct product{weight_work_, reduction_length(), [&g, this, cg] {
@@ -298,7 +318,8 @@ class CudaConv2d final : public DeviceLayer {
 // again only where windows overlap (sums of several gradients).
 class CudaMaxPool2d final : public DeviceLayer {
  public:
-  CudaMaxPool2d(CudaBackend& backend, std::unique_ptr<Layer> host) : DeviceLayer(backend, std::move(host)) {
+  CudaMaxPool2d(CudaBackend& backend, std::unique_ptr<Layer> host, const LayerPlacement& placement)
+      : DeviceLayer(backend, std::move(host), placement) {
     const nlohmann::json d = host_->describe();
     kernel_ = d.at("kernel").get<std::int64_t>();
     stride_ = d.at("stride").get<std::int64_t>();
@@ -361,8 +382,8 @@ class CudaGlobalAvgPool final : public DeviceLayer {
 // the layer's buffers (checkpoints stage them through the host).
 class CudaBatchNorm final : public DeviceLayer {
  public:
-  CudaBatchNorm(CudaBackend& backend, std::unique_ptr<Layer> host)
-      : DeviceLayer(backend, std::move(host)),
+  CudaBatchNorm(CudaBackend& backend, std::unique_ptr<Layer> host, const LayerPlacement& placement)
+      : DeviceLayer(backend, std::move(host), placement),
         gamma_work_(device_tensor()),
         beta_work_(device_tensor()),
         grad_gamma_(device_tensor()),
@@ -445,7 +466,8 @@ class CudaBatchNorm final : public DeviceLayer {
 // per element as on the CPU, and applied on the device; output and gradient are rounded to F again.
 class CudaDropout final : public DeviceLayer {
  public:
-  CudaDropout(CudaBackend& backend, std::unique_ptr<Layer> host) : DeviceLayer(backend, std::move(host)) {
+  CudaDropout(CudaBackend& backend, std::unique_ptr<Layer> host, const LayerPlacement& placement)
+      : DeviceLayer(backend, std::move(host), placement) {
     p_ = host_->describe().at("p").get<double>();
     factor_ = static_cast<float>(1.0 / (1.0 - p_));
   }
@@ -471,7 +493,8 @@ class CudaDropout final : public DeviceLayer {
     ScaledGrad* gx = grad_inputs[0];
     if (!gx) return;
     const Tensor& x = *inputs[0];
-    GS_CHECK_SHAPE(grad_output.g.shape() == x.shape() && (!masked_ || keep_.size() == static_cast<std::size_t>(x.size())),
+    GS_CHECK_SHAPE(grad_output.g.shape() == x.shape() &&
+                       (!masked_ || keep_.size() == static_cast<std::size_t>(x.size())),
                    "layer '" << name_ << "': output gradient " << shape_string(grad_output.g.shape())
                              << " does not match input " << shape_string(x.shape()));
     if (masked_) {
@@ -511,6 +534,8 @@ class HostLayer final : public Layer {
   std::vector<std::pair<std::string, Tensor*>> buffers() override { return host_->buffers(); }
   nlohmann::json describe() const override { return host_->describe(); }
   std::int64_t reduction_length() const override { return host_->reduction_length(); }
+  bool output_in_format(bool in) const override { return host_->output_in_format(in); }
+  bool input_grads_in_format(bool out) const override { return host_->input_grads_in_format(out); }
 
   void forward(const std::vector<const Tensor*>& inputs, Tensor& output, ForwardContext& ctx) override {
     host_->set_id(id_);
@@ -561,17 +586,18 @@ bool runs_on_gpu(const std::string& kind) {
   return std::find(std::begin(kinds), std::end(kinds), kind) != std::end(kinds);
 }
 
-std::unique_ptr<Layer> adopt_layer(CudaBackend& backend, std::unique_ptr<Layer> layer) {
+std::unique_ptr<Layer> adopt_layer(CudaBackend& backend, std::unique_ptr<Layer> layer,
+                                   const LayerPlacement& placement) {
   const std::string kind = layer->kind();
-  if (kind == "linear") return std::make_unique<CudaLinear>(backend, std::move(layer));
-  if (kind == "relu") return std::make_unique<CudaReLU>(backend, std::move(layer));
-  if (kind == "flatten") return std::make_unique<CudaFlatten>(backend, std::move(layer));
-  if (kind == "add") return std::make_unique<CudaAdd>(backend, std::move(layer));
-  if (kind == "conv2d") return std::make_unique<CudaConv2d>(backend, std::move(layer));
-  if (kind == "maxpool2d") return std::make_unique<CudaMaxPool2d>(backend, std::move(layer));
-  if (kind == "global_avgpool") return std::make_unique<CudaGlobalAvgPool>(backend, std::move(layer));
-  if (kind == "batchnorm") return std::make_unique<CudaBatchNorm>(backend, std::move(layer));
-  if (kind == "dropout") return std::make_unique<CudaDropout>(backend, std::move(layer));
+  if (kind == "linear") return std::make_unique<CudaLinear>(backend, std::move(layer), placement);
+  if (kind == "relu") return std::make_unique<CudaReLU>(backend, std::move(layer), placement);
+  if (kind == "flatten") return std::make_unique<CudaFlatten>(backend, std::move(layer), placement);
+  if (kind == "add") return std::make_unique<CudaAdd>(backend, std::move(layer), placement);
+  if (kind == "conv2d") return std::make_unique<CudaConv2d>(backend, std::move(layer), placement);
+  if (kind == "maxpool2d") return std::make_unique<CudaMaxPool2d>(backend, std::move(layer), placement);
+  if (kind == "global_avgpool") return std::make_unique<CudaGlobalAvgPool>(backend, std::move(layer), placement);
+  if (kind == "batchnorm") return std::make_unique<CudaBatchNorm>(backend, std::move(layer), placement);
+  if (kind == "dropout") return std::make_unique<CudaDropout>(backend, std::move(layer), placement);
   return std::make_unique<HostLayer>(backend, std::move(layer));
 }
 

@@ -20,8 +20,10 @@ namespace gradscale::cuda {
 class CudaBackend;
 
 // The twin of `layer` on `backend` (its parameters copied to the device), or the layer wrapped as a
-// HostLayer when there is no twin for its kind.
-std::unique_ptr<Layer> adopt_layer(CudaBackend& backend, std::unique_ptr<Layer> layer);
+// HostLayer when there is no twin for its kind. Linear and Conv2d read 16-bit copies of the GEMM
+// operands that `placement` guarantees to be in a 16-bit F (CudaBackend::gemm_type).
+std::unique_ptr<Layer> adopt_layer(CudaBackend& backend, std::unique_ptr<Layer> layer,
+                                   const LayerPlacement& placement);
 
 // Whether layers of this kind compute on the GPU: linear, conv2d, relu, flatten, add, maxpool2d,
 // global_avgpool, batchnorm, dropout.

@@ -18,6 +18,9 @@ class Add final : public Layer {
   // Each non-null grad_inputs[i] receives a copy of the output gradient and its scale.
   void backward(const std::vector<const Tensor*>& inputs, const Tensor& output, const ScaledGrad& grad_output,
                 const std::vector<ScaledGrad*>& grad_inputs, BackwardContext& ctx) override;
+  // The sum is rounded to F; the gradients are copies of the output gradient.
+  bool output_in_format(bool) const override { return true; }
+  bool input_grads_in_format(bool out) const override { return out; }
 };
 
 }  // namespace gradscale

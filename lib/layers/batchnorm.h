@@ -30,6 +30,9 @@ class BatchNorm final : public Layer {
   // "<name>.running_mean" and "<name>.running_var", both [C] in fp32.
   std::vector<std::pair<std::string, Tensor*>> buffers() override;
   nlohmann::json describe() const override;
+  // The output is rounded to F and the input gradient to the gradient format.
+  bool output_in_format(bool) const override { return true; }
+  bool input_grads_in_format(bool) const override { return true; }
 
  private:
   // Batch size and plane size (H·W, or 1 for [N, C]) of an input.

@@ -41,6 +41,9 @@ class Conv2d final : public Layer {
   void prepare_weights(const Precision& p) override;
   nlohmann::json describe() const override;
   std::int64_t reduction_length() const override { return out_ch_ * kernel_ * kernel_; }  // K (SPEC §6.1)
+  // The output is rounded to F and the input gradient to the gradient format.
+  bool output_in_format(bool) const override { return true; }
+  bool input_grads_in_format(bool) const override { return true; }
 
   // A sample takes the sparse backward path when at most this fraction of its output gradient is
   // non-zero (and a patch row, kernel·in_channels, is at least kSparseMinRow floats long). 0 turns the

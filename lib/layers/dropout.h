@@ -24,6 +24,10 @@ class Dropout final : public Layer {
   void backward(const std::vector<const Tensor*>& inputs, const Tensor& output, const ScaledGrad& grad_output,
                 const std::vector<ScaledGrad*>& grad_inputs, BackwardContext& ctx) override;
   nlohmann::json describe() const override;
+  // Training with p > 0 rounds output and gradient to F; otherwise they are copies: in F when the input
+  // (the output gradient) is — the answer for every mode.
+  bool output_in_format(bool in) const override { return in; }
+  bool input_grads_in_format(bool out) const override { return out; }
 
  private:
   double p_;

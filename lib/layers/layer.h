@@ -97,10 +97,26 @@ class Layer {
   virtual nlohmann::json describe() const { return {{"name", name_}, {"kind", kind()}}; }
   // K of SPEC §6.1 for parametric layers (reduction length of the upstream GEMM), else 0.
   virtual std::int64_t reduction_length() const { return 0; }
+  // Whether the output holds values of the forward format F (whatever the batch) when the inputs do,
+  // and whether the input gradients hold values of the gradient format when the output gradient does.
+  // A device backend may then store them in F for its GEMMs (Model::use_backend works it out over the
+  // graph: the model input is fp32 data, the loss gradient and a join are rounded). The default, for a
+  // layer the library does not know, is "no": the safe answer.
+  virtual bool output_in_format(bool /*inputs_in_format*/) const { return false; }
+  virtual bool input_grads_in_format(bool /*output_grad_in_format*/) const { return false; }
 
  protected:
   std::string name_;
   int id_ = -1;
+};
+
+// What a model's graph guarantees about a layer's operands (Model::use_backend works it out from
+// Layer::output_in_format and input_grads_in_format): every input holds values of the forward format
+// F whatever the batch (not so for the model input, which is fp32 data), and the output gradient holds
+// values of the gradient format.
+struct LayerPlacement {
+  bool inputs_in_format = false;
+  bool output_grad_in_format = false;
 };
 
 // Shared steps of the precision model, used by every layer (one implementation).

@@ -22,6 +22,9 @@ class Linear final : public Layer {
   void prepare_weights(const Precision& p) override;
   nlohmann::json describe() const override;
   std::int64_t reduction_length() const override { return out_; }  // K = out (SPEC §6.1)
+  // The output is rounded to F and the input gradient to the gradient format.
+  bool output_in_format(bool) const override { return true; }
+  bool input_grads_in_format(bool) const override { return true; }
 
  private:
   std::int64_t in_, out_;

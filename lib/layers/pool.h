@@ -25,6 +25,10 @@ class MaxPool2d final : public Layer {
   void backward(const std::vector<const Tensor*>& inputs, const Tensor& output, const ScaledGrad& grad_output,
                 const std::vector<ScaledGrad*>& grad_inputs, BackwardContext& ctx) override;
   nlohmann::json describe() const override;
+  // Selects values: the output is in F when the input is; the gradient is rounded again where windows
+  // overlap, else it is a selection of the output gradient.
+  bool output_in_format(bool in) const override { return in; }
+  bool input_grads_in_format(bool out) const override { return stride_ < kernel_ || out; }
 
  private:
   std::int64_t kernel_, stride_;
@@ -41,6 +45,9 @@ class GlobalAvgPool final : public Layer {
   // gx = g / (H·W) in fp32, rounded to F (recorded as this layer's activation gradient); scale S unchanged.
   void backward(const std::vector<const Tensor*>& inputs, const Tensor& output, const ScaledGrad& grad_output,
                 const std::vector<ScaledGrad*>& grad_inputs, BackwardContext& ctx) override;
+  // Output and gradient are rounded to F.
+  bool output_in_format(bool) const override { return true; }
+  bool input_grads_in_format(bool) const override { return true; }
 };
 
 }  // namespace gradscale

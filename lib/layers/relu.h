@@ -13,6 +13,9 @@ class ReLU final : public Layer {
   void forward(const std::vector<const Tensor*>& inputs, Tensor& output, ForwardContext& ctx) override;
   void backward(const std::vector<const Tensor*>& inputs, const Tensor& output, const ScaledGrad& grad_output,
                 const std::vector<ScaledGrad*>& grad_inputs, BackwardContext& ctx) override;
+  // Selects or copies values: in F (the gradient format) when its input is.
+  bool output_in_format(bool in) const override { return in; }
+  bool input_grads_in_format(bool out) const override { return out; }
 };
 
 // Flatten [N, ...] -> [N, rest]: a reshape; the gradient passes unchanged.
@@ -24,6 +27,9 @@ class Flatten final : public Layer {
   void forward(const std::vector<const Tensor*>& inputs, Tensor& output, ForwardContext& ctx) override;
   void backward(const std::vector<const Tensor*>& inputs, const Tensor& output, const ScaledGrad& grad_output,
                 const std::vector<ScaledGrad*>& grad_inputs, BackwardContext& ctx) override;
+  // Selects or copies values: in F (the gradient format) when its input is.
+  bool output_in_format(bool in) const override { return in; }
+  bool input_grads_in_format(bool out) const override { return out; }
 };
 
 }  // namespace gradscale

@@ -1,6 +1,7 @@
 // Model graph execution (see model.h).
 #include "lib/model/model.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "lib/backend/backend.h"
@@ -81,13 +82,46 @@ void Model::use_backend(Backend& backend) {
   GS_CHECK_CONFIG(backend_->device() == Device::cpu,
                   "Model::use_backend: the model already runs on " << backend_->description()
                                                                    << " (move a model from the host only)");
-  for (Node& n : nodes_) {
+  const std::vector<LayerPlacement> placements = placement();
+  for (std::size_t i = 0; i < nodes_.size(); ++i) {
+    Node& n = nodes_[i];
     const int id = n.layer->id();
-    n.layer = backend.adopt(std::move(n.layer));
+    n.layer = backend.adopt(std::move(n.layer), placements[i]);
     n.layer->set_id(id);
   }
   backend_ = &backend;
   allocate_activations();
+}
+
+std::vector<LayerPlacement> Model::placement() const {
+  GS_CHECK(finalized_, "Model::placement before finalize");
+  const std::size_t count = nodes_.size();
+  std::vector<LayerPlacement> placements(count);
+  std::vector<bool> output_in_format(count);
+  for (std::size_t i = 0; i < count; ++i) {  // forward: the model input is fp32 data
+    bool in_format = true;
+    for (int in : nodes_[i].inputs)
+      in_format = in_format && in != kModelInput && output_in_format[static_cast<std::size_t>(in)];
+    placements[i].inputs_in_format = in_format;
+    output_in_format[i] = nodes_[i].layer->output_in_format(in_format);
+  }
+  // Backward: the loss gradient and a join are rounded to the gradient format; a node with one consumer
+  // gets that consumer's input gradient.
+  for (std::size_t i = count; i-- > 0;) {
+    const Node& n = nodes_[i];
+    if (i + 1 == count || n.consumers != 1) {
+      placements[i].output_grad_in_format = true;
+      continue;
+    }
+    for (std::size_t c = i + 1; c < count; ++c) {
+      const std::vector<int>& ins = nodes_[c].inputs;
+      if (std::find(ins.begin(), ins.end(), static_cast<int>(i)) == ins.end()) continue;
+      placements[i].output_grad_in_format =
+          nodes_[c].layer->input_grads_in_format(placements[c].output_grad_in_format);
+      break;
+    }
+  }
+  return placements;
 }
 
 Device Model::device() const { return backend_->device(); }

@@ -36,6 +36,9 @@ class Model {
   // The backend must outlive the model. Before the first forward; the default is cpu_backend().
   void use_backend(Backend& backend);
   Backend& backend() const { return *backend_; }
+  // What the graph guarantees about each layer's operands, by node id (see LayerPlacement): what
+  // use_backend hands to Backend::adopt.
+  std::vector<LayerPlacement> placement() const;
   Device device() const;
 
   // Working weights = quantize(master, F) for every layer; call once per step before forward.
