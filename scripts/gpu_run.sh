@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # On a GPU machine without package registries (docs/gpu.md): configures gradscale with CUDA ON against
 # the dependencies gathered by scripts/gpu_bundle.sh, builds, runs the GPU tests (or the whole suite)
-# and `gradscale bench cuda`, and copies the logs to $OUT when that is set. Exits non-zero when the
-# build or a test fails.
+# and the benchmarks (`gradscale bench cuda`, `bench step` on resnet-mini next to PyTorch AMP), and copies
+# the logs to $OUT when that is set. Exits non-zero when the build or a test fails.
 #   scripts/gpu_run.sh [--deps DIR] [--build DIR] [--all-tests] [--no-bench] [--arch LIST]
 #     --deps DIR    the bundle (default build-deps/gpu)     --build DIR  build folder (default build-gpu)
 #     --all-tests   the whole suite, not only the CUDA tests --no-bench  skip `gradscale bench cuda`
@@ -63,15 +63,26 @@ status=0
 if [ "$bench" -eq 1 ]; then
   echo "== gradscale bench cuda"
   "$build/gradscale" bench cuda 2>&1 | tee "$logs/bench_cuda.txt" || status=1
-  # The training step on the GPU (the device seam), static vs adaptive, next to the CPU's.
+  # The training step of resnet-mini at batch 256 on the GPU: static vs adaptive approx_range vs
+  # measured (with the share in cuBLAS GEMMs), then PyTorch AMP (autocast fp16 + GradScaler) and fp32
+  # on the same model; the mlp on the GPU next to the CPU.
   for scaler in static:1024 '{"policy":"adaptive","method":"approx_range"}' \
     '{"policy":"adaptive","method":"measured"}'; do
-    for device in cuda cpu; do
-      echo "== gradscale bench step --model mlp --format fp16 --batch 256 --scaler $scaler --device $device"
-      "$build/gradscale" bench step --model mlp --data synthetic:4096 --format fp16 --batch 256 \
-        --scaler "$scaler" --device "$device" --steps 50 --warmup 5 2>&1 |
-        tee -a "$logs/bench_step.txt" || status=1
-    done
+    echo "== gradscale bench step --model resnet-mini --format fp16 --batch 256 --scaler $scaler --device cuda"
+    "$build/gradscale" bench step --model resnet-mini --data synthetic:4096 --format fp16 --batch 256 \
+      --scaler "$scaler" --device cuda --steps 50 --warmup 5 2>&1 |
+      tee -a "$logs/bench_step.txt" || status=1
+  done
+  for mode in amp fp32; do
+    echo "== peer_torch_amp.py --mode $mode --batch 256"
+    python3 scripts/peer_torch_amp.py --mode "$mode" --batch 256 --steps 50 --warmup 5 2>&1 |
+      tee -a "$logs/peer_amp.txt" || status=1
+  done
+  for device in cuda cpu; do
+    echo "== gradscale bench step --model mlp --format fp16 --batch 256 --scaler static:1024 --device $device"
+    "$build/gradscale" bench step --model mlp --data synthetic:4096 --format fp16 --batch 256 \
+      --scaler static:1024 --device "$device" --steps 50 --warmup 5 2>&1 |
+      tee -a "$logs/bench_step.txt" || status=1
   done
 fi
 exit "$status"

@@ -70,7 +70,8 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 // Times `steps` training steps (after `warmup` untimed ones) on the training data of `config`, one
 // mini-batch after another, and prints per-layer forward and backward milliseconds per step, the rest
-// of the step (working weights, loss, scaler, optimizer), and the step time with its epoch projection.
+// of the step (working weights, loss, scaler, optimizer), the device time in GEMMs where the backend
+// times them (cuda), and the step time with its epoch projection.
 int bench_step(TrainConfig config, std::int64_t steps, std::int64_t warmup) {
   GS_CHECK_CONFIG(steps >= 1, "--steps must be >= 1 (got " << steps << ")");
   GS_CHECK_CONFIG(warmup >= 0, "--warmup must be >= 0 (got " << warmup << ")");
@@ -89,6 +90,8 @@ int bench_step(TrainConfig config, std::int64_t steps, std::int64_t warmup) {
   Backend& backend = model.backend();
   backend.synchronize();
   model.set_profiling(true);
+  backend.set_gemm_timing(true);
+  (void)backend.gemm_seconds();  // start from here
   const double scaler_before = trainer.scaler_seconds();
   std::vector<double> step_seconds;
   std::int64_t skipped = 0;
@@ -102,6 +105,8 @@ int bench_step(TrainConfig config, std::int64_t steps, std::int64_t warmup) {
   const double scaler_ms = 1e3 * (trainer.scaler_seconds() - scaler_before) / static_cast<double>(steps);
   const std::vector<Model::LayerTime> times = model.layer_times();
   model.set_profiling(false);
+  const double gemm_s = backend.gemm_seconds();
+  backend.set_gemm_timing(false);
 
   const auto count = static_cast<double>(steps);
   double total = 0;
@@ -132,6 +137,11 @@ int bench_step(TrainConfig config, std::int64_t steps, std::int64_t warmup) {
               100.0 * (mean_ms - layers_ms) / mean_ms);
   std::printf("%-36s %25.3f %7.1f%%   (policy %s: S0, controller, the statistics it asked for, update)\n",
               "of which in the scaler", scaler_ms, 100.0 * scaler_ms / mean_ms, trainer.scaler().policy().c_str());
+  if (gemm_s >= 0) {
+    const double gemm_ms = 1e3 * gemm_s / count;
+    std::printf("%-36s %25.3f %7.1f%%   (device time of the matrix products, cuBLAS)\n", "of the step in GEMMs",
+                gemm_ms, 100.0 * gemm_ms / mean_ms);
+  }
   const double per_epoch = static_cast<double>(batches.batches_per_epoch());
   std::printf(
       "step: mean %.3f ms, median %.3f ms, %.1f steps/s; one epoch of %lld samples (%lld steps) "

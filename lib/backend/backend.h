@@ -56,6 +56,11 @@ class Backend {
   virtual void finish_backward(StepMonitor& monitor) = 0;
   // Waits until the work queued on this backend has finished (timings; a no-op on the host).
   virtual void synchronize() = 0;
+  // Timing of the matrix products for `bench step`: while on, the backend measures the time its GEMMs
+  // take; gemm_seconds() waits for the backend and returns that time since the last call (then starts
+  // again), or a negative value when the backend does not time its GEMMs (the CPU's are inside Eigen).
+  virtual void set_gemm_timing(bool /*on*/) {}
+  virtual double gemm_seconds() { return -1.0; }
   // The optimizer's element loops for this backend's parameters (null: the host loops).
   virtual DeviceOptimizerKernels* optimizer_kernels() = 0;
 };

@@ -65,6 +65,8 @@ class CudaBackend final : public Backend {
                                 Tensor& host_grad) override;
   void finish_backward(StepMonitor& monitor) override;
   void synchronize() override { ctx_.synchronize(); }
+  void set_gemm_timing(bool on) override { ctx_.set_gemm_timing(on); }
+  double gemm_seconds() override { return ctx_.take_gemm_seconds(); }
   DeviceOptimizerKernels* optimizer_kernels() override { return optimizer_.get(); }
 
   CudaContext& context() { return ctx_; }

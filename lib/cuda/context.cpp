@@ -62,4 +62,37 @@ void CudaContext::synchronize() const {
   GS_CUDA_CHECK(cudaStreamSynchronize(stream()));
 }
 
+void CudaContext::set_gemm_timing(bool on) {
+  gemm_timing_ = on;
+  gemm_events_used_ = 0;
+}
+
+void CudaContext::gemm_started() {
+  if (gemm_events_used_ + 2 > gemm_events_.size()) {
+    for (int i = 0; i < 2; ++i) {
+      cudaEvent_t e = nullptr;
+      GS_CUDA_CHECK(cudaEventCreate(&e));
+      gemm_events_.emplace_back(e);
+    }
+  }
+  GS_CUDA_CHECK(cudaEventRecord(gemm_events_[gemm_events_used_].get(), stream()));
+}
+
+void CudaContext::gemm_finished() {
+  GS_CUDA_CHECK(cudaEventRecord(gemm_events_[gemm_events_used_ + 1].get(), stream()));
+  gemm_events_used_ += 2;
+}
+
+double CudaContext::take_gemm_seconds() {
+  synchronize();
+  double ms = 0;
+  for (std::size_t i = 0; i + 1 < gemm_events_used_; i += 2) {
+    float pair_ms = 0;
+    GS_CUDA_CHECK(cudaEventElapsedTime(&pair_ms, gemm_events_[i].get(), gemm_events_[i + 1].get()));
+    ms += pair_ms;
+  }
+  gemm_events_used_ = 0;
+  return ms / 1e3;
+}
+
 }  // namespace gradscale::cuda

@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "lib/cuda/check.h"
 #include "lib/cuda/device_buffer.h"
@@ -43,6 +44,15 @@ class CudaContext {
   // Waits for everything queued on stream(); throws CudaError for a fault of that work.
   void synchronize() const;
 
+  // GEMM timing (`bench step`): while on, cuda::gemm brackets each product with a pair of events on
+  // stream(); take_gemm_seconds() waits for the stream and returns the device time between the pairs
+  // recorded since the last take (0 when off), then forgets them. Off by default: no events at all.
+  void set_gemm_timing(bool on);
+  bool gemm_timing() const { return gemm_timing_; }
+  void gemm_started();
+  void gemm_finished();
+  double take_gemm_seconds();
+
  private:
   struct StreamDeleter {
     void operator()(cudaStream_t s) const noexcept { (void)cudaStreamDestroy(s); }
@@ -55,6 +65,13 @@ class CudaContext {
   std::unique_ptr<CUstream_st, StreamDeleter> stream_;  // destroyed after the handle that uses it
   std::unique_ptr<cublasContext, CublasDeleter> cublas_;
   DeviceBuffer<unsigned char> scratch_;
+  struct EventDeleter {
+    void operator()(cudaEvent_t e) const noexcept { (void)cudaEventDestroy(e); }
+  };
+  using Event = std::unique_ptr<CUevent_st, EventDeleter>;
+  bool gemm_timing_ = false;
+  std::vector<Event> gemm_events_;  // start, stop, start, stop, ...: reused from one take to the next
+  std::size_t gemm_events_used_ = 0;
 };
 
 }  // namespace gradscale::cuda

@@ -72,16 +72,19 @@ void gemm(CudaContext& ctx, std::int64_t m, std::int64_t n, std::int64_t k, floa
   const int ldc = std::max(1, ni);
   const cublasOperation_t op_a = a.transposed ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t op_b = b.transposed ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const bool timed = ctx.gemm_timing();
+  if (timed) ctx.gemm_started();
   if (bi == 1) {
     GS_CUBLAS_CHECK(cublasGemmEx(ctx.cublas(), op_b, op_a, ni, mi, ki, &alpha, b.data, cuda_type(b.type), ldb,
                                  a.data, cuda_type(a.type), lda, &beta, c.data, cuda_type(c.type), ldc,
                                  CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-    return;
+  } else {
+    GS_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+        ctx.cublas(), op_b, op_a, ni, mi, ki, &alpha, b.data, cuda_type(b.type), ldb, b.batch_stride, a.data,
+        cuda_type(a.type), lda, a.batch_stride, &beta, c.data, cuda_type(c.type), ldc, c.batch_stride, bi,
+        CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   }
-  GS_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
-      ctx.cublas(), op_b, op_a, ni, mi, ki, &alpha, b.data, cuda_type(b.type), ldb, b.batch_stride, a.data,
-      cuda_type(a.type), lda, a.batch_stride, &beta, c.data, cuda_type(c.type), ldc, c.batch_stride, bi,
-      CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  if (timed) ctx.gemm_finished();
 }
 
 }  // namespace gradscale::cuda
