@@ -62,26 +62,51 @@ class DeviceLayer : public Layer {
   std::vector<std::unique_ptr<Parameter>> params_;
 };
 
-// y = x·Wᵀ + b with cuBLAS (fp32 operands holding values in F, fp32 accumulation); backward as
-// lib/layers/linear.cpp: o = g·W in fp32 then the controller's s and one rounding, dW = gᵀ·x, db = Σ g.
-class CudaLinear final : public DeviceLayer {
+// What Linear and Conv2d share: working copies of the weight and the optional bias (in F, refreshed
+// once per step), their fp32 gradients at scale S, and a vector of ones for the rank-1 GEMMs of the bias.
+class ParametricLayer : public DeviceLayer {
  public:
-  CudaLinear(CudaBackend& backend, std::unique_ptr<Layer> host, const LayerPlacement& placement)
+  ParametricLayer(CudaBackend& backend, std::unique_ptr<Layer> host, const LayerPlacement& placement)
       : DeviceLayer(backend, std::move(host), placement),
         weight_work_(device_tensor()),
         bias_work_(device_tensor()),
         grad_w_(device_tensor()),
         grad_b_(device_tensor()),
         ones_(device_tensor()) {
-    const nlohmann::json d = host_->describe();
-    in_ = d.at("in").get<std::int64_t>();
-    out_ = d.at("out").get<std::int64_t>();
-    has_bias_ = d.at("bias").get<bool>();
+    has_bias_ = host_->describe().at("bias").get<bool>();
   }
 
   void prepare_weights(const Precision& p) override {
     backend_.round_working_copy(*params_[0], weight_work_, p);
     if (has_bias_) backend_.round_working_copy(*params_[1], bias_work_, p);
+  }
+
+ protected:
+  // At least n ones.
+  void ensure_ones(std::int64_t n) {
+    if (ones_.size() < n) ones_.reset({n}, 1.0f);
+  }
+  // SPEC §5 step 3 for grad_w_ (and grad_b_): rounded, unscaled by S into the master gradients.
+  void accumulate_parameter_grads(double scale, BackwardContext& ctx) {
+    backend_.accumulate_weight_grad(grad_w_, scale, *params_[0], id_, ctx.precision, ctx.monitor);
+    if (has_bias_) backend_.accumulate_weight_grad(grad_b_, scale, *params_[1], id_, ctx.precision, ctx.monitor);
+  }
+
+  bool has_bias_ = false;
+  Tensor weight_work_, bias_work_;  // working copies in F
+  Tensor grad_w_, grad_b_, ones_;
+};
+
+// y = x·Wᵀ + b with cuBLAS (operands holding values in F, read as 16-bit copies where the placement
+// guarantees them, fp32 accumulation); backward as lib/layers/linear.cpp: o = g·W in fp32 then the
+// controller's s and one rounding, dW = gᵀ·x, db = Σ g.
+class CudaLinear final : public ParametricLayer {
+ public:
+  CudaLinear(CudaBackend& backend, std::unique_ptr<Layer> host, const LayerPlacement& placement)
+      : ParametricLayer(backend, std::move(host), placement) {
+    const nlohmann::json d = host_->describe();
+    in_ = d.at("in").get<std::int64_t>();
+    out_ = d.at("out").get<std::int64_t>();
   }
 
   void forward(const std::vector<const Tensor*>& inputs, Tensor& output, ForwardContext& ctx) override {
@@ -121,23 +146,16 @@ class CudaLinear final : public DeviceLayer {
     }
     grad_w_.resize(params_[0]->value.shape());
     gemm(c, out_, in_, n, 1.0f, operand(g, tw, 0, true), operand(x, tw, 1), 0.0f, {grad_w_.data()});
-    backend_.accumulate_weight_grad(grad_w_, grad_output.scale, *params_[0], id_, ctx.precision, ctx.monitor);
     if (has_bias_) {
       ensure_ones(n);
       grad_b_.resize(params_[1]->value.shape());
       gemm(c, 1, out_, n, 1.0f, {ones_.data()}, {g.data()}, 0.0f, {grad_b_.data()});
-      backend_.accumulate_weight_grad(grad_b_, grad_output.scale, *params_[1], id_, ctx.precision, ctx.monitor);
     }
+    accumulate_parameter_grads(grad_output.scale, ctx);
   }
 
  private:
-  void ensure_ones(std::int64_t n) {
-    if (ones_.size() != n) ones_.reset({n}, 1.0f);
-  }
-
   std::int64_t in_ = 0, out_ = 0;
-  bool has_bias_ = false;
-  Tensor weight_work_, bias_work_, grad_w_, grad_b_, ones_;
 };
 
 // ReLU selects values: exact in every format, the gradient keeps its scale (lib/layers/relu.cpp).
@@ -210,29 +228,16 @@ class CudaAdd final : public DeviceLayer {
 // (K = n·Ho·Wo and O); col2im in the CPU's order, then the controller's s and one rounding; the weight
 // and bias gradients are rounded and unscaled as Linear's. The columns are recomputed in backward, as
 // on the CPU, rather than kept from forward (C·k²·n·Ho·Wo floats per layer).
-class CudaConv2d final : public DeviceLayer {
+class CudaConv2d final : public ParametricLayer {
  public:
   CudaConv2d(CudaBackend& backend, std::unique_ptr<Layer> host, const LayerPlacement& placement)
-      : DeviceLayer(backend, std::move(host), placement),
-        weight_work_(device_tensor()),
-        bias_work_(device_tensor()),
-        cols_(device_tensor()),
-        g_wide_(device_tensor()),
-        grad_w_(device_tensor()),
-        grad_b_(device_tensor()),
-        ones_(device_tensor()) {
+      : ParametricLayer(backend, std::move(host), placement), cols_(device_tensor()), g_wide_(device_tensor()) {
     const nlohmann::json d = host_->describe();
     in_ = d.at("in_channels").get<std::int64_t>();
     out_ = d.at("out_channels").get<std::int64_t>();
     kernel_ = d.at("kernel").get<std::int64_t>();
     stride_ = d.at("stride").get<std::int64_t>();
     pad_ = d.at("padding").get<std::int64_t>();
-    has_bias_ = d.at("bias").get<bool>();
-  }
-
-  void prepare_weights(const Precision& p) override {
-    backend_.round_working_copy(*params_[0], weight_work_, p);
-    if (has_bias_) backend_.round_working_copy(*params_[1], bias_work_, p);
   }
 
   void forward(const std::vector<const Tensor*>& inputs, Tensor& output, ForwardContext& ctx) override {
@@ -295,23 +300,15 @@ class CudaConv2d final : public DeviceLayer {
                                     }};
       backend_.scale_upstream_grad(*this, grad_output, product, *gx, ctx);
     }
-    backend_.accumulate_weight_grad(grad_w_, grad_output.scale, *params_[0], id_, ctx.precision, ctx.monitor);
-    if (has_bias_)
-      backend_.accumulate_weight_grad(grad_b_, grad_output.scale, *params_[1], id_, ctx.precision, ctx.monitor);
+    accumulate_parameter_grads(grad_output.scale, ctx);
   }
 
  private:
   ConvGeometry geometry(const Tensor& x) const { return {x.dim(0), in_, x.dim(2), x.dim(3), kernel_, stride_, pad_}; }
-  void ensure_ones(std::int64_t n) {
-    if (ones_.size() < n) ones_.reset({n}, 1.0f);
-  }
 
   std::int64_t in_ = 0, out_ = 0, kernel_ = 1, stride_ = 1, pad_ = 0;
-  bool has_bias_ = false;
-  Tensor weight_work_, bias_work_;
   Tensor cols_;    // forward: [n, C·k², Ho·Wo]; backward: [C·k², n·Ho·Wo], then Wᵀ·g in the same layout
   Tensor g_wide_;  // the output gradient as [O, n·Ho·Wo]
-  Tensor grad_w_, grad_b_, ones_;
 };
 
 // Max pooling selects values (lib/layers/pool.cpp): exact, the scale S passes; the gradient is rounded
