@@ -41,18 +41,23 @@ class Backend {
   // SPEC §5's join at a forked tensor (lib/model/join.h): out = round(Σ g_i·T/S_i) at scale T.
   virtual void join(const std::vector<const ScaledGrad*>& parts, ScaledGrad& out, const Precision& p,
                     StepMonitor& monitor, int node_id) = 0;
-  // Softmax cross-entropy of logits on this backend (lib/layers/softmax_cross_entropy.h); labels on the
-  // host. With `grad`, the loss gradient times S0 rounded to F at the loss site.
-  virtual LossResult softmax_cross_entropy(const Tensor& logits, const std::vector<std::int32_t>& labels,
-                                           double loss_scale, const Precision& p, ScaledGrad* grad,
-                                           StepMonitor* monitor, int layer_id) = 0;
+  // Softmax cross-entropy of logits on this backend (lib/layers/softmax_cross_entropy.h), labels on the
+  // host: the loss alone (evaluation); waits for it.
+  virtual LossResult softmax_cross_entropy(const Tensor& logits, const std::vector<std::int32_t>& labels) = 0;
+  // The start of a training step's backward pass (SPEC §5): grad ← the loss gradient times S0, rounded
+  // to F at the loss site (its statistics recorded under layer_id). The loss and the correct count go to
+  // monitor.loss and monitor.correct by the time finish_backward returns: a device backend copies them
+  // at the end of the pass with its measurements instead of waiting for the device here.
+  virtual void loss_backward(const Tensor& logits, const std::vector<std::int32_t>& labels, double loss_scale,
+                             const Precision& p, ScaledGrad& grad, StepMonitor& monitor, int layer_id) = 0;
   // The fp32 loss gradient at scale 1, before any rounding, into `host_grad` (host memory, resized to
   // the logits' shape): what a policy that chooses S0 from the loss gradient looks at (small: the
   // logits' size). Returns the loss.
   virtual LossResult loss_gradient_fp32(const Tensor& logits, const std::vector<std::int32_t>& labels,
                                         Tensor& host_grad) = 0;
   // After a backward pass: completes `monitor` (a device backend fills in what its kernels measured —
-  // found_inf, max|g|, the statistics — from one copy to the host). Before the scaler reads it.
+  // found_inf, max|g|, the statistics — from one copy to the host) and the loss of loss_backward.
+  // Before the scaler reads it.
   virtual void finish_backward(StepMonitor& monitor) = 0;
   // Waits until the work queued on this backend has finished (timings; a no-op on the host).
   virtual void synchronize() = 0;

@@ -25,10 +25,15 @@ class CpuBackend final : public Backend {
             StepMonitor& monitor, int node_id) override {
     join_scaled_grads(parts, out, p, monitor, node_id);
   }
-  LossResult softmax_cross_entropy(const Tensor& logits, const std::vector<std::int32_t>& labels,
-                                   double loss_scale, const Precision& p, ScaledGrad* grad, StepMonitor* monitor,
-                                   int layer_id) override {
-    return gradscale::softmax_cross_entropy(logits, labels.data(), loss_scale, p, grad, monitor, layer_id);
+  LossResult softmax_cross_entropy(const Tensor& logits, const std::vector<std::int32_t>& labels) override {
+    return gradscale::softmax_cross_entropy(logits, labels.data(), 1.0, Precision{}, nullptr, nullptr, -1);
+  }
+  void loss_backward(const Tensor& logits, const std::vector<std::int32_t>& labels, double loss_scale,
+                     const Precision& p, ScaledGrad& grad, StepMonitor& monitor, int layer_id) override {
+    const LossResult r =
+        gradscale::softmax_cross_entropy(logits, labels.data(), loss_scale, p, &grad, &monitor, layer_id);
+    monitor.loss = r.loss;
+    monitor.correct = r.correct;
   }
   LossResult loss_gradient_fp32(const Tensor& logits, const std::vector<std::int32_t>& labels,
                                 Tensor& host_grad) override {

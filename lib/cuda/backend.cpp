@@ -158,6 +158,16 @@ const void* CudaBackend::gemm_operand(const float* data, std::size_t n, DeviceTy
 }
 
 void CudaBackend::finish_backward(StepMonitor& monitor) {
+  enter_measurements(monitor);
+  if (loss_pending_) {  // loss_backward's sums, computed before everything the pass measured
+    const LossResult loss = download_loss(loss_batch_);
+    monitor.loss = loss.loss;
+    monitor.correct = loss.correct;
+    loss_pending_ = false;
+  }
+}
+
+void CudaBackend::enter_measurements(StepMonitor& monitor) {
   std::vector<TensorStats> all;
   all.reserve(pending_.size());
   for (std::size_t c = 0; c * kChunk < pending_.size(); ++c) {
@@ -275,48 +285,52 @@ void check_labels(const Tensor& logits, const std::vector<std::int32_t>& labels)
 
 }  // namespace
 
-LossResult CudaBackend::softmax_cross_entropy(const Tensor& logits, const std::vector<std::int32_t>& labels,
-                                              double loss_scale, const Precision& p, ScaledGrad* grad,
-                                              StepMonitor* monitor, int layer_id) {
+void CudaBackend::upload_labels(const Tensor& logits, const std::vector<std::int32_t>& labels) {
   check_labels(logits, labels);
-  const std::int64_t n = logits.dim(0), classes = logits.dim(1);
   if (labels_.size() < labels.size()) labels_.resize(labels.size());
   GS_CUDA_CHECK(cudaMemcpyAsync(labels_.data(), labels.data(), labels.size() * sizeof(std::int32_t),
                                 cudaMemcpyHostToDevice, ctx_.stream()));
-  float* g = nullptr;
-  if (grad) {
-    pending_.clear();  // a backward pass starts here: nothing of an abandoned one is reported
-    grad->g.resize(logits.shape());
-    g = grad->g.data();
-  }
-  cuda::softmax_cross_entropy(ctx_, logits.data(), labels_.data(), n, classes, loss_scale, g, loss_.data());
-  if (grad) {
-    grad->scale = loss_scale;
-    StepMonitor unused;
-    round_gradient(g, static_cast<std::size_t>(grad->g.size()), 1.0f, GradSite::loss, layer_id, p,
-                   monitor ? *monitor : unused);
-    if (!monitor) pending_.clear();
-  }
+}
+
+LossResult CudaBackend::download_loss(std::int64_t n) {
   DeviceLoss result{};
   GS_CUDA_CHECK(cudaMemcpyAsync(&result, loss_.data(), sizeof(result), cudaMemcpyDeviceToHost, ctx_.stream()));
   ctx_.synchronize();
   return LossResult{result.loss_sum / static_cast<double>(n), static_cast<std::int64_t>(result.correct)};
 }
 
+LossResult CudaBackend::softmax_cross_entropy(const Tensor& logits, const std::vector<std::int32_t>& labels) {
+  upload_labels(logits, labels);
+  const std::int64_t n = logits.dim(0);
+  loss_pending_ = false;  // these sums replace a training step's that was never finished
+  cuda::softmax_cross_entropy(ctx_, logits.data(), labels_.data(), n, logits.dim(1), 1.0, nullptr, loss_.data());
+  return download_loss(n);
+}
+
+void CudaBackend::loss_backward(const Tensor& logits, const std::vector<std::int32_t>& labels, double loss_scale,
+                                const Precision& p, ScaledGrad& grad, StepMonitor& monitor, int layer_id) {
+  upload_labels(logits, labels);
+  pending_.clear();  // a backward pass starts here: nothing of an abandoned one is reported
+  grad.g.resize(logits.shape());
+  cuda::softmax_cross_entropy(ctx_, logits.data(), labels_.data(), logits.dim(0), logits.dim(1), loss_scale,
+                              grad.g.data(), loss_.data());
+  grad.scale = loss_scale;
+  round_gradient(grad.g.data(), static_cast<std::size_t>(grad.g.size()), 1.0f, GradSite::loss, layer_id, p,
+                 monitor);
+  loss_pending_ = true;  // copied at finish_backward, with the measurements
+  loss_batch_ = logits.dim(0);
+}
+
 LossResult CudaBackend::loss_gradient_fp32(const Tensor& logits, const std::vector<std::int32_t>& labels,
                                            Tensor& host_grad) {
-  check_labels(logits, labels);
-  const std::int64_t n = logits.dim(0), classes = logits.dim(1);
-  if (labels_.size() < labels.size()) labels_.resize(labels.size());
-  GS_CUDA_CHECK(cudaMemcpyAsync(labels_.data(), labels.data(), labels.size() * sizeof(std::int32_t),
-                                cudaMemcpyHostToDevice, ctx_.stream()));
+  upload_labels(logits, labels);
+  const std::int64_t n = logits.dim(0);
+  loss_pending_ = false;
   loss_grad_.resize(logits.shape());
-  cuda::softmax_cross_entropy(ctx_, logits.data(), labels_.data(), n, classes, 1.0, loss_grad_.data(), loss_.data());
+  cuda::softmax_cross_entropy(ctx_, logits.data(), labels_.data(), n, logits.dim(1), 1.0, loss_grad_.data(),
+                              loss_.data());
   host_grad.copy_from(loss_grad_);  // waits for the device
-  DeviceLoss result{};
-  GS_CUDA_CHECK(cudaMemcpyAsync(&result, loss_.data(), sizeof(result), cudaMemcpyDeviceToHost, ctx_.stream()));
-  ctx_.synchronize();
-  return LossResult{result.loss_sum / static_cast<double>(n), static_cast<std::int64_t>(result.correct)};
+  return download_loss(n);
 }
 
 std::unique_ptr<Backend> make_cuda_backend(int device) { return std::make_unique<CudaBackend>(device); }

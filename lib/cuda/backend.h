@@ -6,9 +6,10 @@
 // non-finite count) into a slot of a device array, and finish_backward copies all slots to the host at
 // once and fills the StepMonitor in the order the roundings happened — found_inf, the first non-finite
 // layer, max|g| per layer and, on recording steps, the statistics: the records the CPU's round_gradient
-// writes as it goes. The host waits for the device elsewhere only where it must decide from device
-// values: a controller's query (the statistics it asked for), a join (max|g_i| of the parts, for T), the
-// loss (its value), popart_als's edge counts, and a layer that runs on the host (HostLayer below).
+// writes as it goes; the loss value of the step comes with that copy too. The host waits for the device
+// elsewhere only where it must decide from device values: a controller's query (the statistics it asked
+// for), a join (max|g_i| of the parts, for T), a policy that chooses S0 from the loss gradient,
+// popart_als's edge counts, and a layer that runs on the host (HostLayer in layers.cpp).
 #pragma once
 
 #ifndef GRADSCALE_HAS_CUDA
@@ -58,9 +59,9 @@ class CudaBackend final : public Backend {
   std::unique_ptr<Layer> adopt(std::unique_ptr<Layer> layer, const LayerPlacement& placement) override;
   void join(const std::vector<const ScaledGrad*>& parts, ScaledGrad& out, const Precision& p,
             StepMonitor& monitor, int node_id) override;
-  LossResult softmax_cross_entropy(const Tensor& logits, const std::vector<std::int32_t>& labels,
-                                   double loss_scale, const Precision& p, ScaledGrad* grad, StepMonitor* monitor,
-                                   int layer_id) override;
+  LossResult softmax_cross_entropy(const Tensor& logits, const std::vector<std::int32_t>& labels) override;
+  void loss_backward(const Tensor& logits, const std::vector<std::int32_t>& labels, double loss_scale,
+                     const Precision& p, ScaledGrad& grad, StepMonitor& monitor, int layer_id) override;
   LossResult loss_gradient_fp32(const Tensor& logits, const std::vector<std::int32_t>& labels,
                                 Tensor& host_grad) override;
   void finish_backward(StepMonitor& monitor) override;
@@ -83,6 +84,9 @@ class CudaBackend final : public Backend {
                            ScaledGrad& gx, BackwardContext& ctx);
   void accumulate_weight_grad(Tensor& g, double scale, Parameter& param, int layer_id, const Precision& p,
                               StepMonitor& monitor);
+  // The queued measurements of the pass so far into `monitor`, in rounding order (one copy; waits for
+  // the device): what finish_backward does first, and what a host layer needs before its own records.
+  void enter_measurements(StepMonitor& monitor);
   // The statistics of several device tensors now (one kernel pair, one copy, waits for the device).
   std::vector<TensorStats> statistics_now(const std::vector<StatsJob>& jobs);
 
@@ -108,6 +112,8 @@ class CudaBackend final : public Backend {
     Precision precision;  // the gradient format and rounding options of the check
   };
   DeviceStats* next_slot();
+  void upload_labels(const Tensor& logits, const std::vector<std::int32_t>& labels);  // checked first
+  LossResult download_loss(std::int64_t batch);  // loss_'s sums as the mean over `batch`; waits
 
   CudaContext ctx_;
   CudaMemory memory_;
@@ -119,6 +125,8 @@ class CudaBackend final : public Backend {
   DeviceBuffer<DeviceStats> now_;        // statistics_now's results
   DeviceBuffer<std::int32_t> labels_;    // the batch's labels
   DeviceBuffer<DeviceLoss> loss_;        // the loss sums
+  bool loss_pending_ = false;            // loss_backward's sums await finish_backward
+  std::int64_t loss_batch_ = 0;
   DeviceBuffer<int> found_inf_;          // unscale_accumulate's flag (the host decides from the records)
   Tensor loss_grad_;                     // loss_gradient_fp32's device result
   bool gemm16_ = true;

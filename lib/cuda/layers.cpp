@@ -548,7 +548,7 @@ class HostLayer final : public Layer {
 
   void backward(const std::vector<const Tensor*>&, const Tensor&, const ScaledGrad& grad_output,
                 const std::vector<ScaledGrad*>& grad_inputs, BackwardContext& ctx) override {
-    backend_.finish_backward(ctx.monitor);  // the queued records first: the CPU's order
+    backend_.enter_measurements(ctx.monitor);  // the queued records first: the CPU's order
     grad_output_.g.copy_from(grad_output.g);
     grad_output_.scale = grad_output.scale;
     grads_.resize(grad_inputs.size());

@@ -16,6 +16,8 @@ void StepMonitor::reset(int num_layers, bool record_stats, double edge) {
   loss_grad_max_abs = 0;
   loss_grad = TensorStats{};
   has_loss_grad = false;
+  loss = 0;
+  correct = 0;
   scaler_seconds = 0;
 }
 

@@ -39,6 +39,10 @@ struct StepMonitor {
   float loss_grad_max_abs = 0;
   TensorStats loss_grad;
   bool has_loss_grad = false;
+  // The loss of the iteration (mean cross-entropy over the batch) and its correct count, filled by the
+  // backend that computed it (Backend::loss_backward; a device backend at finish_backward).
+  double loss = 0;
+  std::int64_t correct = 0;
   double scaler_seconds = 0;  // wall time spent in controllers and the statistics they asked for
 
   // Clears everything for an iteration of a model with `num_layers` layers.

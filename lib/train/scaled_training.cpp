@@ -162,12 +162,12 @@ LossResult ScaledTraining::loss_backward(const Tensor& logits, const std::vector
       logits.rank() == 2 && logits.dim(0) == static_cast<std::int64_t>(labels.size()),
       "loss_backward: logits " << shape_string(logits.shape()) << " and " << labels.size() << " labels");
   Backend& backend = model_.backend();
-  const LossResult loss = backend.softmax_cross_entropy(logits, labels, loss_scale, precision_, &loss_grad_,
-                                                        &monitor_, model_.num_layers() - 1);
+  backend.loss_backward(logits, labels, loss_scale, precision_, loss_grad_, monitor_, model_.num_layers() - 1);
   model_.zero_grads();
   BackwardContext ctx{precision_, *scaler_, monitor_, steps_};
   model_.backward(loss_grad_, ctx);
-  backend.finish_backward(monitor_);
+  backend.finish_backward(monitor_);  // also the loss: a device's comes with its measurements
+  const LossResult loss{monitor_.loss, monitor_.correct};
   current_.loss = loss.loss;
   current_.correct = loss.correct;
   current_.loss_scale = loss_scale;

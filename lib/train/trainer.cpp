@@ -137,7 +137,7 @@ EvalResult Trainer::evaluate(const Dataset& data) {
   while (batches.next(x, y)) {
     if (!x_model.on_host()) x_model.copy_from(x);
     const Tensor& logits = model_->forward(x_model.on_host() ? x : x_model, fctx);
-    const LossResult r = model_->backend().softmax_cross_entropy(logits, y, 1.0, precision_, nullptr, nullptr, -1);
+    const LossResult r = model_->backend().softmax_cross_entropy(logits, y);
     const auto n = static_cast<std::int64_t>(y.size());
     loss_sum += r.loss * static_cast<double>(n);
     correct += r.correct;
