@@ -329,6 +329,7 @@ TEST_CASE("CUDA backend: a user-defined layer runs on the host inside a model on
   Doubler cpu("double");
   cpu.set_id(0);
   std::unique_ptr<Layer> gpu = backend.adopt(std::make_unique<Doubler>("double"), LayerPlacement{});
+  gpu->set_id(0);  // as Model::use_backend does
   Rng rng(8);
   const Tensor x = grid_tensor({3, 5}, rng, -8, 8, 0.25), g = grid_tensor({3, 5}, rng, -4, 4, 0.25);
   const LayerRun want = run_layer(cpu, cpu_backend(), x, g, true, 1);
