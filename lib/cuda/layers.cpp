@@ -134,9 +134,12 @@ class CudaLinear final : public ParametricLayer {
     // g·W reads g and W; gᵀ·x reads g and x (the model input is not in F: then fp32).
     const DeviceType tg = backend_.gemm_type(gf, f, placement_.output_grad_in_format);
     const DeviceType tw = backend_.gemm_type(gf, f, placement_.output_grad_in_format && placement_.inputs_in_format);
+    const void* g_converted = nullptr;  // g in slot 0 as tg, when the upstream GEMM converted it
     if (ScaledGrad* gx = grad_inputs[0]) {
       gx->g.resize(x.shape());
-      gemm(c, n, in_, out_, 1.0f, operand(g, tg, 0), operand(weight_work_, tg, 1), 0.0f, {gx->g.data()});
+      const GemmInput g_in = operand(g, tg, 0);
+      g_converted = g_in.data;
+      gemm(c, n, in_, out_, 1.0f, g_in, operand(weight_work_, tg, 1), 0.0f, {gx->g.data()});
       const std::int64_t out = out_, in = in_;
       const UpstreamProduct product{weight_work_, out_, [&g, this, n, out, in] {
                                       const Tensor hg = g.to_host(), hw = weight_work_.to_host();
@@ -145,7 +148,8 @@ class CudaLinear final : public ParametricLayer {
       backend_.scale_upstream_grad(*this, grad_output, product, *gx, ctx);
     }
     grad_w_.resize(params_[0]->value.shape());
-    gemm(c, out_, in_, n, 1.0f, operand(g, tw, 0, true), operand(x, tw, 1), 0.0f, {grad_w_.data()});
+    const GemmInput g_t = g_converted && tg == tw ? GemmInput{g_converted, tw, true} : operand(g, tw, 0, true);
+    gemm(c, out_, in_, n, 1.0f, g_t, operand(x, tw, 1), 0.0f, {grad_w_.data()});
     if (has_bias_) {
       ensure_ones(n);
       grad_b_.resize(params_[1]->value.shape());
