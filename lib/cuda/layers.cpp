@@ -214,9 +214,9 @@ class CudaAdd final : public DeviceLayer {
   }
   void backward(const std::vector<const Tensor*>&, const Tensor& output, const ScaledGrad& grad_output,
                 const std::vector<ScaledGrad*>& grad_inputs, BackwardContext&) override {
-    GS_CHECK_SHAPE(grad_inputs.size() == 2 && grad_output.g.shape() == output.shape(),
-                   "layer '" << name_ << "': output gradient " << shape_string(grad_output.g.shape())
-                             << " does not match output " << shape_string(output.shape()));
+    GS_CHECK_SHAPE(grad_inputs.size() == 2, "layer '" << name_ << "' (add): " << grad_inputs.size()
+                                                         << " input gradients, not 2");
+    check_output_grad(*this, grad_output.g, output);
     for (ScaledGrad* gx : grad_inputs) {
       if (!gx) continue;
       gx->g.copy_from(grad_output.g);
@@ -366,9 +366,7 @@ class CudaGlobalAvgPool final : public DeviceLayer {
     ScaledGrad* gx = grad_inputs[0];
     if (!gx) return;
     const Tensor& x = *inputs[0];
-    GS_CHECK_SHAPE(grad_output.g.shape() == output.shape(),
-                   "layer '" << name_ << "': output gradient " << shape_string(grad_output.g.shape())
-                             << " does not match output " << shape_string(output.shape()));
+    check_output_grad(*this, grad_output.g, output);
     gx->g.resize(x.shape());
     global_avg_pool_backward(grad_output.g.data(), output.size(), x.dim(2) * x.dim(3), gx->g.data(),
                              backend_.context().stream());

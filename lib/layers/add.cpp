@@ -25,9 +25,9 @@ void Add::forward(const std::vector<const Tensor*>& inputs, Tensor& output, Forw
 
 void Add::backward(const std::vector<const Tensor*>&, const Tensor& output, const ScaledGrad& grad_output,
                    const std::vector<ScaledGrad*>& grad_inputs, BackwardContext&) {
-  GS_CHECK_SHAPE(grad_inputs.size() == 2 && grad_output.g.shape() == output.shape(),
-                 "layer '" << name_ << "': output gradient " << shape_string(grad_output.g.shape())
-                           << " does not match output " << shape_string(output.shape()));
+  GS_CHECK_SHAPE(grad_inputs.size() == 2, "layer '" << name_ << "' (add): " << grad_inputs.size()
+                                                       << " input gradients, not 2");
+  check_output_grad(*this, grad_output.g, output);
   for (ScaledGrad* gx : grad_inputs) {
     if (!gx) continue;
     gx->g.resize(grad_output.g.shape());

@@ -174,5 +174,8 @@ struct QueryStatistics {
 };
 // Marks the start of a layer's backward in the monitor: it ran, and received a gradient at scale S_in.
 void note_backward(int layer_id, double scale_in, StepMonitor& monitor);
+// ShapeError "layer 'name': output gradient [..] does not match output [..]" unless the output gradient
+// has the shape of the layer's output (the check of a backward that reads both; CPU layers and twins).
+void check_output_grad(const Layer& layer, const Tensor& grad_output, const Tensor& output);
 
 }  // namespace gradscale

@@ -170,9 +170,7 @@ void GlobalAvgPool::backward(const std::vector<const Tensor*>& inputs, const Ten
   ScaledGrad* gx = grad_inputs[0];
   if (!gx) return;
   const Tensor& x = *inputs[0];
-  GS_CHECK_SHAPE(grad_output.g.shape() == output.shape(),
-                 "layer '" << name_ << "': output gradient " << shape_string(grad_output.g.shape())
-                           << " does not match output " << shape_string(output.shape()));
+  check_output_grad(*this, grad_output.g, output);
   gx->g.resize(x.shape());
   const std::int64_t plane = x.dim(2) * x.dim(3), planes = output.size();
   const auto count = static_cast<float>(plane);

@@ -126,6 +126,12 @@ void note_backward(int layer_id, double scale_in, StepMonitor& monitor) {
   r.scale_in = r.scale_out = scale_in;
 }
 
+void check_output_grad(const Layer& layer, const Tensor& grad_output, const Tensor& output) {
+  GS_CHECK_SHAPE(grad_output.shape() == output.shape(),
+                 "layer '" << layer.name() << "': output gradient " << shape_string(grad_output.shape())
+                           << " does not match output " << shape_string(output.shape()));
+}
+
 void QueryStatistics::attach(StatNeeds needs, LocalScaleQuery& q, RoundOptions round,
                              const std::function<ProductRange()>& product_range) {
   const auto grad_n = static_cast<std::size_t>(q.grad_size);
