@@ -150,11 +150,16 @@ const void* CudaBackend::gemm_operand(const float* data, std::size_t n, DeviceTy
   GS_CHECK(slot == 0 || slot == 1, "CudaBackend::gemm_operand: slot " << slot << " (0 or 1)");
   DeviceBuffer<std::uint16_t>& buffer = gemm_slots_[slot];
   if (buffer.size() < n) buffer.resize(n);
-  if (type == DeviceType::f16)
-    to_fp16(data, reinterpret_cast<__half*>(buffer.data()), n, ctx_.stream());
-  else
-    to_bf16(data, reinterpret_cast<__nv_bfloat16*>(buffer.data()), n, ctx_.stream());
+  to_16bit(data, n, type, buffer.data());
   return buffer.data();
+}
+
+void CudaBackend::to_16bit(const float* data, std::size_t n, DeviceType type, std::uint16_t* out) {
+  GS_CHECK(type == DeviceType::f16 || type == DeviceType::bf16, "CudaBackend::to_16bit: not a 16-bit type");
+  if (type == DeviceType::f16)
+    to_fp16(data, reinterpret_cast<__half*>(out), n, ctx_.stream());
+  else
+    to_bf16(data, reinterpret_cast<__nv_bfloat16*>(out), n, ctx_.stream());
 }
 
 void CudaBackend::finish_backward(StepMonitor& monitor) {

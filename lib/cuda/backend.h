@@ -100,6 +100,8 @@ class CudaBackend final : public Backend {
   // in that format) into scratch slot `slot` (0 or 1, the two operands of one GEMM; the next GEMM on the
   // stream may reuse it).
   const void* gemm_operand(const float* data, std::size_t n, DeviceType type, int slot);
+  // n floats at `data` (values of that format) into `out` as fp16 or bf16 storage, queued.
+  void to_16bit(const float* data, std::size_t n, DeviceType type, std::uint16_t* out);
   // On by default; off makes every GEMM read the fp32 arrays (for comparisons and benchmarks).
   void set_16bit_gemms(bool on) { gemm16_ = on; }
   bool uses_16bit_gemms() const { return gemm16_; }

@@ -79,9 +79,23 @@ class ParametricLayer : public DeviceLayer {
   void prepare_weights(const Precision& p) override {
     backend_.round_working_copy(*params_[0], weight_work_, p);
     if (has_bias_) backend_.round_working_copy(*params_[1], bias_work_, p);
+    // The weight's 16-bit copy for the step's GEMMs (its values are in F), made once here rather than
+    // at each of the two GEMMs that read it.
+    weight16_type_ = backend_.gemm_type(p.format, p.format, true);
+    if (weight16_type_ != DeviceType::f32) {
+      const auto n = static_cast<std::size_t>(weight_work_.size());
+      if (weight16_.size() < n) weight16_.resize(n);
+      backend_.to_16bit(weight_work_.data(), n, weight16_type_, weight16_.data());
+    }
   }
 
  protected:
+  // The working weight as a GEMM operand of `type`: its 16-bit copy when that is the type, else
+  // CudaBackend::gemm_operand (fp32 itself, or a conversion into scratch slot `slot`).
+  GemmInput weight_operand(DeviceType type, int slot, bool transposed = false) {
+    if (type != DeviceType::f32 && type == weight16_type_) return {weight16_.data(), type, transposed, 0};
+    return operand(weight_work_, type, slot, transposed);
+  }
   // At least n ones.
   void ensure_ones(std::int64_t n) {
     if (ones_.size() < n) ones_.reset({n}, 1.0f);
@@ -94,6 +108,8 @@ class ParametricLayer : public DeviceLayer {
 
   bool has_bias_ = false;
   Tensor weight_work_, bias_work_;  // working copies in F
+  DeviceType weight16_type_ = DeviceType::f32;
+  DeviceBuffer<std::uint16_t> weight16_;  // weight_work_ as weight16_type_, when that is 16-bit
   Tensor grad_w_, grad_b_, ones_;
 };
 
@@ -116,7 +132,7 @@ class CudaLinear final : public ParametricLayer {
     CudaContext& c = backend_.context();
     const Format f = ctx.precision.format;
     const DeviceType t = backend_.gemm_type(f, f, placement_.inputs_in_format);
-    gemm(c, n, out_, in_, 1.0f, operand(x, t, 0), operand(weight_work_, t, 1, true), 0.0f, {output.data()});
+    gemm(c, n, out_, in_, 1.0f, operand(x, t, 0), weight_operand(t, 1, true), 0.0f, {output.data()});
     if (has_bias_) {  // y += 1·b: one exact product per element, then the CPU's one fp32 sum
       ensure_ones(n);
       gemm(c, n, out_, 1, 1.0f, {ones_.data()}, {bias_work_.data()}, 1.0f, {output.data()});
@@ -139,7 +155,7 @@ class CudaLinear final : public ParametricLayer {
       gx->g.resize(x.shape());
       const GemmInput g_in = operand(g, tg, 0);
       g_converted = g_in.data;
-      gemm(c, n, in_, out_, 1.0f, g_in, operand(weight_work_, tg, 1), 0.0f, {gx->g.data()});
+      gemm(c, n, in_, out_, 1.0f, g_in, weight_operand(tg, 1), 0.0f, {gx->g.data()});
       const std::int64_t out = out_, in = in_;
       const UpstreamProduct product{weight_work_, out_, [&g, this, n, out, in] {
                                       const Tensor hg = g.to_host(), hw = weight_work_.to_host();
@@ -256,7 +272,7 @@ class CudaConv2d final : public ParametricLayer {
     im2col(x.data(), geo, cols_.data(), c.stream());
     const Format f = ctx.precision.format;
     const DeviceType t = backend_.gemm_type(f, f, placement_.inputs_in_format);  // the columns are x's values
-    gemm(c, out_, plane, rows, 1.0f, operand(weight_work_, t, 0), operand(cols_, t, 1, false, rows * plane), 0.0f,
+    gemm(c, out_, plane, rows, 1.0f, weight_operand(t, 0), operand(cols_, t, 1, false, rows * plane), 0.0f,
          {output.data(), DeviceType::f32, out_ * plane}, n);
     if (has_bias_) {
       ensure_ones(plane);
@@ -295,7 +311,7 @@ class CudaConv2d final : public ParametricLayer {
     if (ScaledGrad* gx = grad_inputs[0]) {  // SPEC §5 steps 1–2: o = col2im(Wᵀ·g) in fp32, then s
       gx->g.resize(x.shape());
       const GemmInput g_x = tg == tw ? g_w : operand(g_wide_, tg, 0);  // slot 0 still holds g when tg == tw
-      gemm(c, rows, wide, out_, 1.0f, operand(weight_work_, tg, 1, true), g_x, 0.0f, {cols_.data()});
+      gemm(c, rows, wide, out_, 1.0f, weight_operand(tg, 1, true), g_x, 0.0f, {cols_.data()});
       col2im(cols_.data(), geo, gx->g.data(), c.stream(), ColumnLayout::batch_wide);
       const gradscale::ConvGeometry cg{n, in_, out_, kernel_, stride_, pad_, geo.h, geo.w, geo.ho(), geo.wo()};
       const UpstreamProduct product{weight_work_, reduction_length(), [&g, this, cg] {
