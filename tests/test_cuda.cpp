@@ -26,9 +26,11 @@
 #include "lib/cuda/context.h"
 #include "lib/cuda/convert.h"
 #include "lib/cuda/device_buffer.h"
+#include "lib/cuda/edge_counts.h"
 #include "lib/cuda/gemm.h"
 #include "lib/cuda/im2col.h"
 #include "lib/cuda/maxpool.h"
+#include "lib/cuda/nonfinite.h"
 #include "lib/cuda/quantize.h"
 #include "lib/cuda/relu.h"
 #include "lib/cuda/sgd.h"
@@ -351,6 +353,13 @@ TEST_CASE("CUDA entries check their arguments before touching the device", "[cud
   CHECK_THROWS_AS(cuda::sgd_update(nullptr, nullptr, nullptr, 0, cuda::SgdParams{0.1, 1.5}, no_step, nullptr),
                   ConfigError);
   CHECK_THROWS_WITH(cuda::relu_forward(nullptr, nullptr, 4, nullptr), Contains("null pointer"));
+  cuda::DeviceEdgeCounts counts{};
+  CHECK_THROWS_WITH(cuda::count_about_edge(nullptr, 4, 1u, &counts, nullptr), Contains("null data"));
+  CHECK_NOTHROW(cuda::count_about_edge(nullptr, 0, 1u, &counts, nullptr));
+  const cuda::NonFiniteJob null_job{nullptr, 3};
+  unsigned long long first = 0;
+  CHECK_THROWS_WITH(cuda::first_nonfinite(&null_job, 1, &first, nullptr), Contains("tensor 0 of 3 elements is null"));
+  CHECK_NOTHROW(cuda::first_nonfinite(nullptr, 0, nullptr, nullptr));
 }
 
 TEST_CASE("Without a CUDA device the backend throws clear CudaErrors and never crashes", "[cuda]") {
@@ -518,6 +527,70 @@ TEST_CASE("cuda::tensor_stats equals lib/instrument: counts and bins exactly, su
     const std::vector<cuda::DeviceStats> second = test::to_host(out, ctx);
     CHECK(std::memcmp(first.data(), second.data(), first.size() * sizeof(cuda::DeviceStats)) == 0);
   }
+}
+
+TEST_CASE("cuda::count_about_edge adds the CPU's counts about an edge, for every format and option", "[cuda]") {
+  test::require_cuda_device();
+  cuda::CudaContext ctx;
+  const std::vector<std::vector<float>> tensors = stats_tensors();
+  auto out = test::sentinel_buffer<cuda::DeviceEdgeCounts>(1, ctx);
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    const cuda::DeviceBuffer<float> d = test::to_device(tensors[i], ctx);
+    for (const FormatCase& fc : format_cases()) {
+      // popart_als's edge (bin_edge · max_finite(F)), a small one and one at a format's threshold.
+      const double top = std::isfinite(format_info(fc.format).max_finite) ? format_info(fc.format).max_finite : 1e30;
+      for (const double edge : {top / 16, 1e-6, 0x1p-24, 1.0}) {
+        INFO("tensor " << i << ", " << fc.name() << ", edge " << edge);
+        const auto e = static_cast<float>(edge);
+        out.fill_bytes(0, ctx.stream());
+        // Twice into the same record: the counts add up.
+        const std::uint32_t t = edge_threshold_bits(e, fc.format, fc.round);
+        cuda::count_about_edge(d.data(), tensors[i].size(), t, out.data(), ctx.stream());
+        cuda::count_about_edge(d.data(), tensors[i].size(), t, out.data(), ctx.stream());
+        const cuda::DeviceEdgeCounts got = test::to_host(out, ctx)[0];
+        const EdgeCounts want = count_about_edge(tensors[i].data(), tensors[i].size(), e, fc.format, fc.round);
+        CHECK(got.below == 2 * want.below);
+        CHECK(got.above == 2 * want.above);
+      }
+    }
+  }
+}
+
+TEST_CASE("cuda::first_nonfinite finds the first inf or NaN of each tensor in one batched call", "[cuda]") {
+  test::require_cuda_device();
+  cuda::CudaContext ctx;
+  std::vector<std::vector<float>> tensors = stats_tensors();  // with NaN and inf among the values
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  // Hand-placed cases: all finite, the first and the last element, one far into a large tensor.
+  tensors.push_back(std::vector<float>(1000, 1.5f));
+  tensors.push_back(std::vector<float>{nan, 1.0f, inf});
+  tensors.push_back(std::vector<float>(4097, -2.0f));
+  tensors.back().back() = -inf;
+  tensors.push_back(std::vector<float>((1u << 22) + 17, 0.25f));
+  tensors.back()[(1u << 22) + 3] = nan;
+  tensors.back()[(1u << 22) + 9] = inf;
+  tensors.push_back({});
+  // More than one launch of 32 tensors: the list again, shifted by one.
+  const std::size_t base = tensors.size();
+  for (std::size_t i = 0; i < base; ++i) tensors.push_back(tensors[(i + 1) % base]);
+  while (tensors.size() <= 40) tensors.push_back(std::vector<float>(33, 3.0f));
+  std::vector<cuda::DeviceBuffer<float>> device;
+  std::vector<cuda::NonFiniteJob> jobs;
+  for (const auto& t : tensors) {
+    device.push_back(test::to_device(t, ctx));
+    jobs.push_back({device.back().data(), t.size()});
+  }
+  auto first = test::sentinel_buffer<unsigned long long>(jobs.size(), ctx);
+  cuda::first_nonfinite(jobs.data(), jobs.size(), first.data(), ctx.stream());
+  const std::vector<unsigned long long> got = test::to_host(first, ctx);
+  std::size_t with_nonfinite = 0;
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    INFO("tensor " << i << " of " << tensors[i].size() << " values");
+    const std::int64_t want = first_nonfinite(tensors[i].data(), tensors[i].size());
+    with_nonfinite += want >= 0;
+    CHECK(got[i] == (want < 0 ? cuda::kAllFinite : static_cast<unsigned long long>(want)));
+  }
+  CHECK(with_nonfinite >= 6);  // the test has cases of both kinds
 }
 
 // ==== unscale and found_inf =======================================================================

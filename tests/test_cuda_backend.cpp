@@ -348,6 +348,7 @@ TEST_CASE("CUDA backend: training on the GPU tracks the CPU emulation step by st
   const std::vector<Case> cases = {
       {"mlp", Format::fp16, {{"policy", "static"}, {"scale", 1024}}},
       {"mlp", Format::fp16, {{"policy", "torch"}}},
+      {"mlp", Format::fp16, {{"policy", "popart_als"}}},  // the edge counts, added up on the device
       {"deep-mlp", Format::fp16, {{"policy", "adaptive"}, {"method", "approx_range"}}},
       {"deep-mlp", Format::bf16, {{"policy", "adaptive"}, {"method", "measured"}}},
       {"cnn", Format::fp16, {{"policy", "adaptive"}, {"method", "approx_range"}}},
@@ -377,6 +378,68 @@ TEST_CASE("CUDA backend: training on the GPU tracks the CPU emulation step by st
       CHECK(b.loss_scale == a.loss_scale);
     }
   }
+}
+
+TEST_CASE("CUDA backend: a step waits for the device twice, and once more per controller query or join",
+          "[cuda][backend][train]") {
+  test::require_cuda_device();
+  // Once for the step's measurements (one copy: statistics, loss, edge counts), once for the divergence
+  // check (one index per parameter) when the step was applied; nothing per layer. resnet-mini adds one
+  // wait per join (T needs max|g_i|: three joins), an adaptive policy one per controller query (every
+  // weight layer that sends a gradient upstream: all but the first). The count does not depend on the
+  // batch: a small one.
+  struct Case {
+    const char* model;
+    json scaler;
+    std::int64_t waits;
+  };
+  const std::vector<Case> cases = {
+      {"mlp", {{"policy", "torch"}}, 2},
+      {"mlp", {{"policy", "popart_als"}}, 2},
+      {"deep-mlp", {{"policy", "static"}, {"scale", 1024}}, 2},
+      {"cnn", {{"policy", "torch"}}, 2},
+      {"resnet-mini", {{"policy", "static"}, {"scale", 1}}, 2 + 3},
+      {"mlp", {{"policy", "adaptive"}, {"method", "approx_range"}}, 2 + 2},
+      {"cnn", {{"policy", "adaptive"}, {"method", "measured"}}, 2 + 3},
+  };
+  for (const Case& k : cases) {
+    INFO(k.model << " " << k.scaler.dump());
+    TrainConfig c = config_for(k.model, Format::fp16, k.scaler, "cuda");
+    c.batch = 8;
+    Trainer gpu(c);
+    Batcher batches(gpu.data().train, 8, 5);
+    Tensor x;
+    std::vector<std::int32_t> y;
+    int applied = 0;
+    for (int step = 0; step < 6; ++step) {
+      REQUIRE(batches.next(x, y));
+      const std::int64_t before = gpu.model().backend().host_waits();
+      const StepOutcome r = gpu.train_step(x, y);
+      INFO("step " << step + 1 << (r.skipped ? " (skipped)" : ""));
+      applied += !r.skipped;
+      const std::int64_t waits = gpu.model().backend().host_waits() - before;
+      if (step > 0) CHECK(waits == k.waits - (r.skipped ? 1 : 0));  // step 1 sizes the buffers
+    }
+    CHECK(applied > 0);
+  }
+}
+
+TEST_CASE("CUDA backend: a diverging run stops at the CPU's step, naming the same parameter",
+          "[cuda][backend][train]") {
+  test::require_cuda_device();
+  // The update itself makes the master weights non-finite (the scan runs on the device).
+  const json scaler = {{"policy", "static"}, {"scale", 1}};
+  TrainConfig c = config_for("mlp", Format::fp32, scaler, "cpu");
+  c.optimizer = json{{"name", "sgd"}};
+  c.lr = 1e300;
+  Trainer cpu(c);
+  c.device = "cuda";
+  Trainer gpu(c);
+  const json a = cpu.run(), b = gpu.run();
+  REQUIRE(a.at("diverged") == true);
+  CHECK(b.at("diverged") == true);
+  CHECK(b.at("diverged_step") == a.at("diverged_step"));
+  CHECK(b.at("divergence") == a.at("divergence"));
 }
 
 TEST_CASE("CUDA backend: a checkpoint written on the GPU resumes on the CPU with the same weights", "[cuda][backend][checkpoint]") {

@@ -7,11 +7,13 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "lib/backend/backend.h"
 #include "lib/core/error.h"
 #include "lib/instrument/histogram.h"
 #include "lib/scaler/scaler.h"
@@ -366,4 +368,48 @@ TEST_CASE("count_about_edge sorts |v| below and at-or-above the edge", "[scaler]
   CHECK_THROWS_AS(gradscale::count_about_edge(v.data(), v.size(), 0.0f), gradscale::NumericError);
   CHECK_THROWS_AS(gradscale::count_about_edge(v.data(), v.size(), nan), gradscale::NumericError);
   CHECK_THROWS_AS(gradscale::count_about_edge(v.data(), v.size(), inf), gradscale::NumericError);
+}
+
+TEST_CASE("edge_threshold_bits is the smallest |v| whose rounding to F reaches the edge", "[scaler]") {
+  using gradscale::Format;
+  const auto bits = [](float x) {
+    std::uint32_t b;
+    std::memcpy(&b, &x, sizeof b);
+    return b;
+  };
+  const auto from = [](std::uint32_t b) {
+    float x;
+    std::memcpy(&x, &b, sizeof x);
+    return x;
+  };
+  CHECK(gradscale::edge_threshold_bits(4.0f) == bits(4.0f));  // fp32: the edge itself
+  // fp16, edge 4096: fp16's step below 4096 is 2, and the midpoint 4095 rounds to the even 4096.
+  const std::uint32_t t = gradscale::edge_threshold_bits(4096.0f, Format::fp16);
+  CHECK(from(t) == 4095.0f);
+  for (const Format f : {Format::fp16, Format::bf16, Format::fp8_e5m2, Format::fp8_e4m3}) {
+    for (const float edge : {1e-6f, 0.5f, 3.0f, 28.0f, 4094.0f}) {
+      if (edge > gradscale::format_info(f).max_finite) continue;  // no rounding reaches it (e4m3 saturates)
+      INFO(gradscale::format_name(f) << " edge " << edge);
+      const std::uint32_t c = gradscale::edge_threshold_bits(edge, f);
+      CHECK_FALSE(std::fabs(gradscale::quantize(from(c), f)) < edge);
+      CHECK(std::fabs(gradscale::quantize(from(c - 1), f)) < edge);
+    }
+  }
+  CHECK_THROWS_AS(gradscale::edge_threshold_bits(0.0f), gradscale::NumericError);
+}
+
+TEST_CASE("first_nonfinite: the index of the first inf or NaN, on the host and through the CPU backend",
+          "[scaler]") {
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::vector<float> v(3000, 1.0f);
+  CHECK(gradscale::first_nonfinite(v.data(), v.size()) == -1);
+  CHECK(gradscale::first_nonfinite(nullptr, 0) == -1);
+  v[2999] = -inf;
+  CHECK(gradscale::first_nonfinite(v.data(), v.size()) == 2999);
+  v[1500] = nan;
+  CHECK(gradscale::first_nonfinite(v.data(), v.size()) == 1500);
+  gradscale::Tensor a({2, 2}, 0.5f), b({3}, 2.0f);
+  b[2] = inf;
+  CHECK(gradscale::cpu_backend().first_nonfinite({&a, &b}) == std::vector<std::int64_t>{-1, 2});
 }

@@ -70,8 +70,10 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 // Times `steps` training steps (after `warmup` untimed ones) on the training data of `config`, one
 // mini-batch after another, and prints per-layer forward and backward milliseconds per step, the rest
-// of the step (working weights, loss, scaler, optimizer), the device time in GEMMs where the backend
-// times them (cuda), and the step time with its epoch projection.
+// of the step (working weights, loss, scaler, optimizer), the device time in GEMMs and the host's waits
+// for the device where the backend has them (cuda), and the step time with its epoch projection. On a
+// device the per-layer times need a wait after every layer, which would slow the step it times: they
+// come from a second pass of `steps` steps, and the step time from the first, unprofiled one.
 int bench_step(TrainConfig config, std::int64_t steps, std::int64_t warmup) {
   GS_CHECK_CONFIG(steps >= 1, "--steps must be >= 1 (got " << steps << ")");
   GS_CHECK_CONFIG(warmup >= 0, "--warmup must be >= 0 (got " << warmup << ")");
@@ -88,25 +90,35 @@ int bench_step(TrainConfig config, std::int64_t steps, std::int64_t warmup) {
   }
   Model& model = trainer.model();
   Backend& backend = model.backend();
-  backend.synchronize();
-  model.set_profiling(true);
+  const bool on_device = backend.device() != Device::cpu;
+  std::int64_t skipped = 0;
+  auto run_steps = [&](bool profile) {
+    backend.synchronize();
+    model.set_profiling(profile);
+    std::vector<double> seconds;
+    for (std::int64_t i = 0; i < steps; ++i) {
+      next_batch();
+      const auto t0 = std::chrono::steady_clock::now();
+      skipped += trainer.train_step(x, y).skipped;
+      backend.synchronize();  // a device's step ends when its kernels have run
+      seconds.push_back(seconds_since(t0));
+    }
+    return seconds;
+  };
   backend.set_gemm_timing(true);
   (void)backend.gemm_seconds();  // start from here
   const double scaler_before = trainer.scaler_seconds();
-  std::vector<double> step_seconds;
-  std::int64_t skipped = 0;
-  for (std::int64_t i = 0; i < steps; ++i) {
-    next_batch();
-    const auto t0 = std::chrono::steady_clock::now();
-    skipped += trainer.train_step(x, y).skipped;
-    backend.synchronize();  // a device's step ends when its kernels have run
-    step_seconds.push_back(seconds_since(t0));
-  }
+  const std::int64_t waits_before = backend.host_waits();
+  const std::vector<double> step_seconds = run_steps(!on_device);
+  // Each timed step ends with one synchronize of its own: not a wait of the training step.
+  const double waits_per_step =
+      static_cast<double>(backend.host_waits() - waits_before - steps) / static_cast<double>(steps);
   const double scaler_ms = 1e3 * (trainer.scaler_seconds() - scaler_before) / static_cast<double>(steps);
-  const std::vector<Model::LayerTime> times = model.layer_times();
-  model.set_profiling(false);
   const double gemm_s = backend.gemm_seconds();
   backend.set_gemm_timing(false);
+  if (on_device) (void)run_steps(true);  // the layer table's pass
+  const std::vector<Model::LayerTime> times = model.layer_times();
+  model.set_profiling(false);
 
   const auto count = static_cast<double>(steps);
   double total = 0;
@@ -121,6 +133,10 @@ int bench_step(TrainConfig config, std::int64_t steps, std::int64_t warmup) {
       format_name(config.format), static_cast<long long>(config.batch), omp_get_max_threads(),
       static_cast<long long>(steps), static_cast<long long>(warmup), static_cast<long long>(skipped));
   std::printf("device: %s\n", backend.description().c_str());
+  if (on_device)
+    std::printf("(the layer times come from a second pass of %lld steps that waits for the device after every "
+                "layer; the shares are of the unprofiled step)\n",
+                static_cast<long long>(steps));
   std::printf("%-4s %-16s %-14s %12s %12s %8s\n", "id", "layer", "kind", "forward ms", "backward ms",
               "share");
   double layers_ms = 0;
@@ -133,8 +149,9 @@ int bench_step(TrainConfig config, std::int64_t steps, std::int64_t warmup) {
   }
   std::printf("%-36s %25.3f %7.1f%%\n", "layers (forward + backward)", layers_ms,
               100.0 * layers_ms / mean_ms);
-  std::printf("%-36s %25.3f %7.1f%%\n", "rest (weights, loss, scaler, optimizer)", mean_ms - layers_ms,
-              100.0 * (mean_ms - layers_ms) / mean_ms);
+  if (!on_device)  // a device's profiled layers and its unprofiled step do not subtract
+    std::printf("%-36s %25.3f %7.1f%%\n", "rest (weights, loss, scaler, optimizer)", mean_ms - layers_ms,
+                100.0 * (mean_ms - layers_ms) / mean_ms);
   std::printf("%-36s %25.3f %7.1f%%   (policy %s: S0, controller, the statistics it asked for, update)\n",
               "of which in the scaler", scaler_ms, 100.0 * scaler_ms / mean_ms, trainer.scaler().policy().c_str());
   if (gemm_s >= 0) {
@@ -142,6 +159,9 @@ int bench_step(TrainConfig config, std::int64_t steps, std::int64_t warmup) {
     std::printf("%-36s %25.3f %7.1f%%   (device time of the matrix products, cuBLAS)\n", "of the step in GEMMs",
                 gemm_ms, 100.0 * gemm_ms / mean_ms);
   }
+  if (on_device)
+    std::printf("host waits for the device per step: %.2f   (copies to the host and synchronisations)\n",
+                waits_per_step);
   const double per_epoch = static_cast<double>(batches.batches_per_epoch());
   std::printf(
       "step: mean %.3f ms, median %.3f ms, %.1f steps/s; one epoch of %lld samples (%lld steps) "

@@ -61,6 +61,13 @@ class Backend {
   virtual void finish_backward(StepMonitor& monitor) = 0;
   // Waits until the work queued on this backend has finished (timings; a no-op on the host).
   virtual void synchronize() = 0;
+  // The divergence check's scan (lib/train/divergence.h): for each tensor, the index of its first value
+  // that is inf or NaN, or -1 when all are finite. A device backend scans its tensors in one pass and
+  // copies one index per tensor to the host.
+  virtual std::vector<std::int64_t> first_nonfinite(const std::vector<const Tensor*>& tensors) = 0;
+  // How many times the host has waited for this backend's device so far (every copy to the host and
+  // every synchronize is one): `bench step` reports it per step. Always 0 on the host.
+  virtual std::int64_t host_waits() const { return 0; }
   // Timing of the matrix products for `bench step`: while on, the backend measures the time its GEMMs
   // take; gemm_seconds() waits for the backend and returns that time since the last call (then starts
   // again), or a negative value when the backend does not time its GEMMs (the CPU's are inside Eigen).

@@ -4,6 +4,7 @@
 #include <omp.h>
 
 #include "lib/backend/backend.h"
+#include "lib/instrument/histogram.h"
 #include "lib/model/join.h"
 
 #ifdef GRADSCALE_HAS_CUDA
@@ -41,6 +42,16 @@ class CpuBackend final : public Backend {
   }
   void finish_backward(StepMonitor&) override {}  // round_gradient filled the monitor as it went
   void synchronize() override {}
+  std::vector<std::int64_t> first_nonfinite(const std::vector<const Tensor*>& tensors) override {
+    std::vector<std::int64_t> first;
+    first.reserve(tensors.size());
+    for (const Tensor* t : tensors) {
+      const Tensor copy = t->on_host() ? Tensor() : t->to_host();  // another backend's tensor: a copy
+      const Tensor& h = t->on_host() ? *t : copy;
+      first.push_back(gradscale::first_nonfinite(h.data(), static_cast<std::size_t>(h.size())));
+    }
+    return first;
+  }
   DeviceOptimizerKernels* optimizer_kernels() override { return nullptr; }
 };
 

@@ -3,12 +3,14 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "lib/cuda/adam.h"
 #include "lib/cuda/convert.h"
 #include "lib/cuda/elementwise.h"
 #include "lib/cuda/layers.h"
+#include "lib/cuda/nonfinite.h"
 #include "lib/cuda/quantize.h"
 #include "lib/cuda/sgd.h"
 #include "lib/cuda/unscale.h"
@@ -80,8 +82,11 @@ CudaBackend::CudaBackend(int device)
       optimizer_(std::make_unique<CudaOptimizerKernels>(ctx_)),
       now_(8),
       loss_(1),
+      loss_host_(1),
       found_inf_(1),
-      loss_grad_(&memory_) {}
+      loss_grad_(&memory_) {
+  reserve_records(256);  // every built-in model's step fits
+}
 
 CudaBackend::~CudaBackend() = default;
 
@@ -91,10 +96,24 @@ std::unique_ptr<Layer> CudaBackend::adopt(std::unique_ptr<Layer> layer, const La
   return adopt_layer(*this, std::move(layer), placement);
 }
 
+void CudaBackend::reserve_records(std::size_t slots) {
+  records_.resize(kStatsOffset + slots * sizeof(DeviceStats));
+  records_host_.resize(records_.size());
+  record_slots_ = slots;
+  overflow_.clear();
+}
+
 DeviceStats* CudaBackend::next_slot() {
   const std::size_t i = pending_.size();
-  if (i / kChunk >= chunks_.size()) chunks_.emplace_back(kChunk);
-  return chunks_[i / kChunk].data() + i % kChunk;
+  if (i < record_slots_) return reinterpret_cast<DeviceStats*>(records_.data() + kStatsOffset) + i;
+  const std::size_t j = i - record_slots_;
+  if (j / kChunk >= overflow_.size()) overflow_.emplace_back(kChunk);
+  return overflow_[j / kChunk].data() + j % kChunk;
+}
+
+void CudaBackend::start_pass() {
+  pending_.clear();
+  edge_counting_ = false;
 }
 
 void CudaBackend::round_gradient(float* d, std::size_t n, float multiplier, GradSite site, int node,
@@ -105,13 +124,14 @@ void CudaBackend::round_gradient(float* d, std::size_t n, float multiplier, Grad
   if (multiplier != 1.0f) quantize(d, d, n, Format::fp32, p.round, multiplier, stream);  // fp32: d·multiplier
   tensor_stats(ctx_, d, n, f, p.round, next_slot());
   pending_.push_back(Pending{site, node, quantized, p});
-  if (site == GradSite::weight && monitor.gradient_edge > 0) {  // popart_als: counted on the host
-    std::vector<float> host(n);
-    memory_.to_host(host.data(), d, n);
-    const EdgeCounts c = count_about_edge(host.data(), n, static_cast<float>(monitor.gradient_edge),
-                                          quantized ? f : Format::fp32, p.round);
-    monitor.grad_below_edge += c.below;
-    monitor.grad_above_edge += c.above;
+  if (site == GradSite::weight && monitor.gradient_edge > 0) {  // popart_als: added up in the header
+    if (!edge_counting_) {
+      GS_CUDA_CHECK(cudaMemsetAsync(&header()->edge, 0, sizeof(DeviceEdgeCounts), stream));
+      edge_counting_ = true;
+    }
+    const std::uint32_t t =
+        edge_threshold_bits(static_cast<float>(monitor.gradient_edge), quantized ? f : Format::fp32, p.round);
+    count_about_edge(d, n, t, &header()->edge, stream);
   }
   if (quantized) quantize(d, d, n, f, p.round, 1.0f, stream);
 }
@@ -164,23 +184,37 @@ void CudaBackend::to_16bit(const float* data, std::size_t n, DeviceType type, st
 
 void CudaBackend::finish_backward(StepMonitor& monitor) {
   enter_measurements(monitor);
-  if (loss_pending_) {  // loss_backward's sums, computed before everything the pass measured
-    const LossResult loss = download_loss(loss_batch_);
-    monitor.loss = loss.loss;
-    monitor.correct = loss.correct;
+  if (loss_pending_) {  // loss_backward's sums, in the header that enter_measurements brought over
+    StepHeader h;
+    std::memcpy(&h, records_host_.data(), sizeof h);
+    monitor.loss = h.loss.loss_sum / static_cast<double>(loss_batch_);
+    monitor.correct = static_cast<std::int64_t>(h.loss.correct);
     loss_pending_ = false;
   }
+  // A step that needed overflow slots makes the record array large enough for the next (nothing is
+  // queued on the records any more).
+  if (!overflow_.empty()) reserve_records(record_slots_ + overflow_.size() * kChunk);
 }
 
 void CudaBackend::enter_measurements(StepMonitor& monitor) {
+  // The header and the slots in the record array: one copy into page-locked memory, one wait.
+  const std::size_t n = pending_.size(), in_records = std::min(n, record_slots_);
+  GS_CUDA_CHECK(cudaMemcpyAsync(records_host_.data(), records_.data(), kStatsOffset + in_records * sizeof(DeviceStats),
+                                cudaMemcpyDeviceToHost, ctx_.stream()));
+  ctx_.synchronize();
   std::vector<TensorStats> all;
-  all.reserve(pending_.size());
-  for (std::size_t c = 0; c * kChunk < pending_.size(); ++c) {
+  all.reserve(n);
+  for (std::size_t i = 0; i < in_records; ++i) {
+    DeviceStats d;
+    std::memcpy(&d, records_host_.data() + kStatsOffset + i * sizeof(DeviceStats), sizeof d);
+    all.push_back(to_tensor_stats(d));
+  }
+  for (std::size_t c = 0; in_records + c * kChunk < n; ++c) {  // a step larger than any before: more waits
     const std::vector<TensorStats> part =
-        download_stats(ctx_, chunks_[c].data(), std::min(kChunk, pending_.size() - c * kChunk));
+        download_stats(ctx_, overflow_[c].data(), std::min(kChunk, n - in_records - c * kChunk));
     all.insert(all.end(), part.begin(), part.end());
   }
-  for (std::size_t i = 0; i < pending_.size(); ++i) {
+  for (std::size_t i = 0; i < n; ++i) {
     const Pending& e = pending_[i];
     const TensorStats& s = all[i];
     if (monitor.record) store_gradient_statistics(monitor, e.site, e.node, s);
@@ -191,6 +225,39 @@ void CudaBackend::enter_measurements(StepMonitor& monitor) {
     if (e.site == GradSite::loss) monitor.loss_grad_max_abs = m;
   }
   pending_.clear();
+  if (edge_counting_) {  // the counts so far go to the monitor once; the device starts again from zero
+    StepHeader h;
+    std::memcpy(&h, records_host_.data(), sizeof h);
+    monitor.grad_below_edge += h.edge.below;
+    monitor.grad_above_edge += h.edge.above;
+    edge_counting_ = false;
+  }
+}
+
+std::vector<std::int64_t> CudaBackend::first_nonfinite(const std::vector<const Tensor*>& tensors) {
+  std::vector<NonFiniteJob> jobs;
+  std::vector<std::size_t> on_device;  // which tensors the jobs are
+  std::vector<std::int64_t> first(tensors.size(), -1);
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    const Tensor& t = *tensors[i];
+    if (t.on_host()) {
+      first[i] = gradscale::first_nonfinite(t.data(), static_cast<std::size_t>(t.size()));
+    } else {
+      GS_CHECK(t.device() == Device::cuda, "first_nonfinite: a tensor of another device");
+      jobs.push_back(NonFiniteJob{t.data(), static_cast<std::size_t>(t.size())});
+      on_device.push_back(i);
+    }
+  }
+  if (jobs.empty()) return first;
+  if (nonfinite_.size() < jobs.size()) nonfinite_.resize(jobs.size());
+  cuda::first_nonfinite(jobs.data(), jobs.size(), nonfinite_.data(), ctx_.stream());
+  std::vector<unsigned long long> got(jobs.size());
+  GS_CUDA_CHECK(cudaMemcpyAsync(got.data(), nonfinite_.data(), got.size() * sizeof(unsigned long long),
+                                cudaMemcpyDeviceToHost, ctx_.stream()));
+  ctx_.synchronize();
+  for (std::size_t j = 0; j < jobs.size(); ++j)
+    first[on_device[j]] = got[j] == kAllFinite ? -1 : static_cast<std::int64_t>(got[j]);
+  return first;
 }
 
 void CudaBackend::scale_upstream_grad(const Layer& layer, const ScaledGrad& grad_output,
@@ -297,28 +364,32 @@ void CudaBackend::upload_labels(const Tensor& logits, const std::vector<std::int
                                 cudaMemcpyHostToDevice, ctx_.stream()));
 }
 
-LossResult CudaBackend::download_loss(std::int64_t n) {
-  DeviceLoss result{};
-  GS_CUDA_CHECK(cudaMemcpyAsync(&result, loss_.data(), sizeof(result), cudaMemcpyDeviceToHost, ctx_.stream()));
-  ctx_.synchronize();
-  return LossResult{result.loss_sum / static_cast<double>(n), static_cast<std::int64_t>(result.correct)};
+void CudaBackend::queue_loss_copy() {
+  GS_CUDA_CHECK(cudaMemcpyAsync(loss_host_.data(), loss_.data(), sizeof(DeviceLoss), cudaMemcpyDeviceToHost,
+                                ctx_.stream()));
+}
+
+LossResult CudaBackend::queued_loss(std::int64_t n) const {
+  const DeviceLoss& r = *loss_host_.data();
+  return LossResult{r.loss_sum / static_cast<double>(n), static_cast<std::int64_t>(r.correct)};
 }
 
 LossResult CudaBackend::softmax_cross_entropy(const Tensor& logits, const std::vector<std::int32_t>& labels) {
   upload_labels(logits, labels);
   const std::int64_t n = logits.dim(0);
-  loss_pending_ = false;  // these sums replace a training step's that was never finished
   cuda::softmax_cross_entropy(ctx_, logits.data(), labels_.data(), n, logits.dim(1), 1.0, nullptr, loss_.data());
-  return download_loss(n);
+  queue_loss_copy();
+  ctx_.synchronize();
+  return queued_loss(n);
 }
 
 void CudaBackend::loss_backward(const Tensor& logits, const std::vector<std::int32_t>& labels, double loss_scale,
                                 const Precision& p, ScaledGrad& grad, StepMonitor& monitor, int layer_id) {
   upload_labels(logits, labels);
-  pending_.clear();  // a backward pass starts here: nothing of an abandoned one is reported
+  start_pass();  // a backward pass starts here: nothing of an abandoned one is reported
   grad.g.resize(logits.shape());
   cuda::softmax_cross_entropy(ctx_, logits.data(), labels_.data(), logits.dim(0), logits.dim(1), loss_scale,
-                              grad.g.data(), loss_.data());
+                              grad.g.data(), &header()->loss);
   grad.scale = loss_scale;
   round_gradient(grad.g.data(), static_cast<std::size_t>(grad.g.size()), 1.0f, GradSite::loss, layer_id, p,
                  monitor);
@@ -330,12 +401,12 @@ LossResult CudaBackend::loss_gradient_fp32(const Tensor& logits, const std::vect
                                            Tensor& host_grad) {
   upload_labels(logits, labels);
   const std::int64_t n = logits.dim(0);
-  loss_pending_ = false;
   loss_grad_.resize(logits.shape());
   cuda::softmax_cross_entropy(ctx_, logits.data(), labels_.data(), n, logits.dim(1), 1.0, loss_grad_.data(),
                               loss_.data());
-  host_grad.copy_from(loss_grad_);  // waits for the device
-  return download_loss(n);
+  queue_loss_copy();
+  host_grad.copy_from(loss_grad_);  // queued after the loss's copy, then waits: one wait for both
+  return queued_loss(n);
 }
 
 std::unique_ptr<Backend> make_cuda_backend(int device) { return std::make_unique<CudaBackend>(device); }

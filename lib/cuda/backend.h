@@ -3,13 +3,16 @@
 //
 // Measurement without a synchronisation per rounding: every gradient rounding queues its SPEC §3
 // statistics (one stats kernel over the fp32 values before rounding, which also yields max|g| and the
-// non-finite count) into a slot of a device array, and finish_backward copies all slots to the host at
-// once and fills the StepMonitor in the order the roundings happened — found_inf, the first non-finite
-// layer, max|g| per layer and, on recording steps, the statistics: the records the CPU's round_gradient
-// writes as it goes; the loss value of the step comes with that copy too. The host waits for the device
-// elsewhere only where it must decide from device values: a controller's query (the statistics it asked
-// for), a join (max|g_i| of the parts, for T), a policy that chooses S0 from the loss gradient,
-// popart_als's edge counts, and a layer that runs on the host (HostLayer in layers.cpp).
+// non-finite count) into a slot of the step's record array, and finish_backward copies that array to
+// the host in one piece (page-locked memory) and fills the StepMonitor in the order the roundings
+// happened — found_inf, the first non-finite layer, max|g| per layer and, on recording steps, the
+// statistics: the records the CPU's round_gradient writes as it goes. The same copy brings the step's
+// loss value and popart_als's edge counts (added up on the device). So a step under a global policy
+// waits for the device once for its measurements, and once more for the trainer's divergence check
+// (first_nonfinite: one index per parameter). It waits elsewhere only where the host must decide from
+// device values: a controller's query (the statistics it asked for), a join (max|g_i| of the parts,
+// for T), a policy that chooses S0 from the loss gradient, and a layer that runs on the host
+// (HostLayer in layers.cpp). host_waits() counts the waits.
 #pragma once
 
 #ifndef GRADSCALE_HAS_CUDA
@@ -24,6 +27,7 @@
 #include "lib/backend/backend.h"
 #include "lib/cuda/context.h"
 #include "lib/cuda/device_buffer.h"
+#include "lib/cuda/edge_counts.h"
 #include "lib/cuda/gemm.h"
 #include "lib/cuda/optim_step.h"
 #include "lib/cuda/softmax_cross_entropy.h"
@@ -66,6 +70,8 @@ class CudaBackend final : public Backend {
                                 Tensor& host_grad) override;
   void finish_backward(StepMonitor& monitor) override;
   void synchronize() override { ctx_.synchronize(); }
+  std::vector<std::int64_t> first_nonfinite(const std::vector<const Tensor*>& tensors) override;
+  std::int64_t host_waits() const override { return ctx_.waits(); }
   void set_gemm_timing(bool on) override { ctx_.set_gemm_timing(on); }
   double gemm_seconds() override { return ctx_.take_gemm_seconds(); }
   DeviceOptimizerKernels* optimizer_kernels() override { return optimizer_.get(); }
@@ -113,24 +119,42 @@ class CudaBackend final : public Backend {
     bool quantized;
     Precision precision;  // the gradient format and rounding options of the check
   };
+  // The step's records: a header, then one DeviceStats per rounding (slot i, in rounding order), in one
+  // device array with a page-locked mirror on the host; slots beyond its capacity go to overflow
+  // arrays, and the array grows at the end of such a step so that the next one fits.
+  struct StepHeader {
+    DeviceLoss loss;        // loss_backward's sums
+    DeviceEdgeCounts edge;  // popart_als: the weight gradients' counts about the edge
+  };
+  static constexpr std::size_t kStatsOffset =
+      (sizeof(StepHeader) + alignof(DeviceStats) - 1) / alignof(DeviceStats) * alignof(DeviceStats);
+  void reserve_records(std::size_t slots);
+  StepHeader* header() { return reinterpret_cast<StepHeader*>(records_.data()); }
   DeviceStats* next_slot();
+  void start_pass();  // loss_backward: nothing of an abandoned pass is reported
   void upload_labels(const Tensor& logits, const std::vector<std::int32_t>& labels);  // checked first
-  LossResult download_loss(std::int64_t batch);  // loss_'s sums as the mean over `batch`; waits
+  void queue_loss_copy();                        // loss_ → loss_host_, queued
+  LossResult queued_loss(std::int64_t batch) const;  // that copy's sums as the mean over `batch` (after a wait)
 
   CudaContext ctx_;
   CudaMemory memory_;
   std::unique_ptr<DeviceOptimizerKernels> optimizer_;
-  // The step's queued measurements: slot i of chunk i / kChunk, in rounding order.
+  DeviceBuffer<unsigned char> records_;
+  PinnedBuffer<unsigned char> records_host_;
+  std::size_t record_slots_ = 0;
   static constexpr std::size_t kChunk = 256;
-  std::vector<DeviceBuffer<DeviceStats>> chunks_;
+  std::vector<DeviceBuffer<DeviceStats>> overflow_;  // slot record_slots_ + i in overflow_[i / kChunk]
   std::vector<Pending> pending_;
+  bool edge_counting_ = false;                       // header()->edge is counting in this pass
   DeviceBuffer<DeviceStats> now_;        // statistics_now's results
   DeviceBuffer<std::int32_t> labels_;    // the batch's labels
-  DeviceBuffer<DeviceLoss> loss_;        // the loss sums
-  bool loss_pending_ = false;            // loss_backward's sums await finish_backward
+  DeviceBuffer<DeviceLoss> loss_;        // the evaluation loss's sums
+  PinnedBuffer<DeviceLoss> loss_host_;   // their copy on the host
+  bool loss_pending_ = false;            // loss_backward's sums (in the header) await finish_backward
   std::int64_t loss_batch_ = 0;
   DeviceBuffer<int> found_inf_;          // unscale_accumulate's flag (the host decides from the records)
   Tensor loss_grad_;                     // loss_gradient_fp32's device result
+  DeviceBuffer<unsigned long long> nonfinite_;  // first_nonfinite's results
   bool gemm16_ = true;
   DeviceBuffer<std::uint16_t> gemm_slots_[2];  // 16-bit copies of a GEMM's two operands
 };

@@ -59,6 +59,7 @@ void* CudaContext::scratch(std::size_t bytes) {
 }
 
 void CudaContext::synchronize() const {
+  ++waits_;
   GS_CUDA_CHECK(cudaStreamSynchronize(stream()));
 }
 

@@ -8,6 +8,7 @@
 #endif
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -41,8 +42,11 @@ class CudaContext {
   // Device scratch of at least `bytes`, for work queued on stream(); valid until the next call. Entries
   // that need temporary memory (statistics partials, per-sample losses) take it from here.
   void* scratch(std::size_t bytes);
-  // Waits for everything queued on stream(); throws CudaError for a fault of that work.
+  // Waits for everything queued on stream(); throws CudaError for a fault of that work. Every wait of
+  // the backend for its device goes through here (a copy to the host is queued, then waited for).
   void synchronize() const;
+  // How many times synchronize() has been called: the host's waits for the device (`bench step`).
+  std::int64_t waits() const { return waits_; }
 
   // GEMM timing (`bench step`): while on, cuda::gemm brackets each product with a pair of events on
   // stream(); take_gemm_seconds() waits for the stream and returns the device time between the pairs
@@ -72,6 +76,7 @@ class CudaContext {
   bool gemm_timing_ = false;
   std::vector<Event> gemm_events_;  // start, stop, start, stop, ...: reused from one take to the next
   std::size_t gemm_events_used_ = 0;
+  mutable std::int64_t waits_ = 0;
 };
 
 }  // namespace gradscale::cuda

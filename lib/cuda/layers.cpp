@@ -499,7 +499,9 @@ class CudaDropout final : public DeviceLayer {
     mask_.resize(n);
     for (std::size_t i = 0; i < n; ++i) mask_[i] = uniform01(*ctx.rng) >= p_ ? 1 : 0;
     keep_.resize(n);
-    keep_.upload(mask_.data(), n, backend_.context().stream());
+    // From pageable memory the copy is staged before the call returns: no wait, and mask_ may be reused.
+    GS_CUDA_CHECK(cudaMemcpyAsync(keep_.data(), mask_.data(), n * sizeof(std::uint8_t), cudaMemcpyHostToDevice,
+                                  backend_.context().stream()));
     apply_dropout_mask(x.data(), keep_.data(), factor_, output.data(), n, backend_.context().stream());
     backend_.round_output(output, ctx.precision);
   }

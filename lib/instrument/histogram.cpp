@@ -321,14 +321,18 @@ float max_abs(const float* v, std::size_t n) {
 
 
 
-EdgeCounts count_about_edge(const float* v, std::size_t n, float edge, Format f, RoundOptions opt) {
+std::uint32_t edge_threshold_bits(float edge, Format f, RoundOptions opt) {
   GS_CHECK_NUMERIC(edge > 0.0f && std::isfinite(edge),
                    "count_about_edge: the edge must be a positive finite float, got " << edge);
-  GS_CHECK_NUMERIC(v != nullptr || n == 0, "count_about_edge: null data with n = " << n);
   // Smallest |v| (as bits) whose rounding reaches the edge (an overflow to NaN counts as reaching it,
   // which keeps the predicate monotone); NaN inputs lie above inf's pattern and count in neither bin.
-  const std::uint32_t t =
-      first_true(1u, kInfBits, [&](std::uint32_t a) { return !(std::fabs(quantize(from_bits(a), f, opt)) < edge); });
+  return first_true(1u, kInfBits,
+                    [&](std::uint32_t a) { return !(std::fabs(quantize(from_bits(a), f, opt)) < edge); });
+}
+
+EdgeCounts count_about_edge(const float* v, std::size_t n, float edge, Format f, RoundOptions opt) {
+  const std::uint32_t t = edge_threshold_bits(edge, f, opt);
+  GS_CHECK_NUMERIC(v != nullptr || n == 0, "count_about_edge: null data with n = " << n);
   EdgeCounts c;
   for (std::size_t i = 0; i < n; ++i) {
     std::uint32_t b;
@@ -354,6 +358,13 @@ bool all_finite(const float* v, std::size_t n) {
     if (bad) return false;
   }
   return true;
+}
+
+std::int64_t first_nonfinite(const float* v, std::size_t n) {
+  if (all_finite(v, n)) return -1;  // the vectorised scan; the index is searched only when there is one
+  for (std::size_t i = 0; i < n; ++i)
+    if (!std::isfinite(v[i])) return static_cast<std::int64_t>(i);
+  return -1;
 }
 
 double TensorStats::mean() const {

@@ -98,9 +98,17 @@ struct EdgeCounts {
 };
 EdgeCounts count_about_edge(const float* v, std::size_t n, float edge, Format f = Format::fp32,
                             RoundOptions opt = {});
+// The cut count_about_edge uses: the bits of the smallest non-negative float whose rounding to F reaches
+// `edge` (an overflow to NaN counts as reaching it). A value v counts above when t <= (bits(v) & 0x7FFFFFFF)
+// <= bits(inf), below when it is less (the twin on the GPU, cuda::count_about_edge, cuts there too).
+// NumericError unless edge is a positive finite float.
+std::uint32_t edge_threshold_bits(float edge, Format f = Format::fp32, RoundOptions opt = {});
 
 // True when every v[i] is finite.
 bool all_finite(const float* v, std::size_t n);
+// The index of the first v[i] that is inf or NaN, or -1 when all are finite (cuda::first_nonfinite is
+// the GPU's twin).
+std::int64_t first_nonfinite(const float* v, std::size_t n);
 
 // JSON with the counts and moments, and the non-empty binades as {"e": count} when with_binades.
 nlohmann::json stats_to_json(const TensorStats& s, bool with_binades = false);

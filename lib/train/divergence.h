@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "lib/backend/backend.h"
 #include "lib/optim/parameter.h"
 
 namespace gradscale {
@@ -22,9 +23,11 @@ class DivergenceCheck {
  public:
   // Call once per iteration after the optimizer step; `step` is the iteration's 1-based number and
   // `applied` says the optimizer step was applied (not skipped). When applied, every parameter's
-  // master value is checked. Returns true when the run has diverged at this iteration (then, and
-  // from then on, diverged() is true and step() and reason() say when and why).
-  bool observe(std::int64_t step, double loss, bool applied, const std::vector<Parameter*>& params);
+  // master value is checked, by `backend` (the model's: on a device, one pass over all of them and one
+  // small copy). Returns true when the run has diverged at this iteration (then, and from then on,
+  // diverged() is true and step() and reason() say when and why).
+  bool observe(std::int64_t step, double loss, bool applied, const std::vector<Parameter*>& params,
+               Backend& backend = cpu_backend());
 
   bool diverged() const { return step_ > 0; }
   std::int64_t step() const { return step_; }            // the iteration that diverged (0: none)

@@ -112,7 +112,7 @@ StepOutcome Trainer::train_step(const Tensor& images, const std::vector<std::int
   scaler_seconds_ += out.scaler_seconds;
   skipped_ += out.skipped;
   overflow_steps_ += out.found_inf;
-  divergence_.observe(out.step, out.loss, !out.skipped, model_->parameters());
+  divergence_.observe(out.step, out.loss, !out.skipped, model_->parameters(), model_->backend());
   if (trace_) {
     TraceStep ts;
     ts.step = out.step;
