@@ -91,7 +91,7 @@ int bench_step(TrainConfig config, std::int64_t steps, std::int64_t warmup) {
   Model& model = trainer.model();
   Backend& backend = model.backend();
   const bool on_device = backend.device() != Device::cpu;
-  std::int64_t skipped = 0;
+  std::int64_t skipped = 0, waits = 0;
   auto run_steps = [&](bool profile) {
     backend.synchronize();
     model.set_profiling(profile);
@@ -99,7 +99,9 @@ int bench_step(TrainConfig config, std::int64_t steps, std::int64_t warmup) {
     for (std::int64_t i = 0; i < steps; ++i) {
       next_batch();
       const auto t0 = std::chrono::steady_clock::now();
+      const std::int64_t waits_before = backend.host_waits();
       skipped += trainer.train_step(x, y).skipped;
+      waits += backend.host_waits() - waits_before;
       backend.synchronize();  // a device's step ends when its kernels have run
       seconds.push_back(seconds_since(t0));
     }
@@ -108,11 +110,8 @@ int bench_step(TrainConfig config, std::int64_t steps, std::int64_t warmup) {
   backend.set_gemm_timing(true);
   (void)backend.gemm_seconds();  // start from here
   const double scaler_before = trainer.scaler_seconds();
-  const std::int64_t waits_before = backend.host_waits();
   const std::vector<double> step_seconds = run_steps(!on_device);
-  // Each timed step ends with one synchronize of its own: not a wait of the training step.
-  const double waits_per_step =
-      static_cast<double>(backend.host_waits() - waits_before - steps) / static_cast<double>(steps);
+  const double waits_per_step = static_cast<double>(waits) / static_cast<double>(steps);  // the timed pass's
   const double scaler_ms = 1e3 * (trainer.scaler_seconds() - scaler_before) / static_cast<double>(steps);
   const double gemm_s = backend.gemm_seconds();
   backend.set_gemm_timing(false);
