@@ -100,10 +100,30 @@ class AdaptiveScaler final : public Scaler, public LayerController {
       entry.computed_at = step_;
     }
     // SPEC §6.1 bounds, for every method; then a power of two so that scaling is exact.
-    double s = std::min(entry.unbound, c_.scale_upper_bound);
-    s = std::min(s, c_.accum_upper_bound / q.scale_in);
-    if (c_.power_of_two) s = power_of_two_floor(s);
-    return {s, entry.unbound};
+    return {bounded_scale(entry.unbound, q.scale_in, bounds_), entry.unbound};
+  }
+  std::optional<ScaleRule> device_rule(int layer_id) const override {
+    ScaleRule r;
+    r.params = params_;
+    r.bounds = bounds_;
+    if (!due(layer_id)) {
+      r.formula = ScaleRule::kKept;
+      r.kept = const_cast<AdaptiveScaler*>(this)->cache_at(layer_id).unbound;
+      return r;
+    }
+    if (c_.method == "approx_range") r.formula = ScaleRule::kApproxRange;
+    else if (c_.method == "abs_range") r.formula = ScaleRule::kAbsRange;
+    else if (c_.method == "measured") r.formula = ScaleRule::kMeasured;
+    else if (c_.method == "fixed") r.formula = ScaleRule::kFixed;
+    else return std::nullopt;  // element_wise streams every partial product: the host decides
+    return r;  // the backend fills in K (`reduction`) from the layer
+  }
+  void accept(int layer_id, const LocalScale& decision) override {
+    LayerCache& entry = cache_at(layer_id);
+    if (due(layer_id)) {
+      entry.unbound = decision.unbound;
+      entry.computed_at = step_;
+    }
   }
   void end_step(const StepMonitor& /*monitor*/) override {}  // φ is updated in update()
 
@@ -166,7 +186,9 @@ class AdaptiveScaler final : public Scaler, public LayerController {
     params_.relu_factor = c_.relu_factor;
     params_.fixed_scale = c_.fixed_scale;
     params_.margin = c_.margin;
+    bounds_ = ScaleBounds{c_.scale_upper_bound, c_.accum_upper_bound, c_.power_of_two};
   }
+
   bool due(int layer_id) const {
     const LayerCache& e = const_cast<AdaptiveScaler*>(this)->cache_at(layer_id);
     return e.computed_at < 0 || step_ - e.computed_at >= c_.update_every;
@@ -182,6 +204,7 @@ class AdaptiveScaler final : public Scaler, public LayerController {
   std::unique_ptr<Method> method_;
   std::unique_ptr<Method> cast_measured_ = make_measured();  // cast_form "measured" at the loss
   MethodParams params_;
+  ScaleBounds bounds_;
   std::vector<LayerCache> cache_;
   std::int64_t step_ = 0;
   double phi_ = 1;

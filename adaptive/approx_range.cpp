@@ -19,19 +19,8 @@ class ApproxRange final : public Method {
 
   double unbound_scale(const LocalScaleQuery& q, const MethodParams& p) const override {
     GS_CHECK(q.grad_moments && q.weight_moments, "approx_range: the query lacks the moments it asked for");
-    const TensorStats& g = *q.grad_moments;
-    const TensorStats& w = *q.weight_moments;
-    // Population moments over all elements, zeros included (the reference's μ and σ).
-    const double mg = g.mean(), vg = g.variance(), mw = w.mean(), vw = w.variance();
-    const auto k = static_cast<double>(q.reduction);
-    const double sigma_o = std::sqrt((vg + mg * mg) * (vw + mw * mw)) * std::sqrt(p.relu_factor * k);
-    if (!(sigma_o > 0)) return 1.0;  // an all-zero gradient or weight: nothing to protect
-    double s = std::max(p.u_min / (p.c * sigma_o), 1.0);
-    // The largest |g·w| any product can have, from the signed extremes of both factors.
-    const double o_max = std::max({std::fabs(g.max * w.max), std::fabs(g.min * w.min),
-                                   std::fabs(g.max * w.min), std::fabs(g.min * w.max)});
-    if (o_max > 0) s = std::min(s, (p.u_max / k) / o_max);  // may go below 1
-    return s;
+    return approx_range_unbound(rule_moments(*q.grad_moments), rule_moments(*q.weight_moments),
+                                static_cast<double>(q.reduction), p);
   }
 };
 

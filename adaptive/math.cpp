@@ -4,6 +4,8 @@
 #include <cmath>
 #include <limits>
 
+#include "lib/scaler/scale_rule.h"
+
 namespace gradscale::adaptive {
 
 double erfinv(double x) {
@@ -50,10 +52,6 @@ double normal_quantile_above(double n_uf) {
   return std::sqrt(2.0) * erfinv(1.0 - 2.0 * n_uf);
 }
 
-double power_of_two_floor(double s) {
-  int e = 0;
-  std::frexp(s, &e);  // s = m·2^e with m in [0.5, 1)
-  return std::ldexp(1.0, e - 1);
-}
+double power_of_two_floor(double s) { return rule_power_of_two_floor(s); }
 
 }  // namespace gradscale::adaptive

@@ -8,18 +8,13 @@
 #include <vector>
 
 #include "lib/scaler/controller.h"
+#include "lib/scaler/scale_rule.h"
 
 namespace gradscale::adaptive {
 
-// What every method may read besides the query.
-struct MethodParams {
-  double n_uf = 1e-3;         // target fraction of underflowing values
-  double c = 0;               // √2·erf⁻¹(n_uf)
-  double u_min = 0, u_max = 0;  // representable range of the gradient format (min subnormal, max finite)
-  double relu_factor = 0.5;   // approx_range: fraction of the K products assumed non-zero
-  double fixed_scale = 1;     // fixed
-  int margin = 4;             // measured: bits of headroom below u_max
-};
+// What every method may read besides the query: lib/scaler/scale_rule.h's parameters, whose formulas the
+// methods evaluate (the same ones a device evaluates for LayerController::device_rule).
+using MethodParams = ScaleRuleParams;
 
 class Method {
  public:

@@ -14,6 +14,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <sstream>
 #include <filesystem>
@@ -380,33 +381,43 @@ TEST_CASE("CUDA backend: training on the GPU tracks the CPU emulation step by st
   }
 }
 
-TEST_CASE("CUDA backend: a step waits for the device twice, and once more per controller query or join",
+TEST_CASE("CUDA backend: a step waits for the device twice, under a global or an adaptive policy",
           "[cuda][backend][train]") {
   test::require_cuda_device();
-  // Once for the step's measurements (one copy: statistics, loss, edge counts), once for the divergence
-  // check (one index per parameter) when the step was applied; nothing per layer. resnet-mini adds one
-  // wait per join (T needs max|g_i|: three joins), an adaptive policy one per controller query (every
-  // weight layer that sends a gradient upstream: all but the first). The count does not depend on the
-  // batch: a small one.
+  // Once for the step's measurements (one copy: statistics, loss, edge counts and the scales decided on
+  // the device), once for the divergence check (one index per parameter) when the step was applied;
+  // nothing per layer: an adaptive controller's rule is evaluated on the device, and a join's T is
+  // chosen there. With device decisions off the host decides: one wait more per controller query (every
+  // weight layer that sends a gradient upstream: all but the first) and per join (three in
+  // resnet-mini). The count does not depend on the batch: a small one.
   struct Case {
     const char* model;
     json scaler;
+    bool device_decisions;
     std::int64_t waits;
   };
+  const json approx_range = {{"policy", "adaptive"}, {"method", "approx_range"}};
+  const json measured = {{"policy", "adaptive"}, {"method", "measured"}};
   const std::vector<Case> cases = {
-      {"mlp", {{"policy", "torch"}}, 2},
-      {"mlp", {{"policy", "popart_als"}}, 2},
-      {"deep-mlp", {{"policy", "static"}, {"scale", 1024}}, 2},
-      {"cnn", {{"policy", "torch"}}, 2},
-      {"mlp", {{"policy", "adaptive"}, {"method", "approx_range"}}, 2 + 2},
-      {"cnn", {{"policy", "adaptive"}, {"method", "measured"}}, 2 + 3},
-      {"resnet-mini", {{"policy", "static"}, {"scale", 1}}, 2 + 3},
+      {"mlp", {{"policy", "torch"}}, true, 2},
+      {"mlp", {{"policy", "popart_als"}}, true, 2},
+      {"deep-mlp", {{"policy", "static"}, {"scale", 1024}}, true, 2},
+      {"cnn", {{"policy", "torch"}}, true, 2},
+      {"mlp", approx_range, true, 2},
+      {"deep-mlp", approx_range, true, 2},
+      {"cnn", measured, true, 2},
+      {"resnet-mini", {{"policy", "static"}, {"scale", 1}}, true, 2},
+      {"resnet-mini", measured, true, 2},
+      {"mlp", approx_range, false, 2 + 2},
+      {"cnn", measured, false, 2 + 3},
+      {"resnet-mini", {{"policy", "static"}, {"scale", 1}}, false, 2 + 3},
   };
   for (const Case& k : cases) {
-    INFO(k.model << " " << k.scaler.dump());
+    INFO(k.model << " " << k.scaler.dump() << (k.device_decisions ? "" : ", device decisions off"));
     TrainConfig c = config_for(k.model, Format::fp16, k.scaler, "cuda");
     c.batch = 8;
     Trainer gpu(c);
+    dynamic_cast<cuda::CudaBackend&>(gpu.model().backend()).set_device_decisions(k.device_decisions);
     Batcher batches(gpu.data().train, 8, 5);
     Tensor x;
     std::vector<std::int32_t> y;
@@ -421,6 +432,63 @@ TEST_CASE("CUDA backend: a step waits for the device twice, and once more per co
       if (step > 0) CHECK(waits == k.waits - (r.skipped ? 1 : 0));  // step 1 sizes the buffers
     }
     CHECK(applied > 0);
+  }
+}
+
+TEST_CASE("CUDA backend: scales decided on the device equal the host's decisions bit for bit",
+          "[cuda][backend][train]") {
+  test::require_cuda_device();
+  // The same statistics (the GPU's), the same formulas (lib/scaler/scale_rule.h, lib/model/join_target.h):
+  // a run whose controller and joins decide on the device and one whose host decides must take the same
+  // steps — losses, loss scales, every layer record's s, unbound s, S_in and S_out, the controller's
+  // state and the final weights, all bit for bit.
+  struct Case {
+    const char* model;
+    json scaler;
+  };
+  const std::vector<Case> cases = {
+      {"deep-mlp", {{"policy", "adaptive"}, {"method", "approx_range"}}},
+      {"deep-mlp", {{"policy", "adaptive"}, {"method", "abs_range"}, {"update_every", 3}}},
+      {"cnn", {{"policy", "adaptive"}, {"method", "measured"}}},
+      {"resnet-mini", {{"policy", "adaptive"}, {"method", "measured"}, {"accum_upper_bound", 1e9}}},
+      {"resnet-mini", {{"policy", "torch"}}},
+  };
+  for (const Case& k : cases) {
+    INFO(k.model << " " << k.scaler.dump());
+    TrainConfig c = config_for(k.model, Format::fp16, k.scaler, "cuda");
+    c.batch = 16;
+    Trainer on_device(c), on_host(c);
+    dynamic_cast<cuda::CudaBackend&>(on_host.model().backend()).set_device_decisions(false);
+    Batcher batches(on_device.data().train, 16, 5);
+    Tensor x;
+    std::vector<std::int32_t> y;
+    for (int step = 0; step < 6; ++step) {
+      INFO("step " << step + 1);
+      REQUIRE(batches.next(x, y));
+      const StepOutcome a = on_device.train_step(x, y);
+      const StepOutcome b = on_host.train_step(x, y);
+      CHECK(std::memcmp(&a.loss, &b.loss, sizeof a.loss) == 0);
+      CHECK(a.loss_scale == b.loss_scale);
+      CHECK(a.skipped == b.skipped);
+      const StepMonitor& ma = on_device.training().monitor();
+      const StepMonitor& mb = on_host.training().monitor();
+      REQUIRE(ma.records.size() == mb.records.size());
+      for (std::size_t i = 0; i < ma.records.size(); ++i) {
+        INFO("layer " << i);
+        CHECK(ma.records[i].local_scale == mb.records[i].local_scale);
+        CHECK(ma.records[i].unbound_scale == mb.records[i].unbound_scale);
+        CHECK(ma.records[i].scale_in == mb.records[i].scale_in);
+        CHECK(ma.records[i].scale_out == mb.records[i].scale_out);
+      }
+    }
+    CHECK(on_device.scaler().state() == on_host.scaler().state());
+    const std::vector<Parameter*> pa = on_device.model().parameters(), pb = on_host.model().parameters();
+    REQUIRE(pa.size() == pb.size());
+    for (std::size_t i = 0; i < pa.size(); ++i) {
+      INFO(pa[i]->name);
+      const std::vector<float> va = host_values(pa[i]->value), vb = host_values(pb[i]->value);
+      CHECK(std::memcmp(va.data(), vb.data(), va.size() * sizeof(float)) == 0);
+    }
   }
 }
 

@@ -55,6 +55,12 @@ class Backend {
   // logits' size). Returns the loss.
   virtual LossResult loss_gradient_fp32(const Tensor& logits, const std::vector<std::int32_t>& labels,
                                         Tensor& host_grad) = 0;
+  // Model::backward's note that layer_id runs backward on gradient g (lib/layers/layer.h's
+  // note_backward: the layer record's S_in). A device backend that holds g's scale on the device
+  // (ScaledGrad::device_scale) fills the record in by finish_backward.
+  virtual void note_backward(int layer_id, const ScaledGrad& g, StepMonitor& monitor) {
+    gradscale::note_backward(layer_id, g.scale, monitor);
+  }
   // After a backward pass: completes `monitor` (a device backend fills in what its kernels measured —
   // found_inf, max|g|, the statistics — from one copy to the host) and the loss of loss_backward.
   // Before the scaler reads it.

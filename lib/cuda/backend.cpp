@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <optional>
 
 #include "lib/cuda/adam.h"
 #include "lib/cuda/convert.h"
@@ -84,7 +85,9 @@ CudaBackend::CudaBackend(int device)
       loss_(1),
       loss_host_(1),
       found_inf_(1),
-      loss_grad_(&memory_) {
+      loss_grad_(&memory_),
+      query_stats_(3),
+      join_stats_(kMaxJoinParts) {
   reserve_records(256);  // every built-in model's step fits
 }
 
@@ -114,6 +117,85 @@ DeviceStats* CudaBackend::next_slot() {
 void CudaBackend::start_pass() {
   pending_.clear();
   edge_counting_ = false;
+  scales_used_ = scales_on_host_ = 0;
+  decisions_.clear();
+  notes_.clear();
+}
+
+// ---- the scale table ---------------------------------------------------------------------------------
+
+int CudaBackend::new_scale_entry() {
+  const int e = scales_used_++;
+  if (static_cast<std::size_t>(e) / kChunk >= scale_chunks_.size()) {
+    scale_chunks_.emplace_back(kChunk);
+    scale_mirrors_.emplace_back(kChunk);
+  }
+  return e;
+}
+
+DeviceScale* CudaBackend::scale_at(int e) {
+  const auto i = static_cast<std::size_t>(e);
+  return scale_chunks_[i / kChunk].data() + i % kChunk;
+}
+
+const DeviceScale* CudaBackend::scale_entry(const ScaledGrad& g) {
+  if (g.device_scale >= 0) return scale_at(g.device_scale);
+  const int e = new_scale_entry();
+  set_scale(scale_at(e), g.scale, ctx_.stream());
+  return scale_at(e);
+}
+
+void CudaBackend::copy_scales_to_host() {
+  for (auto e = static_cast<std::size_t>(scales_on_host_); e < static_cast<std::size_t>(scales_used_);) {
+    const std::size_t c = e / kChunk, offset = e % kChunk;
+    const std::size_t n = std::min(kChunk - offset, static_cast<std::size_t>(scales_used_) - e);
+    GS_CUDA_CHECK(cudaMemcpyAsync(scale_mirrors_[c].data() + offset, scale_chunks_[c].data() + offset,
+                                  n * sizeof(DeviceScale), cudaMemcpyDeviceToHost, ctx_.stream()));
+    e += n;
+  }
+}
+
+void CudaBackend::resolve_scales(StepMonitor& monitor) {
+  const auto on_host = [this](int e) -> const DeviceScale& {
+    const auto i = static_cast<std::size_t>(e);
+    return scale_mirrors_[i / kChunk].data()[i % kChunk];
+  };
+  scales_on_host_ = scales_used_;
+  for (const PendingNote& n : notes_) {  // first: a decision at the same layer then sets its S_out
+    LayerRecord& r = monitor.record_of(n.layer);
+    r.scale_in = r.scale_out = on_host(n.entry).scale;
+  }
+  notes_.clear();
+  std::vector<PendingDecision> decisions;
+  decisions.swap(decisions_);
+  for (const PendingDecision& d : decisions) {
+    const DeviceScale& e = on_host(d.entry);
+    GS_CHECK_NUMERIC(std::isfinite(e.local) && e.local > 0,
+                     "the controller of policy '" << d.policy << "' chose local scale " << e.local << " at layer '"
+                                                  << d.layer_name << "' (must be finite and > 0)");
+    LayerRecord& r = monitor.record_of(d.layer);
+    r.local_scale = e.local;
+    r.unbound_scale = e.unbound;
+    r.scale_out = e.scale;
+    d.controller->accept(d.layer, LocalScale{e.local, e.unbound});
+  }
+}
+
+double CudaBackend::host_scale(const ScaledGrad& g, StepMonitor& monitor) {
+  if (g.device_scale < 0) return g.scale;
+  if (g.device_scale >= scales_on_host_) enter_measurements(monitor);  // one copy, one wait
+  const auto i = static_cast<std::size_t>(g.device_scale);
+  return scale_mirrors_[i / kChunk].data()[i % kChunk].scale;
+}
+
+void CudaBackend::note_backward(int layer_id, const ScaledGrad& g, StepMonitor& monitor) {
+  gradscale::note_backward(layer_id, g.scale, monitor);
+  if (g.device_scale < 0) return;
+  if (g.device_scale < scales_on_host_) {
+    gradscale::note_backward(layer_id, host_scale(g, monitor), monitor);
+  } else {
+    notes_.push_back(PendingNote{g.device_scale, layer_id});
+  }
 }
 
 void CudaBackend::round_gradient(float* d, std::size_t n, float multiplier, GradSite site, int node,
@@ -201,6 +283,7 @@ void CudaBackend::enter_measurements(StepMonitor& monitor) {
   const std::size_t n = pending_.size(), in_records = std::min(n, record_slots_);
   GS_CUDA_CHECK(cudaMemcpyAsync(records_host_.data(), records_.data(), kStatsOffset + in_records * sizeof(DeviceStats),
                                 cudaMemcpyDeviceToHost, ctx_.stream()));
+  copy_scales_to_host();  // the scales decided on the device: the same wait
   ctx_.synchronize();
   std::vector<TensorStats> all;
   all.reserve(n);
@@ -232,6 +315,7 @@ void CudaBackend::enter_measurements(StepMonitor& monitor) {
     monitor.grad_above_edge += h.edge.above;
     edge_counting_ = false;
   }
+  resolve_scales(monitor);
 }
 
 std::vector<std::int64_t> CudaBackend::first_nonfinite(const std::vector<const Tensor*>& tensors) {
@@ -262,73 +346,157 @@ std::vector<std::int64_t> CudaBackend::first_nonfinite(const std::vector<const T
 
 void CudaBackend::scale_upstream_grad(const Layer& layer, const ScaledGrad& grad_output,
                                       const UpstreamProduct& product, ScaledGrad& gx, BackwardContext& ctx) {
-  LocalScale decision;
-  if (LayerController* controller = ctx.scaler.layer_controller()) {
-    const auto t0 = std::chrono::steady_clock::now();
-    LocalScaleQuery q = upstream_query(layer, grad_output, product, gx.g, ctx);  // no raw views: device data
-    const StatNeeds needs = controller->needs(layer.id());
-    QueryStatistics stats;
-    std::vector<StatsJob> jobs;
-    std::vector<TensorStats*> targets;
-    std::vector<const TensorStats**> slots;
-    const auto ask = [&](const Tensor& t, Format f, TensorStats* target, const TensorStats** slot) {
-      jobs.push_back(job_of(t.data(), t.size(), f, ctx.precision.round));
-      targets.push_back(target);
-      slots.push_back(slot);
-    };
-    if (needs & kNeedGradMoments) ask(grad_output.g, q.format, &stats.grad_moments, &q.grad_moments);
-    if (needs & kNeedWeightMoments) ask(product.weight, q.format, &stats.weight_moments, &q.weight_moments);
-    if (needs & kNeedUpstreamStats) ask(gx.g, q.format, &stats.upstream_stats, &q.upstream_stats);
-    if (!jobs.empty()) {
-      const std::vector<TensorStats> got = statistics_now(jobs);
-      for (std::size_t i = 0; i < got.size(); ++i) {
-        *targets[i] = got[i];
-        *slots[i] = targets[i];
-      }
+  LayerController* controller = ctx.scaler.layer_controller();
+  if (controller != nullptr && device_decisions_) {
+    if (std::optional<ScaleRule> rule = controller->device_rule(layer.id())) {
+      decide_on_device(*rule, *controller, layer, grad_output, product, gx, ctx);
+      return;
     }
-    if (needs & kNeedGradLogMoments) {  // on the host, from a copy
-      const Tensor host = grad_output.g.to_host();
-      stats.grad_log_moments = log_abs_moments(host.data(), static_cast<std::size_t>(host.size()));
-      q.grad_log_moments = &stats.grad_log_moments;
-    }
-    if ((needs & kNeedProductRange) && product.product_range) {  // the layer's closure copies to the host
-      stats.products = product.product_range();
-      q.products = &stats.products;
-    }
-    decision = checked_decision(*controller, q, layer, ctx, t0);
   }
   LayerRecord& r = ctx.monitor.record_of(layer.id());
+  r.sent_grad = true;
+  if (controller == nullptr) {  // a global policy: s = 1, the scale passes on (host value or device entry)
+    r.local_scale = r.unbound_scale = 1.0;
+    round_gradient(gx.g.data(), static_cast<std::size_t>(gx.g.size()), 1.0f, GradSite::upstream, layer.id(),
+                   ctx.precision, ctx.monitor);
+    gx.scale = grad_output.scale;
+    gx.device_scale = grad_output.device_scale;
+    if (gx.device_scale < 0) r.scale_out = gx.scale;  // else note_backward's entry fills S_in and S_out
+    return;
+  }
+  // The host decides: the statistics it asked for, copied now (one wait).
+  const auto t0 = std::chrono::steady_clock::now();
+  LocalScaleQuery q = upstream_query(layer, grad_output, product, gx.g, ctx);  // no raw views: device data
+  q.scale_in = host_scale(grad_output, ctx.monitor);
+  const StatNeeds needs = controller->needs(layer.id());
+  QueryStatistics stats;
+  std::vector<StatsJob> jobs;
+  std::vector<TensorStats*> targets;
+  std::vector<const TensorStats**> slots;
+  const auto ask = [&](const Tensor& t, Format f, TensorStats* target, const TensorStats** slot) {
+    jobs.push_back(job_of(t.data(), t.size(), f, ctx.precision.round));
+    targets.push_back(target);
+    slots.push_back(slot);
+  };
+  if (needs & kNeedGradMoments) ask(grad_output.g, q.format, &stats.grad_moments, &q.grad_moments);
+  if (needs & kNeedWeightMoments) ask(product.weight, q.format, &stats.weight_moments, &q.weight_moments);
+  if (needs & kNeedUpstreamStats) ask(gx.g, q.format, &stats.upstream_stats, &q.upstream_stats);
+  if (!jobs.empty()) {
+    const std::vector<TensorStats> got = statistics_now(jobs);
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      *targets[i] = got[i];
+      *slots[i] = targets[i];
+    }
+  }
+  if (needs & kNeedGradLogMoments) {  // on the host, from a copy
+    const Tensor host = grad_output.g.to_host();
+    stats.grad_log_moments = log_abs_moments(host.data(), static_cast<std::size_t>(host.size()));
+    q.grad_log_moments = &stats.grad_log_moments;
+  }
+  if ((needs & kNeedProductRange) && product.product_range) {  // the layer's closure copies to the host
+    stats.products = product.product_range();
+    q.products = &stats.products;
+  }
+  const LocalScale decision = checked_decision(*controller, q, layer, ctx, t0);
   r.local_scale = decision.s;
   r.unbound_scale = decision.unbound;
-  r.sent_grad = true;
   round_gradient(gx.g.data(), static_cast<std::size_t>(gx.g.size()), static_cast<float>(decision.s),
                  GradSite::upstream, layer.id(), ctx.precision, ctx.monitor);
-  gx.scale = decision.s * grad_output.scale;
+  gx.scale = decision.s * q.scale_in;
+  gx.device_scale = -1;
   r.scale_out = gx.scale;
 }
 
-void CudaBackend::accumulate_weight_grad(Tensor& g, double scale, Parameter& param, int layer_id,
+void CudaBackend::decide_on_device(ScaleRule rule, LayerController& controller, const Layer& layer,
+                                   const ScaledGrad& grad_output, const UpstreamProduct& product, ScaledGrad& gx,
+                                   BackwardContext& ctx) {
+  const auto t0 = std::chrono::steady_clock::now();
+  rule.reduction = static_cast<double>(product.reduction);
+  // The statistics the formula reads stay in query_stats_ (the stream keeps them until the decision
+  // kernel has read them): the moments of g and W, or those of the fp32 upstream product.
+  const Format f = ctx.precision.gradient_format();
+  const bool moments = rule_reads_moments(rule.formula), upstream = rule_reads_upstream(rule.formula);
+  std::vector<StatsJob> jobs;
+  if (moments) {
+    jobs.push_back(job_of(grad_output.g.data(), grad_output.g.size(), f, ctx.precision.round));
+    jobs.push_back(job_of(product.weight.data(), product.weight.size(), f, ctx.precision.round));
+  }
+  if (upstream) jobs.push_back(job_of(gx.g.data(), gx.g.size(), f, ctx.precision.round));
+  if (!jobs.empty()) tensor_stats(ctx_, jobs, query_stats_.data());
+  const DeviceStats* stats = query_stats_.data();
+  const DeviceScale* in = scale_entry(grad_output);
+  const int e = new_scale_entry();
+  decide_local_scale(rule, moments ? stats : nullptr, moments ? stats + 1 : nullptr,
+                     upstream ? stats + (moments ? 2 : 0) : nullptr, in, scale_at(e), ctx_.stream());
+  decisions_.push_back(PendingDecision{e, layer.id(), &controller, ctx.scaler.policy(), layer.name()});
+  ctx.monitor.record_of(layer.id()).sent_grad = true;
+  // s multiplies the fp32 accumulator before the one rounding, so s·g itself never overflows.
+  const auto n = static_cast<std::size_t>(gx.g.size());
+  apply_local_scale(gx.g.data(), n, scale_at(e), ctx_.stream());
+  round_gradient(gx.g.data(), n, 1.0f, GradSite::upstream, layer.id(), ctx.precision, ctx.monitor);
+  gx.scale = std::numeric_limits<double>::quiet_NaN();  // known on the host after the step's copy
+  gx.device_scale = e;
+  ctx.monitor.scaler_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void CudaBackend::accumulate_weight_grad(Tensor& g, const ScaledGrad& at, Parameter& param, int layer_id,
                                          const Precision& p, StepMonitor& monitor) {
   GS_CHECK_SHAPE(g.size() == param.grad.size(),
                  "gradient of " << param.name << " has shape " << shape_string(g.shape())
                                 << ", parameter has " << shape_string(param.grad.shape()));
   const auto n = static_cast<std::size_t>(g.size());
   round_gradient(g.data(), n, 1.0f, GradSite::weight, layer_id, p, monitor);
-  const UnscaleJob job{g.data(), param.grad.data(), n, scale};
+  UnscaleJob job{g.data(), param.grad.data(), n, at.scale};
+  if (at.device_scale >= 0) job.scale_on_device = &scale_at(at.device_scale)->scale;
   unscale_accumulate(&job, 1, found_inf_.data(), ctx_.stream());
 }
 
 void CudaBackend::join(const std::vector<const ScaledGrad*>& parts, ScaledGrad& out, const Precision& p,
                        StepMonitor& monitor, int node_id) {
   GS_CHECK(!parts.empty(), "join of no gradients");
-  std::vector<StatsJob> jobs;
-  std::vector<double> scales;
-  for (const ScaledGrad* part : parts) {
+  for (const ScaledGrad* part : parts)
     GS_CHECK_SHAPE(part->g.shape() == parts[0]->g.shape(), "join: gradient shapes "
                                                                << shape_string(part->g.shape()) << " and "
                                                                << shape_string(parts[0]->g.shape()));
+  if (!device_decisions_ || parts.size() > static_cast<std::size_t>(kMaxJoinParts)) {
+    host_join(parts, out, p, monitor, node_id);
+    return;
+  }
+  // T on the device (join_scale.h) from the parts' max|g_i| and scales: no wait.
+  std::vector<StatsJob> jobs;
+  for (const ScaledGrad* part : parts) {
+    if (part->device_scale < 0)
+      GS_CHECK_NUMERIC(std::isfinite(part->scale) && part->scale > 0,
+                       "join: scale " << part->scale << " is not finite and > 0");
     jobs.push_back(job_of(part->g.data(), part->g.size(), Format::fp32, p.round));
-    scales.push_back(part->scale);
+  }
+  tensor_stats(ctx_, jobs, join_stats_.data());
+  JoinParts table;
+  table.count = static_cast<int>(parts.size());
+  table.limit = format_info(p.gradient_format()).max_finite;
+  for (std::size_t i = 0; i < parts.size(); ++i) {
+    table.stats[i] = join_stats_.data() + i;
+    table.scales[i] = scale_entry(*parts[i]);
+  }
+  const int e = new_scale_entry();
+  choose_join_scale(table, scale_at(e), ctx_.stream());
+  out.g.resize(parts[0]->g.shape());
+  out.g.fill(0.0f);
+  const auto n = static_cast<std::size_t>(out.g.size());
+  for (std::size_t i = 0; i < parts.size(); ++i)
+    scale_add_rescaled(parts[i]->g.data(), scale_at(e), table.scales[i], out.g.data(), n, ctx_.stream());
+  out.scale = std::numeric_limits<double>::quiet_NaN();  // known on the host after the step's copy
+  out.device_scale = e;
+  round_gradient(out.g.data(), n, 1.0f, GradSite::join, node_id, p, monitor);
+}
+
+void CudaBackend::host_join(const std::vector<const ScaledGrad*>& parts, ScaledGrad& out, const Precision& p,
+                            StepMonitor& monitor, int node_id) {
+  std::vector<StatsJob> jobs;
+  std::vector<double> scales;
+  for (const ScaledGrad* part : parts) {
+    jobs.push_back(job_of(part->g.data(), part->g.size(), Format::fp32, p.round));
+    scales.push_back(host_scale(*part, monitor));
   }
   std::vector<double> max_abs_parts;
   for (const TensorStats& s : statistics_now(jobs))
@@ -337,9 +505,10 @@ void CudaBackend::join(const std::vector<const ScaledGrad*>& parts, ScaledGrad& 
   out.g.resize(parts[0]->g.shape());
   out.g.fill(0.0f);
   const auto n = static_cast<std::size_t>(out.g.size());
-  for (const ScaledGrad* part : parts)
-    scale_add(part->g.data(), static_cast<float>(target / part->scale), out.g.data(), n, ctx_.stream());
+  for (std::size_t i = 0; i < parts.size(); ++i)
+    scale_add(parts[i]->g.data(), static_cast<float>(target / scales[i]), out.g.data(), n, ctx_.stream());
   out.scale = target;
+  out.device_scale = -1;
   round_gradient(out.g.data(), n, 1.0f, GradSite::join, node_id, p, monitor);
 }
 
@@ -391,6 +560,7 @@ void CudaBackend::loss_backward(const Tensor& logits, const std::vector<std::int
   cuda::softmax_cross_entropy(ctx_, logits.data(), labels_.data(), logits.dim(0), logits.dim(1), loss_scale,
                               grad.g.data(), &header()->loss);
   grad.scale = loss_scale;
+  grad.device_scale = -1;
   round_gradient(grad.g.data(), static_cast<std::size_t>(grad.g.size()), 1.0f, GradSite::loss, layer_id, p,
                  monitor);
   loss_pending_ = true;  // copied at finish_backward, with the measurements

@@ -7,12 +7,19 @@
 // the host in one piece (page-locked memory) and fills the StepMonitor in the order the roundings
 // happened — found_inf, the first non-finite layer, max|g| per layer and, on recording steps, the
 // statistics: the records the CPU's round_gradient writes as it goes. The same copy brings the step's
-// loss value and popart_als's edge counts (added up on the device). So a step under a global policy
-// waits for the device once for its measurements, and once more for the trainer's divergence check
-// (first_nonfinite: one index per parameter). It waits elsewhere only where the host must decide from
-// device values: a controller's query (the statistics it asked for), a join (max|g_i| of the parts,
-// for T), a policy that chooses S0 from the loss gradient, and a layer that runs on the host
-// (HostLayer in layers.cpp). host_waits() counts the waits.
+// loss value and popart_als's edge counts (added up on the device).
+//
+// Scales decided without a wait: a controller that describes its decision as a rule
+// (LayerController::device_rule) has it evaluated on the device (local_scale.h) from statistics that
+// stay there, and a join chooses its target T on the device (join_scale.h). The scales those produce
+// live in the pass's scale table (ScaledGrad::device_scale) and are read there by every kernel that
+// needs them (the rounding's multiplier, the unscale, the next decision, the next join); the same one
+// copy brings them to the host, which then fills the layer records and hands each decision to its
+// controller (accept). So a step waits for the device once for its measurements and once more for the
+// trainer's divergence check (first_nonfinite: one index per parameter), under a global policy and
+// under an adaptive one alike. It waits elsewhere only where the host decides from device values: a
+// controller without a device rule (its query's statistics), a policy that chooses S0 from the loss
+// gradient, and a layer that runs on the host (HostLayer in layers.cpp). host_waits() counts the waits.
 #pragma once
 
 #ifndef GRADSCALE_HAS_CUDA
@@ -29,6 +36,8 @@
 #include "lib/cuda/device_buffer.h"
 #include "lib/cuda/edge_counts.h"
 #include "lib/cuda/gemm.h"
+#include "lib/cuda/join_scale.h"
+#include "lib/cuda/local_scale.h"
 #include "lib/cuda/optim_step.h"
 #include "lib/cuda/softmax_cross_entropy.h"
 #include "lib/cuda/stats.h"
@@ -68,6 +77,7 @@ class CudaBackend final : public Backend {
                      const Precision& p, ScaledGrad& grad, StepMonitor& monitor, int layer_id) override;
   LossResult loss_gradient_fp32(const Tensor& logits, const std::vector<std::int32_t>& labels,
                                 Tensor& host_grad) override;
+  void note_backward(int layer_id, const ScaledGrad& g, StepMonitor& monitor) override;
   void finish_backward(StepMonitor& monitor) override;
   void synchronize() override { ctx_.synchronize(); }
   std::vector<std::int64_t> first_nonfinite(const std::vector<const Tensor*>& tensors) override;
@@ -88,8 +98,19 @@ class CudaBackend final : public Backend {
   // SPEC §5 steps 1–2 with gx.g holding the fp32 upstream product at S_in (see scale_upstream_grad).
   void scale_upstream_grad(const Layer& layer, const ScaledGrad& grad_output, const UpstreamProduct& product,
                            ScaledGrad& gx, BackwardContext& ctx);
-  void accumulate_weight_grad(Tensor& g, double scale, Parameter& param, int layer_id, const Precision& p,
+  // g (the layer's fp32 weight gradient) rounded, then unscaled by the scale of `at` (its output
+  // gradient: on the host or in the scale table) into param.grad.
+  void accumulate_weight_grad(Tensor& g, const ScaledGrad& at, Parameter& param, int layer_id, const Precision& p,
                               StepMonitor& monitor);
+  // g's scale on the host: g.scale, or its entry in the scale table, which waits for the device
+  // (enter_measurements) when the table has not been copied since the entry was made.
+  double host_scale(const ScaledGrad& g, StepMonitor& monitor);
+  // g's scale in device memory: its entry in the scale table, or a new entry holding g.scale.
+  const DeviceScale* scale_entry(const ScaledGrad& g);
+  // On by default: controllers with a device rule decide on the device, joins choose T there. Off: the
+  // host decides every scale, waiting for the statistics (the comparison the tests make).
+  void set_device_decisions(bool on) { device_decisions_ = on; }
+  bool device_decisions() const { return device_decisions_; }
   // The queued measurements of the pass so far into `monitor`, in rounding order (one copy; waits for
   // the device): what finish_backward does first, and what a host layer needs before its own records.
   void enter_measurements(StepMonitor& monitor);
@@ -128,7 +149,27 @@ class CudaBackend final : public Backend {
   };
   static constexpr std::size_t kStatsOffset =
       (sizeof(StepHeader) + alignof(DeviceStats) - 1) / alignof(DeviceStats) * alignof(DeviceStats);
+  // A decision made on the device, reported to the host at the next enter_measurements.
+  struct PendingDecision {
+    int entry;  // in the scale table
+    int layer;
+    LayerController* controller;
+    std::string policy, layer_name;  // for the error when the decision is not a finite s > 0
+  };
+  // A layer whose incoming gradient's scale is on the device (its record's S_in, filled in later).
+  struct PendingNote {
+    int entry, layer;
+  };
   void reserve_records(std::size_t slots);
+  int new_scale_entry();               // the next entry of the pass's scale table
+  DeviceScale* scale_at(int entry);    // its address (stable for the pass)
+  void copy_scales_to_host();          // queues the copy of the entries not yet on the host
+  void resolve_scales(StepMonitor& monitor);  // after that copy: records, accept(), checks
+  void host_join(const std::vector<const ScaledGrad*>& parts, ScaledGrad& out, const Precision& p,
+                 StepMonitor& monitor, int node_id);
+  void decide_on_device(ScaleRule rule, LayerController& controller, const Layer& layer,
+                        const ScaledGrad& grad_output, const UpstreamProduct& product, ScaledGrad& gx,
+                        BackwardContext& ctx);
   StepHeader* header() { return reinterpret_cast<StepHeader*>(records_.data()); }
   DeviceStats* next_slot();
   void start_pass();  // loss_backward: nothing of an abandoned pass is reported
@@ -145,6 +186,16 @@ class CudaBackend final : public Backend {
   static constexpr std::size_t kChunk = 256;
   std::vector<DeviceBuffer<DeviceStats>> overflow_;  // slot record_slots_ + i in overflow_[i / kChunk]
   std::vector<Pending> pending_;
+  // The pass's scale table: chunks of kChunk entries (never moved while kernels may read them), each
+  // with a page-locked mirror; entries below scales_on_host_ have been copied.
+  std::vector<DeviceBuffer<DeviceScale>> scale_chunks_;
+  std::vector<PinnedBuffer<DeviceScale>> scale_mirrors_;
+  int scales_used_ = 0, scales_on_host_ = 0;
+  std::vector<PendingDecision> decisions_;
+  std::vector<PendingNote> notes_;
+  bool device_decisions_ = true;
+  DeviceBuffer<DeviceStats> query_stats_;  // a device decision's statistics (g, W, upstream)
+  DeviceBuffer<DeviceStats> join_stats_;   // a device join's parts
   bool edge_counting_ = false;                       // header()->edge is counting in this pass
   DeviceBuffer<DeviceStats> now_;        // statistics_now's results
   DeviceBuffer<std::int32_t> labels_;    // the batch's labels

@@ -19,6 +19,13 @@
 namespace gradscale::cuda {
 namespace {
 
+// A layer whose backward keeps the scale (SPEC §5: ReLU, pooling, flatten, the join's fork, BatchNorm):
+// the host value and the device's entry alike.
+void pass_scale(ScaledGrad& gx, const ScaledGrad& from) {
+  gx.scale = from.scale;
+  gx.device_scale = from.device_scale;
+}
+
 // What every twin shares: the host layer for its description, and device copies of its parameters.
 class DeviceLayer : public Layer {
  public:
@@ -101,9 +108,10 @@ class ParametricLayer : public DeviceLayer {
     if (ones_.size() < n) ones_.reset({n}, 1.0f);
   }
   // SPEC §5 step 3 for grad_w_ (and grad_b_): rounded, unscaled by S into the master gradients.
-  void accumulate_parameter_grads(double scale, BackwardContext& ctx) {
-    backend_.accumulate_weight_grad(grad_w_, scale, *params_[0], id_, ctx.precision, ctx.monitor);
-    if (has_bias_) backend_.accumulate_weight_grad(grad_b_, scale, *params_[1], id_, ctx.precision, ctx.monitor);
+  void accumulate_parameter_grads(const ScaledGrad& grad_output, BackwardContext& ctx) {
+    backend_.accumulate_weight_grad(grad_w_, grad_output, *params_[0], id_, ctx.precision, ctx.monitor);
+    if (has_bias_)
+      backend_.accumulate_weight_grad(grad_b_, grad_output, *params_[1], id_, ctx.precision, ctx.monitor);
   }
 
   bool has_bias_ = false;
@@ -171,7 +179,7 @@ class CudaLinear final : public ParametricLayer {
       grad_b_.resize(params_[1]->value.shape());
       gemm(c, 1, out_, n, 1.0f, {ones_.data()}, {g.data()}, 0.0f, {grad_b_.data()});
     }
-    accumulate_parameter_grads(grad_output.scale, ctx);
+    accumulate_parameter_grads(grad_output, ctx);
   }
 
  private:
@@ -194,7 +202,7 @@ class CudaReLU final : public DeviceLayer {
     gx->g.resize(output.shape());
     relu_backward(output.data(), grad_output.g.data(), gx->g.data(), static_cast<std::size_t>(output.size()),
                   backend_.context().stream());
-    gx->scale = grad_output.scale;
+    pass_scale(*gx, grad_output);
   }
 };
 
@@ -213,7 +221,7 @@ class CudaFlatten final : public DeviceLayer {
     if (!gx) return;
     gx->g.copy_from(grad_output.g);
     gx->g.resize(inputs[0]->shape());
-    gx->scale = grad_output.scale;
+    pass_scale(*gx, grad_output);
   }
 };
 
@@ -236,7 +244,7 @@ class CudaAdd final : public DeviceLayer {
     for (ScaledGrad* gx : grad_inputs) {
       if (!gx) continue;
       gx->g.copy_from(grad_output.g);
-      gx->scale = grad_output.scale;
+      pass_scale(*gx, grad_output);
     }
   }
 };
@@ -320,7 +328,7 @@ class CudaConv2d final : public ParametricLayer {
                                     }};
       backend_.scale_upstream_grad(*this, grad_output, product, *gx, ctx);
     }
-    accumulate_parameter_grads(grad_output.scale, ctx);
+    accumulate_parameter_grads(grad_output, ctx);
   }
 
  private:
@@ -358,7 +366,7 @@ class CudaMaxPool2d final : public DeviceLayer {
     gx->g.resize(x.shape());
     max_pool_backward(grad_output.g.data(), argmax_.data(), geometry(x), gx->g.data(), backend_.context().stream());
     if (stride_ < kernel_) backend_.round_activation_grad(gx->g, id_, ctx.precision, ctx.monitor);
-    gx->scale = grad_output.scale;
+    pass_scale(*gx, grad_output);
   }
 
  private:
@@ -387,7 +395,7 @@ class CudaGlobalAvgPool final : public DeviceLayer {
     global_avg_pool_backward(grad_output.g.data(), output.size(), x.dim(2) * x.dim(3), gx->g.data(),
                              backend_.context().stream());
     backend_.round_activation_grad(gx->g, id_, ctx.precision, ctx.monitor);
-    gx->scale = grad_output.scale;
+    pass_scale(*gx, grad_output);
   }
 };
 
@@ -458,10 +466,10 @@ class CudaBatchNorm final : public DeviceLayer {
                        grad_beta_.data());
     if (gx) {
       backend_.round_activation_grad(gx->g, id_, ctx.precision, ctx.monitor);
-      gx->scale = grad_output.scale;
+      pass_scale(*gx, grad_output);
     }
-    backend_.accumulate_weight_grad(grad_gamma_, grad_output.scale, *params_[0], id_, ctx.precision, ctx.monitor);
-    backend_.accumulate_weight_grad(grad_beta_, grad_output.scale, *params_[1], id_, ctx.precision, ctx.monitor);
+    backend_.accumulate_weight_grad(grad_gamma_, grad_output, *params_[0], id_, ctx.precision, ctx.monitor);
+    backend_.accumulate_weight_grad(grad_beta_, grad_output, *params_[1], id_, ctx.precision, ctx.monitor);
   }
 
  private:
@@ -522,7 +530,7 @@ class CudaDropout final : public DeviceLayer {
     } else {
       gx->g.copy_from(grad_output.g);
     }
-    gx->scale = grad_output.scale;
+    pass_scale(*gx, grad_output);
   }
 
  private:
@@ -570,7 +578,7 @@ class HostLayer final : public Layer {
                 const std::vector<ScaledGrad*>& grad_inputs, BackwardContext& ctx) override {
     backend_.enter_measurements(ctx.monitor);  // the queued records first: the CPU's order
     grad_output_.g.copy_from(grad_output.g);
-    grad_output_.scale = grad_output.scale;
+    grad_output_.scale = backend_.host_scale(grad_output, ctx.monitor);  // known after enter_measurements
     grads_.resize(grad_inputs.size());
     std::vector<const Tensor*> ins;
     std::vector<ScaledGrad*> gis;
@@ -583,6 +591,7 @@ class HostLayer final : public Layer {
       if (!grad_inputs[i]) continue;
       grad_inputs[i]->g.copy_from(grads_[i].g);
       grad_inputs[i]->scale = grads_[i].scale;
+      grad_inputs[i]->device_scale = -1;  // the host layer's own value
     }
   }
 

@@ -19,6 +19,7 @@ struct UnscaleTable {
   float* master[kJobsPerLaunch];
   unsigned long long n[kJobsPerLaunch];
   float scale[kJobsPerLaunch];
+  const double* scale_on_device[kJobsPerLaunch];  // read instead of `scale` when not null
   int count;
 };
 
@@ -27,7 +28,8 @@ __global__ void unscale_kernel(UnscaleTable table, int* found_inf) {
   const float* g = table.grad[job];
   float* master = table.master[job];
   const std::size_t n = table.n[job];
-  const float s = table.scale[job];
+  const double* on_device = table.scale_on_device[job];
+  const float s = on_device != nullptr ? static_cast<float>(*on_device) : table.scale[job];
   bool bad = false;
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
   for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
@@ -56,6 +58,7 @@ void unscale_accumulate(const UnscaleJob* jobs, std::size_t count, int* found_in
   for (std::size_t i = 0; i < count; ++i) {
     GS_CHECK(jobs[i].grad != nullptr || jobs[i].n == 0,
              "cuda::unscale_accumulate: gradient " << i << " of " << jobs[i].n << " elements is null");
+    if (jobs[i].scale_on_device != nullptr) continue;  // decided on the device, checked with the step's records
     const auto s = static_cast<float>(jobs[i].scale);  // the CPU divides by float(S) too
     GS_CHECK_NUMERIC(std::isfinite(s) && s > 0, "cuda::unscale_accumulate: scale of gradient "
                                                     << i << " must be finite and > 0 as a float, got "
@@ -71,6 +74,7 @@ void unscale_accumulate(const UnscaleJob* jobs, std::size_t count, int* found_in
       table.master[j] = job.master;
       table.n[j] = job.n;
       table.scale[j] = static_cast<float>(job.scale);
+      table.scale_on_device[j] = job.scale_on_device;
       largest = std::max(largest, job.n);
     }
     launch_unscale(table, largest, found_inf, stream);

@@ -41,6 +41,11 @@ struct Precision {
 struct ScaledGrad {
   Tensor g;
   double scale = 1.0;
+  // A device backend that decided this scale on the device (without the host waiting) keeps it there:
+  // the index of its entry in the backend's scale table for the current backward pass, and `scale` is
+  // not yet known on the host (the backend reports it in the StepMonitor's records by finish_backward).
+  // -1: `scale` is the value. Host layers only ever see -1.
+  int device_scale = -1;
 };
 
 // The local-scale step of one parametric layer (SPEC §5 steps 1–2), as the layer describes it.

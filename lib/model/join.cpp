@@ -1,31 +1,17 @@
 // The backward join of SPEC §5 (see join.h).
 #include "lib/model/join.h"
 
-#include <algorithm>
 #include <cmath>
-#include <limits>
+
+#include "lib/model/join_target.h"
 
 namespace gradscale {
 
 double join_target_scale(const std::vector<double>& max_abs, const std::vector<double>& scales, Format f) {
   GS_CHECK(!scales.empty() && max_abs.size() == scales.size(), "join of " << scales.size() << " scales");
-  double m = 0;  // largest true |gradient| among the parts
-  for (std::size_t i = 0; i < scales.size(); ++i) {
-    GS_CHECK_NUMERIC(std::isfinite(scales[i]) && scales[i] > 0,
-                     "join: scale " << scales[i] << " is not finite and > 0");
-    m = std::max(m, max_abs[i] / scales[i]);
-  }
-  const double limit = format_info(f).max_finite;
-  const auto fits = [&](double t) { return 2.0 * m * t < limit; };
-  double best = 0;
   for (double s : scales)
-    if (fits(s)) best = std::max(best, s);
-  if (best > 0) return best;
-  if (!std::isfinite(m))
-    return *std::min_element(scales.begin(), scales.end());  // nothing fits a non-finite part
-  double t = *std::min_element(scales.begin(), scales.end());
-  while (!fits(t) && t > std::numeric_limits<double>::denorm_min()) t *= 0.5;
-  return t;
+    GS_CHECK_NUMERIC(std::isfinite(s) && s > 0, "join: scale " << s << " is not finite and > 0");
+  return join_target(max_abs.data(), scales.data(), static_cast<int>(scales.size()), format_info(f).max_finite);
 }
 
 void join_scaled_grads(const std::vector<const ScaledGrad*>& parts, ScaledGrad& out, const Precision& p,

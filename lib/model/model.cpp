@@ -187,7 +187,7 @@ void Model::backward(const ScaledGrad& grad_output, BackwardContext& ctx) {
                              ? nullptr
                              : &pending_[i][static_cast<std::size_t>(n.input_slot[e])]);
     }
-    note_backward(static_cast<int>(k), g->scale, ctx.monitor);
+    backend_->note_backward(static_cast<int>(k), *g, ctx.monitor);
     n.layer->backward(ins, outputs_[k], *g, grad_ins, ctx);
     if (profiling_) {
       backend_->synchronize();

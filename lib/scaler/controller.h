@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -17,6 +18,7 @@
 #include "lib/instrument/product_range.h"
 #include "lib/instrument/step_monitor.h"
 #include "lib/numeric/format.h"
+#include "lib/scaler/scale_rule.h"
 #include "lib/tensor/tensor.h"
 
 namespace gradscale {
@@ -87,6 +89,15 @@ class LayerController {
   // Statistics the query at `layer_id` must carry in the current iteration (0: none).
   virtual StatNeeds needs(int layer_id) const = 0;
   virtual LocalScale decide(const LocalScaleQuery& query) = 0;
+  // Optional: the decision at `layer_id` in the current iteration as a formula of the statistics
+  // (lib/scaler/scale_rule.h), when it is one. A device backend then computes the statistics the rule
+  // reads and evaluates it where they are, without the host waiting, and reports the decision through
+  // accept() before end_step; the host backend always calls decide(). Both must come to the same
+  // decision: evaluate_rule(device_rule(id), statistics of the query) == decide(query).
+  // Default: none (the host decides).
+  virtual std::optional<ScaleRule> device_rule(int /*layer_id*/) const { return std::nullopt; }
+  // The decision a device made at `layer_id` from device_rule: take it as decide() would have.
+  virtual void accept(int /*layer_id*/, const LocalScale& /*decision*/) {}
   // After backward: what every layer did and observed (records indexed by layer id; full statistics
   // only on recording steps, s/S and max|g| always), and whether the iteration overflowed.
   virtual void end_step(const StepMonitor& monitor) = 0;

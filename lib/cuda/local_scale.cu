@@ -1,0 +1,70 @@
+// Local scales decided on the device (see local_scale.h).
+#include "lib/cuda/local_scale.h"
+
+#include "lib/core/error.h"
+#include "lib/cuda/check.h"
+#include "lib/cuda/launch.h"
+
+namespace gradscale::cuda {
+namespace {
+
+__device__ RuleMoments moments_of(const DeviceStats* s) {
+  if (s == nullptr) return RuleMoments{};
+  return RuleMoments{static_cast<double>(s->count), s->sum, s->sum_squares, s->min, s->max, s->max_abs,
+                     s->min_nonzero_abs};
+}
+
+__global__ void set_scale_kernel(DeviceScale* entry, double value) { *entry = DeviceScale{value, 1, 1}; }
+
+__global__ void decide_kernel(ScaleRule rule, const DeviceStats* grad, const DeviceStats* weight,
+                              const DeviceStats* upstream, const DeviceScale* in, DeviceScale* out) {
+  RuleInputs inputs;
+  inputs.grad = moments_of(grad);
+  inputs.weight = moments_of(weight);
+  if (upstream != nullptr) {
+    // DeviceStats' bins are unsigned long long, TensorStats' std::uint64_t: the same 64-bit counts.
+    static_assert(sizeof(unsigned long long) == sizeof(std::uint64_t), "64-bit bins");
+    inputs.upstream_bins = reinterpret_cast<const std::uint64_t*>(upstream->binades);
+    inputs.upstream_nonzero = upstream->elements - upstream->zero - upstream->nonfinite;
+    inputs.upstream_max_abs = upstream->max_abs;
+  }
+  inputs.scale_in = in->scale;
+  const RuleDecision d = evaluate_rule(rule, inputs);
+  *out = DeviceScale{d.s * inputs.scale_in, d.s, d.unbound};
+}
+
+__global__ void apply_kernel(float* d, std::size_t n, const DeviceScale* entry) {
+  const float s = static_cast<float>(entry->local);
+  if (s == 1.0f) return;  // as cuda::quantize's multiplier: 1 leaves every value as it is
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
+    d[i] = d[i] * s;
+}
+
+}  // namespace
+
+void set_scale(DeviceScale* entry, double value, cudaStream_t stream) {
+  GS_CHECK(entry != nullptr, "cuda::set_scale got a null entry");
+  set_scale_kernel<<<1, 1, 0, stream>>>(entry, value);
+  GS_CUDA_CHECK_LAUNCH();
+}
+
+void decide_local_scale(const ScaleRule& rule, const DeviceStats* grad, const DeviceStats* weight,
+                        const DeviceStats* upstream, const DeviceScale* in, DeviceScale* out, cudaStream_t stream) {
+  GS_CHECK(in != nullptr && out != nullptr, "cuda::decide_local_scale got a null scale entry");
+  GS_CHECK(!rule_reads_moments(rule.formula) || (grad != nullptr && weight != nullptr),
+           "cuda::decide_local_scale: formula " << rule.formula << " reads the moments of g and W");
+  GS_CHECK(!rule_reads_upstream(rule.formula) || upstream != nullptr,
+           "cuda::decide_local_scale: formula " << rule.formula << " reads the upstream statistics");
+  decide_kernel<<<1, 1, 0, stream>>>(rule, grad, weight, upstream, in, out);
+  GS_CUDA_CHECK_LAUNCH();
+}
+
+void apply_local_scale(float* d, std::size_t n, const DeviceScale* entry, cudaStream_t stream) {
+  if (n == 0) return;
+  GS_CHECK(d != nullptr && entry != nullptr, "cuda::apply_local_scale of " << n << " elements got a null pointer");
+  apply_kernel<<<grid_for(n, 4), kBlock, 0, stream>>>(d, n, entry);
+  GS_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace gradscale::cuda
