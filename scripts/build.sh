@@ -5,5 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 build_dir=${BUILD_DIR:-build}
 jobs=${JOBS:-$(nproc)}
-cmake -S . -B "$build_dir" -DCMAKE_BUILD_TYPE=Release -DGRADSCALE_CUDA="${GRADSCALE_CUDA:-AUTO}" "$@"
+# The plug-in's core is built for the .venv's interpreter when there is one (scripts/setup.sh --torch).
+python_args=()
+[ -x .venv/bin/python ] && python_args=(-DPython3_EXECUTABLE="$PWD/.venv/bin/python")
+cmake -S . -B "$build_dir" -DCMAKE_BUILD_TYPE=Release -DGRADSCALE_CUDA="${GRADSCALE_CUDA:-AUTO}" "${python_args[@]}" "$@"
 cmake --build "$build_dir" -j "$jobs"

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Installs what gradscale needs from Debian's packages, and only what is missing. Idempotent; works
 # as root or through sudo. matplotlib (for the trace and result plots) is part of the default set;
-# `--peer` adds what the PyTorch comparison needs.
-#   scripts/setup.sh [--peer]
+# `--peer` adds what the PyTorch comparison needs; `--torch` what the PyTorch plug-in needs (Debian's
+# torch, pybind11, Python's headers, pytest) and a venv at .venv (system site packages) whose
+# interpreter imports gradscale.torch once the build has made the core (scripts/build.sh).
+#   scripts/setup.sh [--peer] [--torch]
 set -euo pipefail
 
 packages=(cmake g++ make pkg-config zlib1g-dev libeigen3-dev libboost-program-options-dev
@@ -13,11 +15,28 @@ if command -v clang++ >/dev/null 2>&1; then
   clang_major=$(clang++ --version | sed -n 's/.*clang version \([0-9][0-9]*\).*/\1/p' | head -n 1)
   [ -z "$clang_major" ] || packages+=("libclang-rt-$clang_major-dev" "libomp-$clang_major-dev")
 fi
+want_venv=0
+# The venv for the plug-in: Debian's interpreter (where Debian's torch lives), its site packages
+# visible, and python/ on its path through a .pth file (the compiled core is built into python/gradscale).
+make_venv() {
+  [ "$want_venv" = 1 ] || return 0
+  local root
+  root=$(cd "$(dirname "$0")/.." && pwd)
+  if [ ! -x "$root/.venv/bin/python" ]; then
+    /usr/bin/python3 -m venv --system-site-packages "$root/.venv"
+  fi
+  local site
+  site=$("$root/.venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  echo "$root/python" > "$site/gradscale.pth"
+  echo "setup: .venv ready ($("$root/.venv/bin/python" -c 'import torch; print("torch", torch.__version__)'))"
+}
 for arg in "$@"; do
   case "$arg" in
     --peer) packages+=(python3-torch libopenblas0-pthread python3-numpy) ;;
-    -h|--help) sed -n '2,5p' "$0"; exit 0 ;;
-    *) echo "setup.sh: unknown option '$arg' (allowed: --peer)" >&2; exit 2 ;;
+    --torch) packages+=(python3-torch libopenblas0-pthread python3-numpy python3-dev python3-venv pybind11-dev
+                        python3-pybind11 python3-pytest); want_venv=1 ;;
+    -h|--help) sed -n '2,8p' "$0"; exit 0 ;;
+    *) echo "setup.sh: unknown option '$arg' (allowed: --peer, --torch)" >&2; exit 2 ;;
   esac
 done
 
@@ -30,6 +49,7 @@ done
 
 if [ ${#missing[@]} -eq 0 ]; then
   echo "setup: all ${#packages[@]} packages present (${packages[*]})"
+  make_venv
   exit 0
 fi
 
@@ -45,4 +65,5 @@ fi
 echo "setup: installing ${missing[*]}"
 "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq
 "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
+make_venv
 echo "setup: done"

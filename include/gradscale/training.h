@@ -16,6 +16,10 @@
 //   TraceWriter       the per-layer trace of SPEC §8 (JSON Lines while running, one document at the end);
 //                     its header comes from ScaledTraining::trace_header().
 //   softmax_cross_entropy, LossResult   the loss (fp32/fp64) used by loss_backward.
+//   ExternalBackward  the same precision model for a backward pass another engine computes (any loss,
+//                     layers that are not gradscale layers): the caller hands it the fp32 loss gradient,
+//                     each layer's upstream product, joins and weight gradients; it chooses S0 and the
+//                     local scales, rounds, measures, unscales and gives the verdict (gradscale.torch).
 //   make_backend("cpu"|"cuda"|"cuda:N"), model.use_backend(*backend)   where the model computes (the
 //                     backend must outlive the model; docs/architecture.md, "The device seam"). On a
 //                     device, forward() takes host or device images and returns device logits
@@ -30,5 +34,6 @@
 #include "lib/optim/lr_schedule.h"
 #include "lib/optim/optimizer.h"
 #include "lib/optim/parameter.h"
+#include "lib/train/external_backward.h"
 #include "lib/train/scaled_training.h"
 #include "lib/train/trace.h"

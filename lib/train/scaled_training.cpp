@@ -9,6 +9,7 @@
 #include "lib/backend/backend.h"
 #include "lib/core/json_read.h"
 #include "lib/train/checkpoint.h"
+#include "lib/train/verdict.h"
 
 namespace gradscale {
 namespace {
@@ -179,22 +180,8 @@ StepResult ScaledTraining::step(double lr) {
   expect(Phase::backwarded, "step");
   GS_CHECK_CONFIG(std::isfinite(lr) && lr >= 0,
                   "step: the learning rate must be finite and >= 0, got " << lr);
-  const auto t0 = std::chrono::steady_clock::now();
-  if (LayerController* controller = scaler_->layer_controller()) controller->end_step(monitor_);
-  StepStatistics stats;
-  stats.found_inf = monitor_.found_inf;
-  stats.first_nonfinite_layer = monitor_.first_nonfinite_layer;
-  stats.grad_below_edge = monitor_.grad_below_edge;
-  stats.grad_above_edge = monitor_.grad_above_edge;
-  stats.step = steps_;
-  stats.monitor = &monitor_;
   StepResult r = current_;
-  r.report = scaler_->update(stats);
-  r.scaler_seconds += seconds_since(t0) + monitor_.scaler_seconds;
-  r.found_inf = stats.found_inf;
-  r.first_nonfinite_layer = stats.first_nonfinite_layer;
-  r.skipped = r.report.skipped;
-  r.phi = r.report.state.is_object() ? r.report.state.value("phi", 1.0) : 1.0;
+  scaler_verdict(*scaler_, monitor_, steps_, r);
   // A skipped step touches neither weights nor optimizer moments nor the step count.
   if (!r.skipped) optimizer_.step(model_.parameters(), lr);
   r.step = ++steps_;
@@ -317,27 +304,7 @@ std::size_t ScaledTraining::state_tensor_count() const {
 }
 
 std::vector<LayerScale> ScaledTraining::layer_scales() const {
-  std::vector<LayerScale> rows;
-  for (const LayerInfo& info : model_.layer_infos()) {
-    LayerScale row;
-    row.id = info.id;
-    row.name = info.name;
-    row.kind = info.kind;
-    row.parametric = info.parametric;
-    if (static_cast<std::size_t>(info.id) < monitor_.records.size()) {
-      const LayerRecord& r = monitor_.records[static_cast<std::size_t>(info.id)];
-      row.ran = r.ran;
-      row.sent = r.sent_grad;
-      row.s = r.local_scale;
-      row.unbound = r.unbound_scale;
-      row.scale_in = r.scale_in;
-      row.scale_out = r.scale_out;
-      row.recorded = r.has_activation_grad;
-      if (row.recorded) row.underflow_rate = r.activation_grad.underflow_rate();
-    }
-    rows.push_back(std::move(row));
-  }
-  return rows;
+  return layer_scale_rows(model_.layer_infos(), monitor_);
 }
 
 nlohmann::json ScaledTraining::trace_header(const nlohmann::json& config) const {

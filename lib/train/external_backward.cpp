@@ -1,0 +1,249 @@
+// The precision model for a backward pass computed by another engine (see external_backward.h). Every
+// rounding goes through round_gradient (lib/layers/precision_ops.cpp) and every local scale through the
+// checked controller decision, exactly as for gradscale's own layers.
+#include "lib/train/external_backward.h"
+
+#include <chrono>
+#include <cmath>
+#include <limits>
+
+#include "lib/core/json_read.h"
+#include "lib/model/join.h"
+#include "lib/train/verdict.h"
+
+namespace gradscale {
+namespace {
+
+std::unique_ptr<Scaler> scaler_from(const nlohmann::json& config, const Precision& p) {
+  if (config.is_string()) return make_scaler(config.get<std::string>(), p.gradient_format());
+  return make_scaler(config, p.gradient_format());
+}
+
+// round_gradient without statistics: the found_inf check, charged to `layer` (-1: outside every layer).
+void round_unrecorded(float* d, std::size_t n, float multiplier, GradSite site, const Precision& p,
+                      StepMonitor& monitor, int layer) {
+  StepMonitor scratch;
+  scratch.gradient_edge = monitor.gradient_edge;            // popart_als counts every weight gradient
+  round_gradient(d, n, multiplier, site, 0, p, scratch);  // record is off: layer 0 is never read
+  monitor.grad_below_edge += scratch.grad_below_edge;
+  monitor.grad_above_edge += scratch.grad_above_edge;
+  if (scratch.found_inf) monitor.note_nonfinite(layer);
+}
+
+}  // namespace
+
+ExternalBackward::ExternalBackward(std::vector<LayerInfo> layers, const Precision& precision,
+                                   std::unique_ptr<Scaler> scaler)
+    : layers_(std::move(layers)),
+      precision_(precision),
+      scaler_(std::move(scaler)),
+      loss_scale_(std::numeric_limits<double>::quiet_NaN()) {
+  GS_CHECK_CONFIG(scaler_ != nullptr, "ExternalBackward: no scaler given (use {\"policy\": \"none\"} for none)");
+  GS_CHECK_CONFIG(!layers_.empty(), "ExternalBackward: the layer table is empty (a model without parameters?)");
+  for (std::size_t i = 0; i < layers_.size(); ++i) {
+    const LayerInfo& l = layers_[i];
+    GS_CHECK_CONFIG(l.id == static_cast<int>(i),
+                    "ExternalBackward: layer '" << l.name << "' has id " << l.id << ", expected " << i);
+    GS_CHECK_CONFIG(!l.parametric || (l.reduction > 0 && !l.weight_shape.empty()),
+                    "ExternalBackward: parametric layer '" << l.name << "' needs a reduction length K > 0 and "
+                                                           << "a weight shape");
+  }
+  scaler_->bind(layers_, precision_.gradient_format());
+}
+
+ExternalBackward::ExternalBackward(std::vector<LayerInfo> layers, const Precision& precision,
+                                   const nlohmann::json& scaler)
+    : ExternalBackward(std::move(layers), precision, scaler_from(scaler, precision)) {}
+
+ExternalBackward::~ExternalBackward() = default;
+
+void ExternalBackward::check_layer(int layer, bool allow_none, const char* call) const {
+  GS_CHECK_CONFIG((allow_none && layer == -1) || (layer >= 0 && static_cast<std::size_t>(layer) < layers_.size()),
+                  "ExternalBackward::" << call << ": layer id " << layer << " outside the table of "
+                                       << layers_.size() << " layers");
+  GS_CHECK_AS(Error, in_step_,
+              "ExternalBackward::" << call << " outside an iteration (call begin_step first)");
+}
+
+void ExternalBackward::begin_step(bool record_statistics) {
+  monitor_.reset(static_cast<int>(layers_.size()), record_statistics, scaler_->gradient_edge());
+  const auto t0 = std::chrono::steady_clock::now();
+  scaler_->begin_step(steps_);
+  monitor_.scaler_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  loss_scale_ = std::numeric_limits<double>::quiet_NaN();
+  in_step_ = true;
+}
+
+double ExternalBackward::loss_gradient(float* g, std::int64_t n) {
+  check_layer(-1, true, "loss_gradient");
+  GS_CHECK_SHAPE(n >= 0 && (n == 0 || g != nullptr), "ExternalBackward::loss_gradient: " << n << " values");
+  if (std::isnan(loss_scale_)) {
+    const auto t0 = std::chrono::steady_clock::now();
+    LocalScaleQuery query;
+    QueryStatistics stats;
+    if (const StatNeeds needs = scaler_->loss_needs()) {
+      query.layer_name = "loss";
+      query.step = steps_;
+      query.format = precision_.gradient_format();
+      query.reduction = 0;
+      query.grad_shape = query.upstream_shape = Shape{n};
+      query.grad = query.upstream = g;
+      query.grad_size = query.upstream_size = n;
+      stats.attach(needs, query, precision_.round);
+    }
+    const double s0 = scaler_->choose_loss_scale(query);
+    GS_CHECK_NUMERIC(std::isfinite(s0) && s0 > 0, "scaler '" << scaler_->policy() << "' chose loss scale " << s0);
+    loss_scale_ = s0;
+    monitor_.scaler_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  // The loss gradient is attributed to the last layer (as gradscale's own models do: the layer whose
+  // output the loss reads), so a non-finite loss gradient names it.
+  const int last = static_cast<int>(layers_.size()) - 1;
+  const float m = round_gradient(g, static_cast<std::size_t>(n), static_cast<float>(loss_scale_), GradSite::loss,
+                                 last, precision_, monitor_);
+  if (m > monitor_.loss_grad_max_abs || std::isnan(m)) monitor_.loss_grad_max_abs = m;
+  return loss_scale_;
+}
+
+void ExternalBackward::note_layer(int layer, double scale_in) {
+  check_layer(layer, false, "note_layer");
+  LayerRecord& r = monitor_.record_of(layer);
+  if (r.ran) return;  // a layer called twice keeps the S_in of its first backward
+  gradscale::note_backward(layer, scale_in, monitor_);
+}
+
+double ExternalBackward::upstream(int layer, float* upstream, const Shape& upstream_shape, const float* grad,
+                                  const Shape& grad_shape, const float* weight, const Shape& weight_shape,
+                                  double scale_in) {
+  check_layer(layer, false, "upstream");
+  GS_CHECK_NUMERIC(std::isfinite(scale_in) && scale_in > 0,
+                   "ExternalBackward::upstream: layer '" << layers_[static_cast<std::size_t>(layer)].name
+                                                         << "' received scale " << scale_in);
+  const LayerInfo& info = layers_[static_cast<std::size_t>(layer)];
+  note_layer(layer, scale_in);
+  LocalScale decision;
+  LayerController* controller = scaler_->layer_controller();
+  if (controller && info.parametric) {
+    const auto t0 = std::chrono::steady_clock::now();
+    LocalScaleQuery q;
+    q.layer_id = layer;
+    q.layer_name = info.name;
+    q.step = steps_;
+    q.format = precision_.gradient_format();
+    q.scale_in = scale_in;
+    q.reduction = info.reduction;
+    q.grad_shape = grad_shape;
+    q.weight_shape = weight_shape;
+    q.upstream_shape = upstream_shape;
+    q.grad = grad;
+    q.grad_size = grad ? shape_size(grad_shape) : 0;
+    q.weight = weight;
+    q.weight_size = weight ? shape_size(weight_shape) : 0;
+    q.upstream = upstream;
+    q.upstream_size = shape_size(upstream_shape);
+    const StatNeeds needs = controller->needs(layer);
+    GS_CHECK_CONFIG(!(needs & (kNeedGradMoments | kNeedGradLogMoments)) || grad,
+                    "ExternalBackward::upstream: the controller needs the gradient layer '" << info.name
+                                                                                            << "' received");
+    GS_CHECK_CONFIG(!(needs & kNeedWeightMoments) || weight,
+                    "ExternalBackward::upstream: the controller needs the weight of layer '" << info.name << "'");
+    GS_CHECK_CONFIG(!(needs & kNeedProductRange),
+                    "ExternalBackward::upstream: method element_wise needs the partial products of gradscale's "
+                    "own Linear/Conv2d; it is not available for layers computed elsewhere");
+    QueryStatistics stats;
+    stats.attach(needs, q, precision_.round);
+    decision = controller->decide(q);
+    GS_CHECK_NUMERIC(std::isfinite(decision.s) && decision.s > 0,
+                     "the controller of policy '" << scaler_->policy() << "' chose local scale " << decision.s
+                                                  << " at layer '" << info.name << "' (must be finite and > 0)");
+    monitor_.scaler_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  LayerRecord& r = monitor_.record_of(layer);
+  r.local_scale = decision.s;
+  r.unbound_scale = decision.unbound;
+  r.sent_grad = true;
+  const float m = round_gradient(upstream, static_cast<std::size_t>(shape_size(upstream_shape)),
+                                 static_cast<float>(decision.s), GradSite::upstream, layer, precision_, monitor_);
+  if (m > r.sent_max_abs || std::isnan(m)) r.sent_max_abs = m;
+  r.scale_out = decision.s * scale_in;
+  return decision.s;
+}
+
+double ExternalBackward::join_target(const std::vector<double>& max_abs, const std::vector<double>& scales) const {
+  return join_target_scale(max_abs, scales, precision_.gradient_format());
+}
+
+void ExternalBackward::round_join(int layer, float* sum, std::int64_t n) {
+  check_layer(layer, true, "round_join");
+  if (layer < 0)
+    round_unrecorded(sum, static_cast<std::size_t>(n), 1.0f, GradSite::join, precision_, monitor_, -1);
+  else
+    round_gradient(sum, static_cast<std::size_t>(n), 1.0f, GradSite::join, layer, precision_, monitor_);
+}
+
+void ExternalBackward::round_received(int layer, float* g, std::int64_t n) {
+  check_layer(layer, false, "round_received");
+  round_unrecorded(g, static_cast<std::size_t>(n), 1.0f, GradSite::join, precision_, monitor_, layer);
+}
+
+void ExternalBackward::weight_gradient(int layer, float* g, std::int64_t n, double scale) {
+  check_layer(layer, true, "weight_gradient");
+  GS_CHECK_NUMERIC(std::isfinite(scale) && scale > 0, "ExternalBackward::weight_gradient: scale " << scale);
+  const auto count = static_cast<std::size_t>(n);
+  if (layer < 0)
+    round_unrecorded(g, count, 1.0f, GradSite::weight, precision_, monitor_, -1);
+  else
+    round_gradient(g, count, 1.0f, GradSite::weight, layer, precision_, monitor_);
+  // Unscale in fp32 (SPEC §4), as accumulate_weight_grad does: g / S, exact for a power-of-two S.
+  const auto s = static_cast<float>(scale);
+  for (std::size_t i = 0; i < count; ++i) g[i] /= s;
+}
+
+StepResult ExternalBackward::finish_step(double loss) {
+  check_layer(-1, true, "finish_step");
+  StepResult r;
+  r.loss = loss;
+  r.loss_scale = loss_scale_;
+  scaler_verdict(*scaler_, monitor_, steps_, r);
+  r.step = ++steps_;
+  in_step_ = false;
+  return r;
+}
+
+std::vector<LayerScale> ExternalBackward::layer_scales() const {
+  return layer_scale_rows(layers_, monitor_);
+}
+
+nlohmann::json ExternalBackward::layer_names() const {
+  nlohmann::json names = nlohmann::json::array();
+  for (const LayerInfo& l : layers_) names.push_back(l.name);
+  return names;
+}
+
+nlohmann::json ExternalBackward::state() const {
+  return {{"steps", steps_},
+          {"layers", layer_names()},
+          {"scaler", {{"config", scaler_->config()}, {"state", scaler_->state()}}}};
+}
+
+void ExternalBackward::restore_state(const nlohmann::json& state) {
+  GS_CHECK_CONFIG(state.is_object() && state.contains("steps") && state.contains("layers") &&
+                      state.contains("scaler") && state["scaler"].is_object() &&
+                      state["scaler"].contains("config") && state["scaler"].contains("state"),
+                  "scaler state: expected an object with 'steps', 'layers' and 'scaler': {config, state}, got "
+                      << json_excerpt(state));
+  const nlohmann::json& steps = state["steps"];
+  GS_CHECK_CONFIG(steps.is_number_integer() && steps.get<std::int64_t>() >= 0,
+                  "scaler state: 'steps' must be an integer >= 0, got " << json_excerpt(steps));
+  GS_CHECK_CONFIG(state["layers"] == layer_names(),
+                  "scaler state: saved for the layers " << json_excerpt(state["layers"]) << ", this model has "
+                                                        << json_excerpt(layer_names()));
+  GS_CHECK_CONFIG(state["scaler"]["config"] == scaler_->config(),
+                  "scaler state: saved for the scaler " << json_excerpt(state["scaler"]["config"])
+                                                        << ", this one is " << json_excerpt(scaler_->config()));
+  scaler_->restore_state(state["scaler"]["state"]);
+  steps_ = steps.get<std::int64_t>();
+  in_step_ = false;
+}
+
+}  // namespace gradscale

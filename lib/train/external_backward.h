@@ -1,0 +1,95 @@
+// The precision model of SPEC §4–§5 for a backward pass that another engine computes (PyTorch's
+// autograd through the gradscale.torch plug-in, or a user's own code): the caller computes the fp32
+// products, this object does everything gradscale decides — S0 at the loss gradient, the local scale of
+// each layer from the statistics its controller asks for, the one rounding of every gradient to the
+// gradient format (with found_inf and the §3 statistics), the join target of SPEC §5, the unscale of
+// weight gradients, and the scaler's verdict. Nothing here knows the caller's graph: it is told which
+// layer each tensor belongs to. Public through <gradscale/training.h>.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "lib/instrument/step_monitor.h"
+#include "lib/layers/layer.h"
+#include "lib/scaler/scaler.h"
+#include "lib/train/scaled_training.h"
+
+namespace gradscale {
+
+class ExternalBackward {
+ public:
+  // `layers`: the caller's layer table (ids 0..L-1 in order; `parametric` layers with `reduction` K and
+  // `weight_shape` ask the controller for a local scale, the others send their gradient at s = 1).
+  // The scaler (owned) is bound to it for the gradient format of `precision`.
+  ExternalBackward(std::vector<LayerInfo> layers, const Precision& precision, std::unique_ptr<Scaler> scaler);
+  // The same with the scaler built from a configuration (as ScaledTraining: an object or CLI text).
+  ExternalBackward(std::vector<LayerInfo> layers, const Precision& precision, const nlohmann::json& scaler);
+  ~ExternalBackward();
+  ExternalBackward(const ExternalBackward&) = delete;
+  ExternalBackward& operator=(const ExternalBackward&) = delete;
+
+  // ---- one iteration: begin_step, loss_gradient, then (in backward order) upstream / join /
+  //      weight_gradient as the caller's engine reaches them, then finish_step ------------------------
+  void begin_step(bool record_statistics = false);
+  // The loss gradient: `g` holds n fp32 values at scale 1 (dL/d output, before any rounding). The first
+  // call of an iteration chooses S0 (scaler.choose_loss_scale on these values, for policies that look);
+  // every call multiplies g by S0 in fp32 and rounds it once to the gradient format, in place (SPEC §5,
+  // "Loss"). Returns S0.
+  double loss_gradient(float* g, std::int64_t n);
+  // S0 of this iteration (NaN before loss_gradient).
+  double loss_scale() const { return loss_scale_; }
+  // Step 2 of SPEC §5 at `layer`: `upstream` holds the fp32 gradient the layer sends upstream at scale
+  // `scale_in` (its g·Wᵀ before rounding), in place → quantize(s·upstream); `grad` the gradient the
+  // layer received (values in F at scale_in) and `weight` its working weight (values in F), each may be
+  // null when the controller does not read them. A parametric layer's controller chooses s; others use
+  // s = 1. Returns s (the gradient now carries s·scale_in).
+  double upstream(int layer, float* upstream, const Shape& upstream_shape, const float* grad,
+                  const Shape& grad_shape, const float* weight, const Shape& weight_shape, double scale_in);
+  // The join target of SPEC §5 for parts with these max|g_i| (NaN for a part holding one) and scales.
+  double join_target(const std::vector<double>& max_abs, const std::vector<double>& scales) const;
+  // The joined sum Σ g_i·T/S_i (fp32, computed by the caller) rounded once in place, at `layer`'s join
+  // site (-1: a join outside every layer: found_inf is checked, no statistics are kept).
+  void round_join(int layer, float* sum, std::int64_t n);
+  // The gradient `layer` receives at its output, rounded in place to the gradient format (it may have
+  // passed through fp32 operations that are no layer since it was last rounded): found_inf is checked
+  // and charged to the layer; no statistics (they were taken where it was rounded before).
+  void round_received(int layer, float* g, std::int64_t n);
+  // A weight-gradient part of `layer` (fp32, at scale `scale`), in place → quantize(g) / scale in fp32:
+  // the true gradient, ready to be added to the master gradient (SPEC §4). layer -1: a parameter of no
+  // layer (rounded and unscaled, found_inf checked, no statistics).
+  void weight_gradient(int layer, float* g, std::int64_t n, double scale);
+  // Records that `layer` ran backward on a gradient at scale `scale_in` (its record's S_in).
+  void note_layer(int layer, double scale_in);
+  // The verdict: the controller's end_step, then scaler.update. `loss` is reported in the result.
+  StepResult finish_step(double loss = 0);
+
+  // ---- reading and state --------------------------------------------------------------------------
+  std::int64_t steps() const { return steps_; }
+  const StepMonitor& monitor() const { return monitor_; }
+  std::vector<LayerScale> layer_scales() const;
+  const std::vector<LayerInfo>& layers() const { return layers_; }
+  const Precision& precision() const { return precision_; }
+  Scaler& scaler() { return *scaler_; }
+  // {"steps", "scaler": {"config", "state"}, "layers": [names]}; restore_state refuses another scaler
+  // configuration or layer table (ConfigError naming what differs).
+  nlohmann::json state() const;
+  void restore_state(const nlohmann::json& state);
+
+ private:
+  void check_layer(int layer, bool allow_none, const char* call) const;
+  nlohmann::json layer_names() const;
+
+  std::vector<LayerInfo> layers_;
+  Precision precision_;
+  std::unique_ptr<Scaler> scaler_;
+  StepMonitor monitor_;
+  std::int64_t steps_ = 0;
+  double loss_scale_;
+  bool in_step_ = false;
+};
+
+}  // namespace gradscale

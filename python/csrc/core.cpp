@@ -1,0 +1,203 @@
+// gradscale's C++ core for Python (module gradscale._core): the precision model of SPEC §4–§5
+// (ExternalBackward), rounding and statistics, and gradscale's own training engine for comparisons.
+// Tensors cross as (address, element count) of contiguous float32 host memory: no libtorch (or numpy)
+// type is compiled in, so one build serves every torch version. JSON crosses as text.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <gradscale/gradscale.h>
+
+#include "lib/model/spec.h"
+
+namespace py = pybind11;
+using namespace gradscale;
+using json = nlohmann::json;
+
+namespace {
+
+float* address(std::uintptr_t p) { return reinterpret_cast<float*>(p); }
+
+Format format_of(const std::string& name) { return parse_format(name); }
+
+std::vector<LayerInfo> layer_table(const std::vector<py::dict>& rows) {
+  std::vector<LayerInfo> layers;
+  for (const py::dict& row : rows) {
+    LayerInfo l;
+    l.id = static_cast<int>(layers.size());
+    l.name = row["name"].cast<std::string>();
+    l.kind = row["kind"].cast<std::string>();
+    l.parametric = row["parametric"].cast<bool>();
+    l.reduction = row["reduction"].cast<std::int64_t>();
+    l.weight_shape = row["weight_shape"].cast<Shape>();
+    layers.push_back(std::move(l));
+  }
+  return layers;
+}
+
+Precision precision_of(const std::string& format, const std::string& grad_format, bool quantize_weight_grads) {
+  Precision p;
+  p.format = format_of(format);
+  if (!grad_format.empty()) p.grad_format = format_of(grad_format);
+  p.quantize_weight_grads = quantize_weight_grads;
+  return p;
+}
+
+py::dict stats_dict(const TensorStats& s) {
+  py::dict d;
+  d["zero"] = s.zero;
+  d["underflow"] = s.underflow;
+  d["subnormal"] = s.subnormal;
+  d["normal"] = s.normal;
+  d["overflow"] = s.overflow;
+  d["nonfinite"] = s.nonfinite;
+  d["elements"] = s.elements;
+  d["underflow_rate"] = s.underflow_rate();
+  d["max_abs"] = s.max_abs;
+  return d;
+}
+
+py::dict step_dict(const StepResult& r) {
+  py::dict d;
+  d["step"] = r.step;
+  d["loss"] = r.loss;
+  d["loss_scale"] = r.loss_scale;
+  d["found_inf"] = r.found_inf;
+  d["first_nonfinite_layer"] = r.first_nonfinite_layer;
+  d["skipped"] = r.skipped;
+  d["phi"] = r.phi;
+  d["next_scale"] = r.report.scale;
+  d["scaler_seconds"] = r.scaler_seconds;
+  d["state"] = r.report.state.dump();
+  return d;
+}
+
+py::list layer_rows(const std::vector<LayerScale>& rows, const StepMonitor& monitor) {
+  py::list out;
+  for (const LayerScale& r : rows) {
+    py::dict d;
+    d["id"] = r.id;
+    d["name"] = r.name;
+    d["kind"] = r.kind;
+    d["parametric"] = r.parametric;
+    d["ran"] = r.ran;
+    d["sent"] = r.sent;
+    d["s"] = r.s;
+    d["unbound"] = r.unbound;
+    d["S_in"] = r.scale_in;
+    d["S_out"] = r.scale_out;
+    d["recorded"] = r.recorded;
+    d["underflow_rate"] = r.recorded ? py::cast(r.underflow_rate) : py::none();
+    const LayerRecord& rec = monitor.records[static_cast<std::size_t>(r.id)];
+    d["weight_grad"] = rec.has_weight_grad ? py::object(stats_dict(rec.weight_grad)) : py::none();
+    out.append(d);
+  }
+  return out;
+}
+
+// gradscale's own engine on a model spec, for the plug-in's agreement test: the given initial
+// parameters (by name), `steps` iterations of SGD on the same batch, the per-step scales out.
+py::list reference_run(const std::string& spec, const std::vector<std::pair<std::string, std::uintptr_t>>& params,
+                       std::uintptr_t images, const Shape& image_shape, const std::vector<std::int32_t>& labels,
+                       int steps, double lr, const std::string& scaler, const std::string& format,
+                       const std::string& grad_format) {
+  Rng rng(0);
+  std::unique_ptr<Model> model = build_model(json::parse(spec), rng);
+  for (Parameter* p : model->parameters()) {
+    bool found = false;
+    for (const auto& [name, ptr] : params)
+      if (name == p->name) {
+        std::copy(address(ptr), address(ptr) + p->value.size(), p->value.data());
+        found = true;
+      }
+    GS_CHECK_CONFIG(found, "reference_run: no initial value for parameter '" << p->name << "'");
+  }
+  std::unique_ptr<Optimizer> sgd = make_optimizer(json{{"name", "sgd"}});
+  ScaledTraining t(*model, *sgd, precision_of(format, grad_format, true), json::parse(scaler));
+  Tensor x(image_shape);
+  std::copy(address(images), address(images) + x.size(), x.data());
+  py::list out;
+  for (int i = 0; i < steps; ++i) {
+    t.begin_step(false);
+    const Tensor& logits = t.forward(x);
+    const double s0 = t.loss_scale(logits, labels);
+    t.loss_backward(logits, labels, s0);
+    const StepResult r = t.step(lr);
+    py::dict d = step_dict(r);
+    d["layers"] = layer_rows(t.layer_scales(), t.monitor());
+    out.append(d);
+  }
+  for (Parameter* p : model->parameters())
+    for (const auto& [name, ptr] : params)
+      if (name == p->name) std::copy(p->value.data(), p->value.data() + p->value.size(), address(ptr));
+  return out;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_core, m) {
+  m.doc() = "gradscale's C++ core (SPEC §2-§7) for the PyTorch plug-in";
+  m.attr("__version__") = GRADSCALE_VERSION;
+  // pybind11 tries the translators last-registered first: the base class goes first.
+  py::register_exception<Error>(m, "Error", PyExc_RuntimeError);
+  py::register_exception<ConfigError>(m, "ConfigError", PyExc_ValueError);
+  py::register_exception<DataError>(m, "DataError", PyExc_ValueError);
+
+  m.def("policies", &scaler_policies, "the registered scaler policies");
+  m.def("check_format", [](const std::string& f) { return format_name(format_of(f)); },
+        "the canonical name of a format (ValueError naming the allowed ones otherwise)");
+  m.def("max_finite", [](const std::string& f) { return format_info(format_of(f)).max_finite; });
+  m.def("quantize_", [](std::uintptr_t p, std::int64_t n, const std::string& f) {
+        quantize(address(p), address(p), static_cast<std::size_t>(n), format_of(f));
+      }, "round n float32 values in place to a format (SPEC §2)");
+  m.def("max_abs", [](std::uintptr_t p, std::int64_t n) {
+        return static_cast<double>(max_abs(address(p), static_cast<std::size_t>(n)));
+      }, "max|v| over n float32 values (inf when one is not finite)");
+  m.def("tensor_stats", [](std::uintptr_t p, std::int64_t n, const std::string& f) {
+        return stats_dict(tensor_stats(address(p), static_cast<std::size_t>(n), format_of(f)));
+      }, "SPEC §3 counts of n float32 values against a format");
+  m.def("reference_run", &reference_run);
+
+  py::class_<ExternalBackward>(m, "ExternalBackward")
+      .def(py::init([](const std::vector<py::dict>& layers, const std::string& format, const std::string& grad_format,
+                       bool quantize_weight_grads, const std::string& scaler) {
+             return std::make_unique<ExternalBackward>(layer_table(layers),
+                                                       precision_of(format, grad_format, quantize_weight_grads),
+                                                       json::parse(scaler));
+           }))
+      .def("begin_step", &ExternalBackward::begin_step)
+      .def("loss_gradient", [](ExternalBackward& e, std::uintptr_t g, std::int64_t n) {
+        return e.loss_gradient(address(g), n);
+      })
+      .def_property_readonly("loss_scale", &ExternalBackward::loss_scale)
+      .def("upstream", [](ExternalBackward& e, int layer, std::uintptr_t up, const Shape& up_shape, std::uintptr_t g,
+                          const Shape& g_shape, std::uintptr_t w, const Shape& w_shape, double scale_in) {
+        return e.upstream(layer, address(up), up_shape, address(g), g_shape, address(w), w_shape, scale_in);
+      })
+      .def("join_target", &ExternalBackward::join_target)
+      .def("round_join", [](ExternalBackward& e, int layer, std::uintptr_t p, std::int64_t n) {
+        e.round_join(layer, address(p), n);
+      })
+      .def("round_received", [](ExternalBackward& e, int layer, std::uintptr_t p, std::int64_t n) {
+        e.round_received(layer, address(p), n);
+      })
+      .def("weight_gradient", [](ExternalBackward& e, int layer, std::uintptr_t p, std::int64_t n, double scale) {
+        e.weight_gradient(layer, address(p), n, scale);
+      })
+      .def("note_layer", &ExternalBackward::note_layer)
+      .def("finish_step", [](ExternalBackward& e, double loss) { return step_dict(e.finish_step(loss)); })
+      .def_property_readonly("steps", &ExternalBackward::steps)
+      .def("layer_scales", [](const ExternalBackward& e) { return layer_rows(e.layer_scales(), e.monitor()); })
+      .def("loss_grad_stats", [](const ExternalBackward& e) {
+        return e.monitor().has_loss_grad ? py::object(stats_dict(e.monitor().loss_grad)) : py::none();
+      })
+      .def("scaler_config", [](ExternalBackward& e) { return e.scaler().config().dump(); })
+      .def("scaler_policy", [](ExternalBackward& e) { return e.scaler().policy(); })
+      .def("current_scale", [](ExternalBackward& e) { return e.scaler().loss_scale(); })
+      .def("per_layer", [](ExternalBackward& e) { return e.scaler().layer_controller() != nullptr; })
+      .def("state", [](const ExternalBackward& e) { return e.state().dump(); })
+      .def("restore_state", [](ExternalBackward& e, const std::string& s) { e.restore_state(json::parse(s)); });
+}

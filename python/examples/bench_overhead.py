@@ -1,0 +1,77 @@
+"""What the plug-in costs per training step on the CPU: plain PyTorch (fp32, no scaler) against the
+plug-in emulating fp16 storage with a global policy (`torch`) and with adaptive `measured`.
+
+    .venv/bin/python python/examples/bench_overhead.py [--steps 30] [--threads 1]
+
+Prints one Markdown row per model and configuration: milliseconds per step (median of --steps after
+3 warm-up steps) and the ratio to the emulated global-policy step.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import torch
+from torch import nn
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.dirname(__file__))
+from gradscale.torch import Scaler  # noqa: E402
+from train_compare import CharLM, ResNetMini  # noqa: E402
+
+
+def models():
+    g = torch.Generator().manual_seed(0)
+    mlp = lambda: nn.Sequential(nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10))  # noqa: E731
+    yield "mlp 784-256-256-10, batch 128", mlp, (torch.randn(128, 784, generator=g), torch.randint(0, 10, (128,), generator=g))
+    yield "resnet-mini CNN, batch 32", ResNetMini, (torch.randn(32, 1, 28, 28, generator=g), torch.randint(0, 10, (32,), generator=g))
+    seq = torch.randint(0, 80, (16, 65), generator=g)
+    yield "char transformer, 16x64 tokens", (lambda: CharLM(80)), (seq[:, :-1], seq[:, 1:])
+
+
+def time_steps(make, data, scaler_cfg, steps):
+    torch.manual_seed(0)
+    model = make()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    scaler = Scaler(model, scaler=scaler_cfg, format="fp16", record_every=0) if scaler_cfg else None
+    x, y = data
+    times = []
+    for i in range(steps + 3):
+        t0 = time.perf_counter()
+        out = model(x)
+        loss = F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
+        opt.zero_grad()
+        if scaler:
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+        else:
+            loss.backward()
+            opt.step()
+        if i >= 3:
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e3
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    print(f"threads {args.threads}, torch {torch.__version__}")
+    print("| model | plain PyTorch fp32 | plug-in fp16, `torch` | plug-in fp16, adaptive `measured` | measured / torch |")
+    print("|---|---|---|---|---|")
+    for name, make, data in models():
+        plain = time_steps(make, data, None, args.steps)
+        glob = time_steps(make, data, "torch", args.steps)
+        meas = time_steps(make, data, {"policy": "adaptive", "method": "measured"}, args.steps)
+        print(f"| {name} | {plain:.1f} ms | {glob:.1f} ms | {meas:.1f} ms | {meas / glob:.2f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

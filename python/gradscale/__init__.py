@@ -1,0 +1,12 @@
+"""gradscale: layer-wise adaptive loss scaling for mixed-precision training.
+
+`gradscale.torch` brings the C++ core's scalers to PyTorch models (docs/pytorch.md). The core itself
+is the compiled module `gradscale._core`, built by CMake (scripts/setup.sh --torch).
+"""
+try:
+    from . import _core
+except ImportError as e:  # pragma: no cover - the message is the point
+    raise ImportError("gradscale: the compiled core (gradscale._core) was not found; build it with "
+                      "scripts/setup.sh --torch (or cmake with pybind11 present) and use .venv/bin/python") from e
+
+__version__ = _core.__version__

@@ -1,0 +1,90 @@
+"""The three autograd Functions the plug-in inserts where data crosses a layer boundary.
+
+- `Enter` at a layer's input: forward rounds the input to the forward format; backward is SPEC §5
+  step 2 — the layer's upstream gradient (computed by PyTorch in fp32 at the scale S_in the layer
+  received) goes to the core, which chooses s and rounds s·g once. The gradient then carries s·S_in.
+- `Exit` at a layer's output: forward rounds the output to the forward format; backward rounds the
+  gradient the layer receives (it may come through fp32 functional ops) and notes S_in.
+- `LossEdge` at the model's outputs: backward is SPEC §5 "Loss" — the fp32 loss gradient at scale 1
+  times S0, rounded once (the core chooses S0 there, from that gradient when the policy looks at it).
+
+Every numeric decision is the core's (`gradscale._core.ExternalBackward`); these only pass addresses.
+"""
+from __future__ import annotations
+
+import torch
+
+
+def _ptr(t: torch.Tensor) -> int:
+    return t.data_ptr()
+
+
+def _owned_copy(g: torch.Tensor) -> torch.Tensor:
+    # Gradients handed to a backward may be shared with other edges (AddBackward passes one tensor to
+    # both inputs): round a private, contiguous fp32 copy.
+    if g.dtype != torch.float32:
+        raise TypeError(f"gradscale.torch: gradients must be float32 on the CPU, got {g.dtype} on {g.device}")
+    return g.detach().to(memory_format=torch.contiguous_format).clone()
+
+
+def round_forward(x: torch.Tensor, fmt: str, core_module) -> torch.Tensor:
+    """A new tensor: x rounded to the forward format (the identity copy for fp32)."""
+    out = x.detach().contiguous().clone()
+    if fmt != "fp32":
+        core_module.quantize_(_ptr(out), out.numel(), fmt)
+    return out
+
+
+class Enter(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, session, layer_id, call):  # type: ignore[override]
+        ctx.session = session
+        ctx.layer_id = layer_id
+        ctx.call = call
+        return round_forward(x, session.format, session.core_module)
+
+    @staticmethod
+    def backward(ctx, g):  # type: ignore[override]
+        session = ctx.session
+        if g is None or not session.active:
+            return g, None, None, None
+        out = _owned_copy(g)
+        session.enter_backward(ctx, out)
+        return out, None, None, None
+
+
+class Exit(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, y, session, layer_id, call):  # type: ignore[override]
+        ctx.session = session
+        ctx.layer_id = layer_id
+        ctx.call = call
+        return round_forward(y, session.format, session.core_module)
+
+    @staticmethod
+    def backward(ctx, g):  # type: ignore[override]
+        session = ctx.session
+        if g is None or not session.active:
+            return g, None, None, None
+        out = _owned_copy(g)
+        session.exit_backward(ctx, out)
+        return out, None, None, None
+
+
+class LossEdge(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, y, session):  # type: ignore[override]
+        ctx.session = session
+        return y.detach().clone()
+
+    @staticmethod
+    def backward(ctx, g):  # type: ignore[override]
+        session = ctx.session
+        if g is None:
+            return None, None
+        if not session.active:
+            raise RuntimeError("gradscale.torch: backward through a model with a gradscale Scaler must start "
+                               "from scaler.scale(loss) (call scaler.scale(loss).backward())")
+        out = _owned_copy(g)
+        session.loss_backward(ctx, out)
+        return out, None

@@ -1,0 +1,110 @@
+"""The layer table of a PyTorch model as gradscale's core sees it (SPEC §5–§6).
+
+A layer is a module whose parameters gradscale rounds and unscales; the GEMM layers among them
+(Linear, Conv1d/2d/3d) are *parametric*: their controller chooses a local scale s from the statistics
+of the gradient they send upstream. By default the layers are the leaf modules with parameters, plus
+any module that owns parameters directly (its functional use of them is still rounded and unscaled).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Dict, Iterable, List, Optional, Sequence, Union
+
+import torch
+from torch import nn
+
+
+@dataclass
+class Layer:
+    id: int
+    name: str
+    module: nn.Module
+    kind: str
+    parametric: bool
+    reduction: int
+    weight: Optional[nn.Parameter]
+    params: List[nn.Parameter] = field(default_factory=list)
+    # Its calls are boundaries (inputs and outputs rounded, the local scale applied): a leaf module, or
+    # one chosen by name. A container that only owns parameters of its own is not one.
+    boundary: bool = True
+
+    def row(self) -> dict:
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "parametric": self.parametric,
+            "reduction": self.reduction,
+            "weight_shape": list(self.weight.shape) if self.parametric and self.weight is not None else [],
+        }
+
+
+def _gemm_reduction(module: nn.Module) -> Optional[int]:
+    """K of SPEC §6.1: the reduction length of the upstream GEMM g·Wᵀ, or None for other layers."""
+    if isinstance(module, nn.Linear):
+        return module.out_features
+    if isinstance(module, (nn.Conv1d, nn.Conv2d, nn.Conv3d)):
+        # Each input channel's gradient sums over its group's output channels and the kernel window.
+        return module.out_channels // module.groups * math.prod(module.kernel_size)
+    return None
+
+
+def _owns_params(module: nn.Module) -> bool:
+    return any(True for _ in module.parameters(recurse=False))
+
+
+def build_layers(model: nn.Module, layers: Optional[Sequence[Union[str, nn.Module]]]) -> List[Layer]:
+    """The layer table: `layers` (names or modules of `model`) or, by default, every module that owns
+    parameters directly. ValueError for a model without parameters or a name naming no module."""
+    if not any(p.requires_grad for p in model.parameters()):
+        raise ValueError(f"gradscale.torch: model {type(model).__name__} has no trainable parameters")
+    names: Dict[int, str] = {id(m): (n or "model") for n, m in model.named_modules()}
+    if layers is None:
+        chosen = [m for _, m in model.named_modules() if _owns_params(m)]
+    else:
+        by_name = dict(model.named_modules())
+        chosen = []
+        for entry in layers:
+            if isinstance(entry, nn.Module):
+                if id(entry) not in names:
+                    raise ValueError(f"gradscale.torch: layers= names a {type(entry).__name__} that is not a "
+                                     f"module of the model")
+                chosen.append(entry)
+            elif isinstance(entry, str):
+                if entry not in by_name:
+                    close = [n for n in by_name if n and entry in n][:5]
+                    raise ValueError(f"gradscale.torch: layers= names '{entry}', which is no module of the "
+                                     f"model" + (f" (did you mean {close}?)" if close else ""))
+                chosen.append(by_name[entry])
+            else:
+                raise ValueError(f"gradscale.torch: layers= takes module names or modules, got {entry!r}")
+        if not chosen:
+            raise ValueError("gradscale.torch: layers= names no module")
+    table: List[Layer] = []
+    seen_params: set = set()
+    for module in chosen:
+        if any(m is module for m in (l.module for l in table)):
+            continue
+        own = [p for p in module.parameters(recurse=False) if p.requires_grad]
+        # A chosen module that is not a leaf (layers=[block]) owns its descendants' parameters that no
+        # other chosen module owns.
+        if layers is not None:
+            own = [p for p in module.parameters() if p.requires_grad]
+        own = [p for p in own if id(p) not in seen_params]
+        seen_params.update(id(p) for p in own)
+        k = _gemm_reduction(module)
+        weight = getattr(module, "weight", None) if k is not None else None
+        table.append(Layer(id=len(table), name=names[id(module)], module=module, kind=type(module).__name__.lower(),
+                           parametric=k is not None and isinstance(weight, torch.Tensor),
+                           reduction=int(k or 0), weight=weight, params=own,
+                           boundary=layers is not None or not any(True for _ in module.children())))
+    return table
+
+
+def param_owner(table: Iterable[Layer]) -> Dict[int, int]:
+    """id(parameter) -> layer id (the first layer that owns it: tied weights count once)."""
+    owner: Dict[int, int] = {}
+    for layer in table:
+        for p in layer.params:
+            owner.setdefault(id(p), layer.id)
+    return owner

@@ -1,0 +1,310 @@
+"""`gradscale.torch.Scaler`: per-layer adaptive loss scaling for an existing `nn.Module`, with the
+names and call order of `torch.amp.GradScaler` (scale, unscale_, step, update, state_dict).
+
+    scaler = Scaler(model, scaler={"policy": "adaptive", "method": "measured"},
+                    format="fp16", grad_format="fp8_e5m2")
+    loss = loss_fn(model(x), y)
+    scaler.scale(loss).backward()
+    applied = scaler.step(optimizer)       # False: the step was skipped (an overflow)
+    scaler.update()
+
+What differs from GradScaler, because scales are per layer: `.grad` holds the *true* gradient as soon
+as backward returns (each weight-gradient part is divided by the scale it was computed at, SPEC §4),
+so `unscale_` has nothing left to divide and only marks the optimizer (clip after it as usual);
+`scale(loss)` returns the loss itself — S0 multiplies the fp32 loss gradient where it enters the
+model, before its one rounding (SPEC §5), so the loss's own graph runs unscaled in fp32.
+
+Every decision (S0, each layer's s, joins, rounding, found_inf, skip) is made by gradscale's C++ core
+(`gradscale._core`); this module only finds where on the autograd graph to ask for it. CPU only.
+"""
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+from typing import Any, Dict, List, Optional, Sequence, Union
+
+import torch
+from torch import nn
+
+from .. import _core
+from ._functions import Enter, Exit, LossEdge, round_forward
+from ._layers import build_layers
+from ._session import Session
+
+_IDLE, _SCALED, _BACKWARDED, _STEPPED = "idle", "scaled", "backwarded", "stepped"
+
+
+def _policy_json(scaler: Union[str, Dict[str, Any]]) -> str:
+    if isinstance(scaler, dict):
+        return json.dumps(scaler)
+    if isinstance(scaler, str):
+        return json.dumps(scaler)  # CLI text: "torch", "static:1024", or a JSON object as text
+    raise ValueError(f"gradscale.torch: scaler= takes a policy name or a configuration dict, got {scaler!r}")
+
+
+class Scaler:
+    """Per-layer loss scaling for `model` (see the module docstring).
+
+    Args:
+        model: the network; its leaf modules with parameters become layers (or `layers=`).
+        scaler: any policy the CLI takes — "torch", "static:1024", {"policy": "adaptive", "method":
+            "measured"}, or a policy registered in C++ — as a name, CLI text or dict.
+        format: forward values and working weights (fp32, fp16, bf16, fp8_e5m2, fp8_e4m3).
+        grad_format: activation and weight gradients (default: `format`).
+        layers: module names or modules to treat as layers (default: every module owning parameters).
+        weight_grads: "format" (rounded to grad_format, SPEC §4) or "fp32" (kept in fp32).
+        record_every: take the full SPEC §3 statistics every N steps (underflow rates in
+            `layer_scales()`); 0 never.
+    """
+
+    def __init__(self, model: nn.Module, scaler: Union[str, Dict[str, Any]] = "torch", *, format: str = "fp16",
+                 grad_format: Optional[str] = None, layers: Optional[Sequence[Union[str, nn.Module]]] = None,
+                 weight_grads: str = "format", record_every: int = 10):
+        if not isinstance(model, nn.Module):
+            raise ValueError(f"gradscale.torch: Scaler needs an nn.Module, got {type(model).__name__}")
+        if weight_grads not in ("format", "fp32"):
+            raise ValueError(f"gradscale.torch: weight_grads must be 'format' or 'fp32', got {weight_grads!r}")
+        if not isinstance(record_every, int) or record_every < 0:
+            raise ValueError(f"gradscale.torch: record_every must be an integer >= 0, got {record_every!r}")
+        self.format = _core.check_format(format)
+        self.grad_format = _core.check_format(grad_format) if grad_format is not None else self.format
+        self.record_every = record_every
+        self._model = model
+        self._layers = build_layers(model, layers)
+        self._core_args = ([l.row() for l in self._layers], self.format, self.grad_format, weight_grads == "format",
+                           _policy_json(scaler))
+        self._attach_core()
+        self._phase = _IDLE
+        self.skipped_steps = 0  # steps skipped since the scaler was made (or its state loaded)
+        self._unscaled: set = set()
+        self._last: Optional[dict] = None
+        self._loss_value = 0.0
+        self._masters: Optional[List[tuple]] = None
+        self._calls = itertools.count()
+        self._open_calls: Dict[int, List[int]] = {}
+        self._handles = []
+        for layer in self._layers:
+            if layer.boundary:
+                self._handles.append(layer.module.register_forward_pre_hook(self._enter_hook(layer.id)))
+                self._handles.append(layer.module.register_forward_hook(self._exit_hook(layer.id)))
+        self._handles.append(model.register_forward_pre_hook(self._model_pre_hook))
+        self._handles.append(model.register_forward_hook(self._model_hook))
+
+    # ---- the GradScaler API --------------------------------------------------------------------
+    def scale(self, outputs: torch.Tensor) -> torch.Tensor:
+        """Opens the step (or adds a micro-batch to it) and prepares the autograd graph of `outputs`
+        (the scalar loss) for per-layer scaling. Returns `outputs` unchanged: S0 is applied to the loss
+        gradient where it enters the model. No host-device synchronisation (CPU only)."""
+        if not isinstance(outputs, torch.Tensor):
+            raise ValueError(f"gradscale.torch: scale() takes the loss tensor, got {type(outputs).__name__}")
+        if outputs.numel() != 1:
+            raise ValueError(f"gradscale.torch: scale() takes a scalar loss, got a tensor of shape "
+                             f"{tuple(outputs.shape)} (reduce it with .mean() or .sum())")
+        if outputs.grad_fn is None:
+            raise ValueError("gradscale.torch: the loss has no autograd graph (computed under no_grad, or "
+                             "from nothing that requires grad)")
+        if self._phase in (_STEPPED,):
+            raise RuntimeError("gradscale.torch: scale() after step() — call update() first")
+        if self._phase == _IDLE:
+            record = self.record_every > 0 and self._core.steps % self.record_every == 0
+            self._core.begin_step(record)
+            self._session.active = True
+            self._unscaled.clear()
+        if self._session.instrument([outputs.grad_fn]) == 0:
+            raise ValueError("gradscale.torch: the loss does not depend on the model's outputs "
+                             f"({type(self._model).__name__} returned nothing this loss reads)")
+        self._loss_value += float(outputs.detach())
+        self._phase = _SCALED
+        return outputs
+
+    def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
+        """Marks `optimizer` as unscaled. Its parameters' `.grad` already hold true gradients (each
+        layer's part was divided by its own scale during backward), so clipping may follow now."""
+        self._expect_backwarded("unscale_")
+        if id(optimizer) in self._unscaled:
+            raise RuntimeError("unscale_() has already been called on this optimizer since the last update().")
+        self._unscaled.add(id(optimizer))
+
+    def step(self, optimizer: torch.optim.Optimizer, *args, **kwargs) -> bool:
+        """The verdict of the step's policy (found_inf in any gradient → skip, with the policy's
+        back-off), then `optimizer.step(*args, **kwargs)` unless skipped. Returns True when applied."""
+        if "closure" in kwargs:
+            raise RuntimeError("Closure use is not currently supported if gradscale.torch.Scaler is enabled.")
+        self._expect_backwarded("step")
+        self._finish()
+        applied = not self._last["skipped"]
+        if applied:
+            optimizer.step(*args, **kwargs)
+        self._phase = _STEPPED
+        return applied
+
+    def update(self, new_scale: Optional[float] = None) -> None:
+        """Closes the step. (The policy already updated its scales with step()'s verdict.)"""
+        if new_scale is not None:
+            raise ValueError("gradscale.torch: update(new_scale) is not supported: S0 and every layer's scale "
+                             "belong to the policy (configure it with scaler=, e.g. 'static:1024')")
+        if self._phase == _SCALED:
+            raise RuntimeError("gradscale.torch: update() after scale() but before backward()")
+        if self._phase == _BACKWARDED:
+            self._finish()  # no step(): the verdict is still taken, the optimizer untouched
+        self._restore_masters()
+        self._phase = _IDLE
+
+    def get_scale(self) -> float:
+        """S0: the scale at the loss for the next step (the one used by the last step while it is open)."""
+        if self._phase in (_SCALED, _BACKWARDED) and self._core.loss_scale == self._core.loss_scale:
+            return float(self._core.loss_scale)
+        return float(self._core.current_scale())
+
+    def is_enabled(self) -> bool:
+        return True
+
+    @property
+    def last_step_skipped(self) -> Optional[bool]:
+        """Whether the last finished step was skipped (None before the first)."""
+        return None if self._last is None else bool(self._last["skipped"])
+
+    @property
+    def last_step(self) -> Optional[dict]:
+        """The last verdict: step, loss, loss_scale, found_inf, first_nonfinite_layer (name), skipped,
+        phi, next_scale, state."""
+        return self._last
+
+    def layer_scales(self) -> List[dict]:
+        """Per layer, for the last step: name, kind, s, unbound, S_in, S_out, underflow_rate (of the
+        gradient it sent upstream, on recorded steps; else None)."""
+        return self._core.layer_scales()
+
+    def state_dict(self) -> dict:
+        """The policy's configuration and full state, every layer's cache included."""
+        return {"gradscale": _core.__version__, "format": self.format, "grad_format": self.grad_format,
+                "skipped_steps": self.skipped_steps, "core": json.loads(self._core.state())}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        if not isinstance(state_dict, dict) or "core" not in state_dict:
+            raise ValueError("gradscale.torch: load_state_dict takes what Scaler.state_dict() returned "
+                             f"(a dict with 'core'), got {type(state_dict).__name__}")
+        for key, mine in (("format", self.format), ("grad_format", self.grad_format)):
+            if state_dict.get(key) != mine:
+                raise ValueError(f"gradscale.torch: the state dict was saved with {key} "
+                                 f"{state_dict.get(key)!r}, this scaler uses {mine!r}")
+        self._core.restore_state(json.dumps(state_dict["core"]))
+        self.skipped_steps = int(state_dict.get("skipped_steps", 0))
+        self._phase = _IDLE
+        self._last = None
+
+    def remove(self) -> None:
+        """Detaches the scaler from the model (its hooks), restoring the master weights."""
+        self._restore_masters()
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+
+    def __deepcopy__(self, memo):
+        """A copy for a deep-copied model (an EMA copy, say): the hooks the copy's modules hold are
+        this scaler's methods, so the scaler is copied with them — its core rebuilt from the same
+        configuration and state — and drives the copy."""
+        new = self.__class__.__new__(self.__class__)
+        memo[id(self)] = new
+        for key, value in self.__dict__.items():
+            if key not in ("_core", "_session", "_calls"):
+                setattr(new, key, copy.deepcopy(value, memo))
+        new._calls = itertools.count()
+        new._attach_core()
+        new._core.restore_state(self._core.state())
+        return new
+
+    # ---- internals -----------------------------------------------------------------------------
+    def _attach_core(self) -> None:
+        self._core = _core.ExternalBackward(*self._core_args)
+        self._session = Session(self._core, _core, self._layers, self.format)
+        self._session.on_backward_done = self._backward_done
+
+    def _expect_backwarded(self, call: str) -> None:
+        if self._phase == _IDLE:
+            raise RuntimeError(f"gradscale.torch: {call}() before scaler.scale(loss).backward()")
+        if self._phase == _SCALED:
+            raise RuntimeError(f"gradscale.torch: {call}() after scale(loss) but before its backward()")
+        if self._phase == _STEPPED:
+            raise RuntimeError(f"gradscale.torch: {call}() after step() — call update() first")
+
+    def _finish(self) -> None:
+        result = self._core.finish_step(self._loss_value)
+        layer = result["first_nonfinite_layer"]
+        result["first_nonfinite_layer"] = self._layers[layer].name if 0 <= layer < len(self._layers) else None
+        self._last = result
+        self.skipped_steps += int(result["skipped"])
+        self._loss_value = 0.0
+        self._session.active = False
+
+    def _backward_done(self) -> None:
+        self._restore_masters()
+        self._phase = _BACKWARDED
+
+    def _use_working_weights(self) -> None:
+        if self.format == "fp32" or self._masters is not None:
+            return
+        self._masters = []
+        for p in self._model.parameters():
+            master = p.data
+            p.data = round_forward(master, self.format, _core)
+            self._masters.append((p, master))
+
+    def _restore_masters(self) -> None:
+        if self._masters is None:
+            return
+        for p, master in self._masters:
+            p.data = master
+        self._masters = None
+
+    def _model_pre_hook(self, module, inputs):
+        self._use_working_weights()
+        return None
+
+    def _model_hook(self, module, inputs, output):
+        if not torch.is_grad_enabled():
+            self._restore_masters()  # inference: no backward will read the working weights
+            return None
+        return _map_tensors(output, lambda t: LossEdge.apply(t, self._session) if t.requires_grad else t)
+
+    def _enter_hook(self, layer_id: int):
+        def hook(module, inputs):
+            call = next(self._calls)
+            self._open_calls.setdefault(layer_id, []).append(call)
+            grad = torch.is_grad_enabled()
+            return tuple(_wrap(x, lambda t: Enter.apply(t, self._session, layer_id, call) if grad and t.requires_grad
+                               else round_forward(t, self.format, _core)) for x in inputs)
+        return hook
+
+    def _exit_hook(self, layer_id: int):
+        def hook(module, inputs, output):
+            stack = self._open_calls.get(layer_id)
+            call = stack.pop() if stack else -1
+            grad = torch.is_grad_enabled()
+            return _map_tensors(output, lambda t: Exit.apply(t, self._session, layer_id, call)
+                                if grad and t.requires_grad else round_forward(t, self.format, _core))
+        return hook
+
+
+def _wrap(x, fn):
+    if isinstance(x, torch.Tensor) and x.is_floating_point():
+        if x.device.type != "cpu":
+            raise RuntimeError(f"gradscale.torch runs on the CPU in this version; got a tensor on {x.device}")
+        if x.dtype != torch.float32:
+            raise TypeError(f"gradscale.torch emulates every format in float32 tensors; got {x.dtype} "
+                            "(do not combine it with torch.autocast)")
+        return fn(x)
+    return x
+
+
+def _map_tensors(value, fn):
+    if isinstance(value, torch.Tensor):
+        return _wrap(value, fn)
+    if isinstance(value, tuple) and hasattr(value, "_fields"):  # namedtuple
+        return type(value)(*(_map_tensors(v, fn) for v in value))
+    if isinstance(value, (tuple, list)):
+        return type(value)(_map_tensors(v, fn) for v in value)
+    if isinstance(value, dict):
+        return type(value)((k, _map_tensors(v, fn)) for k, v in value.items())
+    return value

@@ -1,0 +1,173 @@
+// ExternalBackward: the precision model driven by another engine's backward (the PyTorch plug-in's
+// core). Checked against the pieces it must agree with: S0 times the fp32 loss gradient rounded once,
+// the controller's own decision on the same statistics, the SPEC §5 join target, the exact unscale of
+// weight gradients, the verdict on an overflow, state that round-trips and refuses another model.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include <gradscale/gradscale.h>
+
+#include "lib/model/join.h"
+
+using namespace gradscale;
+using json = nlohmann::json;
+using Catch::Matchers::Contains;
+
+namespace {
+
+std::vector<LayerInfo> two_linear_layers() {
+  LayerInfo a{0, "fc1", "linear", true, 8, {8, 4}};
+  LayerInfo b{1, "fc2", "linear", true, 3, {3, 8}};
+  return {a, b};
+}
+
+Precision fp16() {
+  Precision p;
+  p.format = Format::fp16;
+  return p;
+}
+
+}  // namespace
+
+TEST_CASE("external backward: the loss gradient is multiplied by S0 in fp32 and rounded once", "[external]") {
+  ExternalBackward eb(two_linear_layers(), fp16(), json("static:1024"));
+  eb.begin_step();
+  // 2^-30 underflows in fp16 at scale 1 but not at 1024 (2^-20 is a subnormal); 3e-5·1024 rounds.
+  std::vector<float> g = {std::ldexp(1.0f, -30), 3e-5f, -0.5f, 0.0f};
+  std::vector<float> want;
+  for (float v : g) want.push_back(quantize(v * 1024.0f, Format::fp16));
+  CHECK(eb.loss_gradient(g.data(), static_cast<std::int64_t>(g.size())) == 1024);
+  CHECK(g == want);
+  CHECK(g[0] != 0.0f);
+  const StepResult r = eb.finish_step(0.25);
+  CHECK_FALSE(r.skipped);
+  CHECK(r.loss == 0.25);
+  CHECK(r.loss_scale == 1024);
+  CHECK(eb.steps() == 1);
+}
+
+TEST_CASE("external backward: a layer's local scale is the controller's decision on the same statistics",
+          "[external]") {
+  const json cfg = {{"policy", "adaptive"}, {"method", "measured"}};
+  ExternalBackward eb(two_linear_layers(), fp16(), cfg);
+  // The same controller, asked directly with the statistics of the same fp32 product.
+  auto reference = make_scaler(cfg, Format::fp16);
+  reference->bind(two_linear_layers(), Format::fp16);
+  reference->begin_step(0);
+  eb.begin_step(true);
+  std::vector<float> upstream(16);
+  for (std::size_t i = 0; i < upstream.size(); ++i) upstream[i] = std::ldexp(1.0f + 0.125f * float(i), -27 + int(i % 5));
+  const std::vector<float> original = upstream;
+  LocalScaleQuery q;
+  q.layer_id = 1;
+  q.format = Format::fp16;
+  q.scale_in = 8;
+  q.reduction = 3;
+  q.upstream = original.data();
+  q.upstream_size = 16;
+  q.upstream_shape = {2, 8};
+  const TensorStats stats = tensor_stats(original.data(), original.size(), Format::fp16);
+  q.upstream_stats = &stats;
+  const LocalScale want = reference->layer_controller()->decide(q);
+  REQUIRE(want.s > 1);  // values near 2^-27 underflow in fp16 at s = 1: measured must raise them
+
+  const double s = eb.upstream(1, upstream.data(), {2, 8}, nullptr, {}, nullptr, {}, 8);
+  CHECK(s == want.s);
+  for (std::size_t i = 0; i < upstream.size(); ++i)
+    CHECK(upstream[i] == quantize(original[i] * static_cast<float>(want.s), Format::fp16));
+  const std::vector<LayerScale> rows = eb.layer_scales();
+  CHECK(rows[1].s == want.s);
+  CHECK(rows[1].scale_in == 8);
+  CHECK(rows[1].scale_out == 8 * want.s);
+  CHECK(rows[1].recorded);
+  CHECK_FALSE(rows[0].ran);
+}
+
+TEST_CASE("external backward: weight gradients are rounded, then divided by their own scale exactly",
+          "[external]") {
+  ExternalBackward eb(two_linear_layers(), fp16(), json("none"));
+  eb.begin_step();
+  std::vector<float> g = {3.0f * 64, 1e-9f * 64, -0.1f * 64};
+  std::vector<float> want;
+  for (float v : g) want.push_back(quantize(v, Format::fp16) / 64.0f);
+  eb.weight_gradient(0, g.data(), 3, 64);
+  CHECK(g == want);
+  std::vector<float> free_param = {0.5f};
+  eb.weight_gradient(-1, free_param.data(), 1, 2);  // a parameter of no layer
+  CHECK(free_param[0] == 0.25f);
+  CHECK_FALSE(eb.finish_step().skipped);
+}
+
+TEST_CASE("external backward: the join target is SPEC §5's, and the joined sum is rounded once", "[external]") {
+  ExternalBackward eb(two_linear_layers(), fp16(), json("none"));
+  const std::vector<double> max_abs = {30000, 1.0}, scales = {1, 1024};
+  CHECK(eb.join_target(max_abs, scales) == join_target_scale(max_abs, scales, Format::fp16));
+  CHECK(eb.join_target(max_abs, scales) == 1);  // 2·30000·1 < 65504; 1024 would overflow
+  eb.begin_step(true);
+  std::vector<float> sum = {1e-9f, 2.0f};
+  eb.round_join(0, sum.data(), 2);
+  CHECK(sum[0] == 0.0f);
+  CHECK(sum[1] == 2.0f);
+  CHECK(eb.monitor().records[0].has_joined_grad);
+}
+
+TEST_CASE("external backward: an overflow anywhere skips the step and backs the policy off", "[external]") {
+  ExternalBackward eb(two_linear_layers(), fp16(), json("torch"));
+  eb.begin_step();
+  std::vector<float> g = {1.0f};
+  CHECK(eb.loss_gradient(g.data(), 1) == 65536);
+  std::vector<float> w = {1e6f};  // beyond fp16's 65504
+  eb.weight_gradient(1, w.data(), 1, 65536);
+  const StepResult r = eb.finish_step();
+  CHECK(r.found_inf);
+  CHECK(r.first_nonfinite_layer == 1);
+  CHECK(r.skipped);
+  CHECK(r.report.scale == 32768);
+  // A parameter of no layer overflowing also skips.
+  eb.begin_step();
+  std::vector<float> p = {std::numeric_limits<float>::infinity()};
+  eb.weight_gradient(-1, p.data(), 1, 1);
+  CHECK(eb.finish_step().skipped);
+}
+
+TEST_CASE("external backward: state round-trips and is refused by another model or scaler", "[external]") {
+  const json cfg = {{"policy", "adaptive"}, {"method", "approx_range"}, {"update_every", 3}};
+  ExternalBackward a(two_linear_layers(), fp16(), cfg);
+  for (int i = 0; i < 2; ++i) {
+    a.begin_step();
+    std::vector<float> up(8, 1e-6f), grad(3, 1e-3f), w(24, 0.25f);
+    a.upstream(1, up.data(), {1, 8}, grad.data(), {1, 3}, w.data(), {3, 8}, 1);
+    a.finish_step();
+  }
+  const json saved = a.state();
+  ExternalBackward b(two_linear_layers(), fp16(), cfg);
+  b.restore_state(saved);
+  CHECK(b.state() == saved);
+  CHECK(b.steps() == 2);
+
+  std::vector<LayerInfo> other = two_linear_layers();
+  other[1].name = "head";
+  ExternalBackward c(other, fp16(), cfg);
+  CHECK_THROWS_WITH(c.restore_state(saved), Contains("saved for the layers") && Contains("head"));
+  ExternalBackward d(two_linear_layers(), fp16(), json("torch"));
+  CHECK_THROWS_WITH(d.restore_state(saved), Contains("saved for the scaler"));
+  CHECK_THROWS_WITH(d.restore_state(json::array()), Contains("expected an object"));
+}
+
+TEST_CASE("external backward: misuse is refused with what to do", "[external]") {
+  CHECK_THROWS_WITH(ExternalBackward({}, fp16(), json("none")), Contains("layer table is empty"));
+  std::vector<LayerInfo> bad = two_linear_layers();
+  bad[1].reduction = 0;
+  CHECK_THROWS_WITH(ExternalBackward(bad, fp16(), json("none")), Contains("reduction length"));
+  CHECK_THROWS_WITH(ExternalBackward(two_linear_layers(), fp16(), json("no-such-policy")), Contains("no-such-policy"));
+  ExternalBackward eb(two_linear_layers(), fp16(), json({{"policy", "adaptive"}, {"method", "approx_range"}}));
+  std::vector<float> g = {1.0f};
+  CHECK_THROWS_WITH(eb.loss_gradient(g.data(), 1), Contains("begin_step"));
+  eb.begin_step();
+  CHECK_THROWS_WITH(eb.weight_gradient(7, g.data(), 1, 1), Contains("layer id 7"));
+  // approx_range reads the gradient the layer received and its weight: both must be given.
+  CHECK_THROWS_WITH(eb.upstream(0, g.data(), {1}, nullptr, {}, nullptr, {}, 1), Contains("needs the gradient"));
+}
