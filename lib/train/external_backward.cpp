@@ -199,6 +199,37 @@ void ExternalBackward::weight_gradient(int layer, float* g, std::int64_t n, doub
   for (std::size_t i = 0; i < count; ++i) g[i] /= s;
 }
 
+std::vector<double> ExternalBackward::agreement_buffer() const {
+  // [found_inf, below edge, above edge, found outside every layer, one slot per layer: named first]
+  std::vector<double> b(layers_.size() + 4, 0.0);
+  b[0] = monitor_.found_inf ? 1 : 0;
+  b[1] = static_cast<double>(monitor_.grad_below_edge);
+  b[2] = static_cast<double>(monitor_.grad_above_edge);
+  if (monitor_.found_inf) {
+    if (monitor_.first_nonfinite_layer < 0)
+      b[3] = 1;
+    else
+      b[4 + static_cast<std::size_t>(monitor_.first_nonfinite_layer)] = 1;
+  }
+  return b;
+}
+
+void ExternalBackward::agree(const std::vector<double>& summed) {
+  check_layer(-1, true, "agree");
+  GS_CHECK_SHAPE(summed.size() == layers_.size() + 4,
+                 "ExternalBackward::agree: a buffer of " << summed.size() << " values, expected "
+                                                         << layers_.size() + 4 << " (agreement_buffer())");
+  monitor_.found_inf = summed[0] > 0;
+  monitor_.grad_below_edge = static_cast<std::uint64_t>(summed[1]);
+  monitor_.grad_above_edge = static_cast<std::uint64_t>(summed[2]);
+  monitor_.first_nonfinite_layer = -1;
+  for (std::size_t i = 0; i < layers_.size() && monitor_.found_inf; ++i)
+    if (summed[4 + i] > 0) {
+      monitor_.first_nonfinite_layer = static_cast<int>(i);
+      break;
+    }
+}
+
 StepResult ExternalBackward::finish_step(double loss) {
   check_layer(-1, true, "finish_step");
   StepResult r;

@@ -64,6 +64,15 @@ class ExternalBackward {
   void weight_gradient(int layer, float* g, std::int64_t n, double scale);
   // Records that `layer` ran backward on a gradient at scale `scale_in` (its record's S_in).
   void note_layer(int layer, double scale_in);
+  // ---- data-parallel: every rank takes the same verdict ---------------------------------------------
+  // What the ranks must agree on before finish_step, as a fixed-size buffer (layers + 4 values) to be
+  // summed over the ranks: found_inf, the first non-finite layer, popart_als's edge counts. After the
+  // sum, agree() makes the monitor the group's: found_inf if any rank found one, the lowest layer id
+  // any rank named first, the summed counts. Each rank's weight gradients are already true gradients
+  // (divided by its own scales), so summing them over ranks mixes no scales even where the ranks'
+  // local scales differ.
+  std::vector<double> agreement_buffer() const;
+  void agree(const std::vector<double>& summed);
   // The verdict: the controller's end_step, then scaler.update. `loss` is reported in the result.
   StepResult finish_step(double loss = 0);
 

@@ -188,6 +188,8 @@ PYBIND11_MODULE(_core, m) {
         e.weight_gradient(layer, address(p), n, scale);
       })
       .def("note_layer", &ExternalBackward::note_layer)
+      .def("agreement_buffer", &ExternalBackward::agreement_buffer)
+      .def("agree", &ExternalBackward::agree)
       .def("finish_step", [](ExternalBackward& e, double loss) { return step_dict(e.finish_step(loss)); })
       .def_property_readonly("steps", &ExternalBackward::steps)
       .def("layer_scales", [](const ExternalBackward& e) { return layer_rows(e.layer_scales(), e.monitor()); })

@@ -118,9 +118,10 @@ def run(model_name, grad_format, policy, steps, seed, batch):
         data = torch.tensor([chars.index(c) for c in text])
         split = int(len(data) * 0.9)
         model = CharLM(len(chars))
-        source, lr = "GPL-3 text", 0.3
+        source, lr = "GPL-3 text", 3e-3
     scaler = Scaler(model, scaler=policy, format="fp16", grad_format=grad_format, record_every=10)
-    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    opt = (torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9) if model_name == "cnn"
+           else torch.optim.Adam(model.parameters(), lr=lr))
     g = torch.Generator().manual_seed(seed)
     underflow, t0 = [], time.time()
     for step in range(steps):

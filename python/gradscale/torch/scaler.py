@@ -56,11 +56,13 @@ class Scaler:
         weight_grads: "format" (rounded to grad_format, SPEC §4) or "fp32" (kept in fp32).
         record_every: take the full SPEC §3 statistics every N steps (underflow rates in
             `layer_scales()`); 0 never.
+        process_group: under torch.distributed, the group whose ranks take one verdict per step
+            (default: the world, when initialized; False: never reduce).
     """
 
     def __init__(self, model: nn.Module, scaler: Union[str, Dict[str, Any]] = "torch", *, format: str = "fp16",
                  grad_format: Optional[str] = None, layers: Optional[Sequence[Union[str, nn.Module]]] = None,
-                 weight_grads: str = "format", record_every: int = 10):
+                 weight_grads: str = "format", record_every: int = 10, process_group: Any = None):
         if not isinstance(model, nn.Module):
             raise ValueError(f"gradscale.torch: Scaler needs an nn.Module, got {type(model).__name__}")
         if weight_grads not in ("format", "fp32"):
@@ -70,6 +72,7 @@ class Scaler:
         self.format = _core.check_format(format)
         self.grad_format = _core.check_format(grad_format) if grad_format is not None else self.format
         self.record_every = record_every
+        self._process_group = process_group
         self._model = model
         self._layers = build_layers(model, layers)
         self._core_args = ([l.row() for l in self._layers], self.format, self.grad_format, weight_grads == "format",
@@ -208,8 +211,9 @@ class Scaler:
         new = self.__class__.__new__(self.__class__)
         memo[id(self)] = new
         for key, value in self.__dict__.items():
-            if key not in ("_core", "_session", "_calls"):
+            if key not in ("_core", "_session", "_calls", "_process_group"):
                 setattr(new, key, copy.deepcopy(value, memo))
+        new._process_group = self._process_group
         new._calls = itertools.count()
         new._attach_core()
         new._core.restore_state(self._core.state())
@@ -230,6 +234,13 @@ class Scaler:
             raise RuntimeError(f"gradscale.torch: {call}() after step() — call update() first")
 
     def _finish(self) -> None:
+        group = self._group()
+        if group is not None:
+            # One all-reduce per step (docs/pytorch.md, "Data-parallel"): every rank takes the verdict
+            # of the group, so no rank applies a step another skips.
+            buf = torch.tensor(self._core.agreement_buffer(), dtype=torch.float64)
+            torch.distributed.all_reduce(buf, group=group)
+            self._core.agree(buf.tolist())
         result = self._core.finish_step(self._loss_value)
         layer = result["first_nonfinite_layer"]
         result["first_nonfinite_layer"] = self._layers[layer].name if 0 <= layer < len(self._layers) else None
@@ -237,6 +248,15 @@ class Scaler:
         self.skipped_steps += int(result["skipped"])
         self._loss_value = 0.0
         self._session.active = False
+
+    def _group(self):
+        """The process group the verdict is agreed over, or None (one process)."""
+        if self._process_group is False or not torch.distributed.is_available():
+            return None
+        if not torch.distributed.is_initialized():
+            return None
+        group = self._process_group or torch.distributed.group.WORLD
+        return group if torch.distributed.get_world_size(group) > 1 else None
 
     def _backward_done(self) -> None:
         self._restore_masters()
