@@ -35,7 +35,14 @@ struct AdaptiveConfig {
   double fixed_scale = 1;
   int margin = 4;
   std::optional<double> u_min, u_max;  // unset: the gradient format's
+  // A registered LayerController that decides the local scales instead of `method` (empty: none).
+  std::string controller;
+  nlohmann::json controller_config = nlohmann::json::object();
 };
+
+// The keys of the per-layer method, which a configuration with "controller" does not take.
+const char* const kMethodKeys[] = {"method",       "scale_upper_bound", "accum_upper_bound", "power_of_two",
+                                   "update_every", "relu_factor",       "fixed_scale"};
 
 // The cached decision of one layer (update_every).
 struct LayerCache {
@@ -47,13 +54,20 @@ class AdaptiveScaler final : public Scaler, public LayerController {
  public:
   AdaptiveScaler(AdaptiveConfig c, Format format) : c_(std::move(c)), method_(make_method(c_.method)) {
     set_format(format);
+    if (!c_.controller.empty()) user_ = make_controller(c_.controller, c_.controller_config, format);
   }
 
   // ---- loss-level policy ----
   std::string policy() const override { return "adaptive"; }
   double loss_scale() const override { return c_.auto_init ? last_loss_scale_ : phi_ * c_.init_scale; }
-  LayerController* layer_controller() override { return this; }
-  void begin_step(std::int64_t step) override { begin_step(StepBegin{step, phi_}); }
+  LayerController* layer_controller() override { return user_ ? user_.get() : this; }
+  double phi() const override { return phi_; }
+  void begin_step(std::int64_t step) override {
+    if (user_)
+      user_->begin_step(StepBegin{step, phi_});
+    else
+      begin_step(StepBegin{step, phi_});
+  }
   StatNeeds loss_needs() const override {
     if (!c_.auto_init) return 0;
     if (c_.cast_form == "measured") return kNeedUpstreamStats;
@@ -90,6 +104,7 @@ class AdaptiveScaler final : public Scaler, public LayerController {
   void bind(const std::vector<LayerInfo>& layers, Format grad_format) override {
     set_format(grad_format);
     cache_.assign(layers.size(), LayerCache{});
+    if (user_) user_->bind(layers, grad_format);
   }
   void begin_step(const StepBegin& b) override { step_ = b.step; }
   StatNeeds needs(int layer_id) const override { return due(layer_id) ? method_->needs() : 0; }
@@ -128,6 +143,16 @@ class AdaptiveScaler final : public Scaler, public LayerController {
   void end_step(const StepMonitor& /*monitor*/) override {}  // φ is updated in update()
 
   nlohmann::json config() const override {
+    if (user_) {  // the loss-level keys only: the controller owns the per-layer decision
+      nlohmann::json j = {{"policy", "adaptive"},         {"controller", c_.controller},
+                          {"controller_config", c_.controller_config}, {"n_uf", c_.n_uf},
+                          {"cast_form", c_.cast_form},     {"recover_every", c_.recover_every},
+                          {"margin", c_.margin}};
+      j["init_scale"] = c_.auto_init ? nlohmann::json("auto") : nlohmann::json(c_.init_scale);
+      if (c_.u_min) j["u_min"] = *c_.u_min;
+      if (c_.u_max) j["u_max"] = *c_.u_max;
+      return j;
+    }
     nlohmann::json j = {{"policy", "adaptive"},
                         {"method", c_.method},
                         {"n_uf", c_.n_uf},
@@ -151,11 +176,19 @@ class AdaptiveScaler final : public Scaler, public LayerController {
     for (std::size_t i = 0; i < cache_.size(); ++i)
       if (cache_[i].computed_at >= 0)
         layers.push_back({{"id", i}, {"computed_at", cache_[i].computed_at}, {"unbound", cache_[i].unbound}});
-    return {{"phi", phi_}, {"clean_steps", clean_steps_}, {"last_loss_scale", last_loss_scale_}, {"layers", layers}};
+    nlohmann::json j = {{"phi", phi_}, {"clean_steps", clean_steps_}, {"last_loss_scale", last_loss_scale_},
+                        {"layers", layers}};
+    if (user_) j["controller"] = user_->controller_state();
+    return j;
   }
 
   void restore_state(const nlohmann::json& state) override {
-    const ConfigReader r(state, "scaler 'adaptive' state", {"phi", "clean_steps", "last_loss_scale", "layers"});
+    const ConfigReader r(state, "scaler 'adaptive' state",
+                         {"phi", "clean_steps", "last_loss_scale", "layers", "controller"});
+    GS_CHECK_CONFIG(r.has("controller") == (user_ != nullptr),
+                    "scaler 'adaptive' state: " << (user_ ? "no 'controller' state for controller '" + c_.controller + "'"
+                                                          : std::string("a 'controller' state, but this policy runs "
+                                                                        "method '") + c_.method + "'"));
     const double phi = r.required_number("phi", Interval{0, 1, true, false});
     GS_CHECK_CONFIG(power_of_two_floor(phi) == phi, "scaler 'adaptive' state: 'phi' must be a power of two, got " << phi);
     const std::int64_t clean = r.required_integer("clean_steps", 0, c_.recover_every - 1);
@@ -170,6 +203,7 @@ class AdaptiveScaler final : public Scaler, public LayerController {
           lr.required_integer("computed_at", 0, std::numeric_limits<std::int64_t>::max());
       cache[static_cast<std::size_t>(id)].unbound = lr.required_number("unbound", Interval{0, kInf, true, true});
     }
+    if (user_) user_->restore_controller_state(state.at("controller"));
     phi_ = phi;
     clean_steps_ = clean;
     last_loss_scale_ = last;
@@ -202,6 +236,7 @@ class AdaptiveScaler final : public Scaler, public LayerController {
 
   AdaptiveConfig c_;
   std::unique_ptr<Method> method_;
+  std::unique_ptr<LayerController> user_;  // c_.controller's, when configured
   std::unique_ptr<Method> cast_measured_ = make_measured();  // cast_form "measured" at the loss
   MethodParams params_;
   ScaleBounds bounds_;
@@ -235,8 +270,28 @@ std::unique_ptr<Scaler> make_adaptive_scaler(const nlohmann::json& config, Forma
   const ConfigReader r(config, "scaler 'adaptive'",
                        {"policy", "method", "n_uf", "scale_upper_bound", "accum_upper_bound", "power_of_two",
                         "update_every", "relu_factor", "init_scale", "cast_form", "recover_every", "fixed_scale",
-                        "margin", "u_min", "u_max"});
+                        "margin", "u_min", "u_max", "controller", "controller_config"});
   AdaptiveConfig c;
+  if (r.has("controller")) {
+    const nlohmann::json& name = config.at("controller");
+    GS_CHECK_CONFIG(name.is_string() && !name.get<std::string>().empty(),
+                    "scaler 'adaptive': 'controller' must be the name of a registered controller, got "
+                        << json_excerpt(name));
+    c.controller = name.get<std::string>();
+    for (const char* key : kMethodKeys)
+      GS_CHECK_CONFIG(!r.has(key), "scaler 'adaptive': '" << key << "' belongs to the built-in methods and is not "
+                                                          << "taken with 'controller' ('" << c.controller
+                                                          << "' decides the local scales; its own keys go in "
+                                                          << "'controller_config')");
+    if (r.has("controller_config")) {
+      c.controller_config = config.at("controller_config");
+      GS_CHECK_CONFIG(c.controller_config.is_object(), "scaler 'adaptive': 'controller_config' must be an object, got "
+                                                           << json_excerpt(c.controller_config));
+    }
+  } else {
+    GS_CHECK_CONFIG(!r.has("controller_config"),
+                    "scaler 'adaptive': 'controller_config' is given without 'controller'");
+  }
   if (r.has("method")) {
     GS_CHECK_CONFIG(config.at("method").is_string(), "scaler 'adaptive': 'method' must be a string, got "
                                                          << json_excerpt(config.at("method")));

@@ -28,7 +28,11 @@ namespace gradscale::adaptive {
 //   fixed_scale        > 0          fixed: the local scale                             (1)
 //   margin             [0, 64]      measured: bits of headroom below u_max             (4)
 //   u_min, u_max       > 0          representable range (default: the gradient format's min subnormal, max finite)
-// State: {"phi", "clean_steps", "last_loss_scale", "layers": [{"id", "computed_at", "unbound"}, ...]}.
+//   controller         a name       a registered LayerController decides the local scales instead of
+//                                   `method` (register_controller); then the method's keys are refused
+//   controller_config  object       what that controller's factory gets                  ({})
+// State: {"phi", "clean_steps", "last_loss_scale", "layers": [{"id", "computed_at", "unbound"}, ...]},
+// and "controller": the controller's own state when one is configured.
 std::unique_ptr<Scaler> make_adaptive_scaler(const nlohmann::json& config, Format format);
 
 }  // namespace gradscale::adaptive

@@ -171,3 +171,26 @@ TEST_CASE("external backward: misuse is refused with what to do", "[external]") 
   // approx_range reads the gradient the layer received and its weight: both must be given.
   CHECK_THROWS_WITH(eb.upstream(0, g.data(), {1}, nullptr, {}, nullptr, {}, 1), Contains("needs the gradient"));
 }
+
+TEST_CASE("external backward: ranks that sum their agreement buffers take one verdict", "[external]") {
+  // Rank a overflows at layer 1, rank b is clean: after the sum both skip, naming layer 1.
+  ExternalBackward a(two_linear_layers(), fp16(), json("torch")), b(two_linear_layers(), fp16(), json("torch"));
+  a.begin_step();
+  b.begin_step();
+  std::vector<float> big = {1e6f}, small = {1.0f};
+  a.weight_gradient(1, big.data(), 1, 1);
+  b.weight_gradient(1, small.data(), 1, 1);
+  std::vector<double> sum = a.agreement_buffer();
+  const std::vector<double> other = b.agreement_buffer();
+  REQUIRE(sum.size() == 6);
+  for (std::size_t i = 0; i < sum.size(); ++i) sum[i] += other[i];
+  a.agree(sum);
+  b.agree(sum);
+  const StepResult ra = a.finish_step(), rb = b.finish_step();
+  CHECK(ra.skipped);
+  CHECK(rb.skipped);
+  CHECK(rb.first_nonfinite_layer == 1);
+  CHECK(a.state() == b.state());
+  b.begin_step();
+  CHECK_THROWS_WITH(b.agree({1.0}), Contains("expected 6"));
+}

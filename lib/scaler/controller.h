@@ -13,6 +13,8 @@
 #include <string_view>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "lib/instrument/histogram.h"
 #include "lib/instrument/log_moments.h"
 #include "lib/instrument/product_range.h"
@@ -101,6 +103,12 @@ class LayerController {
   // After backward: what every layer did and observed (records indexed by layer id; full statistics
   // only on recording steps, s/S and max|g| always), and whether the iteration overflowed.
   virtual void end_step(const StepMonitor& monitor) = 0;
+  // Optional, for a controller that runs under a loss-level policy it does not implement itself
+  // ({"policy": "adaptive", "controller": NAME}): its own caches and counters, saved and restored
+  // with the policy's; restore_controller_state(controller_state()) must continue bit-identically.
+  // Default: no state (null), and only null is accepted back.
+  virtual nlohmann::json controller_state() const { return nullptr; }
+  virtual void restore_controller_state(const nlohmann::json& state);
 };
 
 }  // namespace gradscale

@@ -1,6 +1,8 @@
 // The scaler interface (see scaler.h): the defaults of a global (loss-level) policy.
 #include "lib/scaler/scaler.h"
 
+#include "lib/core/json_read.h"
+
 namespace gradscale {
 
 void Scaler::bind(const std::vector<LayerInfo>& layers, Format grad_format) {
@@ -8,7 +10,12 @@ void Scaler::bind(const std::vector<LayerInfo>& layers, Format grad_format) {
 }
 
 void Scaler::begin_step(std::int64_t step) {
-  if (LayerController* c = layer_controller()) c->begin_step(StepBegin{step, 1.0});
+  if (LayerController* c = layer_controller()) c->begin_step(StepBegin{step, phi()});
+}
+
+void LayerController::restore_controller_state(const nlohmann::json& state) {
+  GS_CHECK_CONFIG(state.is_null(), "this controller keeps no state, but the saved state has "
+                                       << json_excerpt(state));
 }
 
 double Scaler::choose_loss_scale(const LocalScaleQuery& /*loss_grad*/) {

@@ -58,8 +58,10 @@ class Scaler {
   virtual LayerController* layer_controller() { return nullptr; }
   // Once before training: the model's layer table and the gradient format (binds the controller).
   virtual void bind(const std::vector<LayerInfo>& layers, Format grad_format);
-  // At the start of each iteration (tells the controller, with the policy's φ).
+  // At the start of each iteration: tells the controller the step and phi().
   virtual void begin_step(std::int64_t step);
+  // The overflow safety factor φ of SPEC §6.4 that the next iteration uses (1 for policies without one).
+  virtual double phi() const { return 1.0; }
   // S0 for this iteration from the fp32 loss gradient at scale 1 (layer_id -1, no weight), carrying the
   // statistics asked for by loss_needs(). Default: loss_scale().
   virtual StatNeeds loss_needs() const { return 0; }
@@ -109,6 +111,19 @@ inline std::unique_ptr<Scaler> make_scaler(const std::string& spec, Format forma
 inline std::unique_ptr<Scaler> make_scaler(const char* spec, Format format) {
   return make_scaler(std::string_view(spec), format);
 }
+// ---- controllers by name ------------------------------------------------------------------------
+// A LayerController of one's own, run under the built-in loss-level policy {"policy": "adaptive",
+// "controller": NAME, "controller_config": {...}} (S0, φ, skipping and state are the policy's; φ
+// reaches the controller in begin_step). The factory gets "controller_config" (an object, {} when
+// absent) and the gradient format, and validates its keys. Registering a name twice is an error.
+using ControllerFactory =
+    std::function<std::unique_ptr<LayerController>(const nlohmann::json& config, Format grad_format)>;
+void register_controller(const std::string& name, ControllerFactory factory);
+std::vector<std::string> controller_names();  // sorted
+// ConfigError naming the known controllers for an unknown name.
+std::unique_ptr<LayerController> make_controller(const std::string& name, const nlohmann::json& config,
+                                                 Format grad_format);
+
 // Parses command-line text into the configuration object make_scaler takes (same forms as above).
 nlohmann::json parse_scaler_spec(std::string_view spec);
 

@@ -79,20 +79,7 @@ double ExternalBackward::loss_gradient(float* g, std::int64_t n) {
   GS_CHECK_SHAPE(n >= 0 && (n == 0 || g != nullptr), "ExternalBackward::loss_gradient: " << n << " values");
   if (std::isnan(loss_scale_)) {
     const auto t0 = std::chrono::steady_clock::now();
-    LocalScaleQuery query;
-    QueryStatistics stats;
-    if (const StatNeeds needs = scaler_->loss_needs()) {
-      query.layer_name = "loss";
-      query.step = steps_;
-      query.format = precision_.gradient_format();
-      query.reduction = 0;
-      query.grad_shape = query.upstream_shape = Shape{n};
-      query.grad = query.upstream = g;
-      query.grad_size = query.upstream_size = n;
-      stats.attach(needs, query, precision_.round);
-    }
-    const double s0 = scaler_->choose_loss_scale(query);
-    GS_CHECK_NUMERIC(std::isfinite(s0) && s0 > 0, "scaler '" << scaler_->policy() << "' chose loss scale " << s0);
+    const double s0 = choose_loss_scale(*scaler_, g, Shape{n}, steps_, precision_);
     loss_scale_ = s0;
     monitor_.scaler_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }

@@ -119,6 +119,7 @@ const Tensor& ScaledTraining::forward(const Tensor& images) {
   expect(Phase::begun, "forward");
   ForwardContext ctx{precision_, true, &rng_};
   const Tensor& logits = model_.forward(on_model_device(images), ctx);
+  output_ = &logits;
   phase_ = Phase::forwarded;
   return logits;
 }
@@ -128,30 +129,54 @@ double ScaledTraining::loss_scale(const Tensor& logits, const std::vector<std::i
   GS_CHECK_SHAPE(
       logits.rank() == 2 && logits.dim(0) == static_cast<std::int64_t>(labels.size()),
       "loss_scale: logits " << shape_string(logits.shape()) << " and " << labels.size() << " labels");
-  const auto t0 = std::chrono::steady_clock::now();
   // A policy that chooses S0 from the loss gradient sees that gradient in fp32 at scale 1 first.
-  LocalScaleQuery query;
-  QueryStatistics stats;
-  if (const StatNeeds needs = scaler_->loss_needs()) {
-    model_.backend().loss_gradient_fp32(logits, labels, loss_fp32_);
-    query.layer_name = "loss";
-    query.step = steps_;
-    query.format = precision_.gradient_format();
-    query.reduction = 0;
-    query.grad_shape = loss_fp32_.shape();
-    query.grad = loss_fp32_.data();
-    query.grad_size = loss_fp32_.size();
-    // The values S0 will multiply before the one rounding: the "upstream" of this cast point.
-    query.upstream_shape = loss_fp32_.shape();
-    query.upstream = loss_fp32_.data();
-    query.upstream_size = loss_fp32_.size();
-    stats.attach(needs, query, precision_.round);
-  }
-  const double s0 = scaler_->choose_loss_scale(query);
-  GS_CHECK_NUMERIC(std::isfinite(s0) && s0 > 0,
-                   "scaler '" << scaler_->policy() << "' chose loss scale " << s0);
+  if (scaler_->loss_needs()) model_.backend().loss_gradient_fp32(logits, labels, loss_fp32_);
+  return choose_loss_scale(loss_fp32_);
+}
+
+double ScaledTraining::choose_loss_scale(const Tensor& loss_grad_fp32) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const double s0 = gradscale::choose_loss_scale(*scaler_, loss_grad_fp32.data(), loss_grad_fp32.shape(), steps_,
+                                                 precision_);
   current_.scaler_seconds += seconds_since(t0);
   return s0;
+}
+
+void ScaledTraining::check_outside_loss_grad(const Tensor& loss_grad, const char* call) const {
+  expect(Phase::forwarded, call);
+  GS_CHECK_CONFIG(model_.device() == Device::cpu && loss_grad.on_host(),
+                  "ScaledTraining::" << call << ": a loss gradient of your own is taken on the CPU backend only "
+                                     << "in this version (the model is on " << device_name(model_.device()) << ")");
+  GS_CHECK_SHAPE(output_ != nullptr && loss_grad.shape() == output_->shape(),
+                 "ScaledTraining::" << call << ": the loss gradient has shape " << shape_string(loss_grad.shape())
+                                    << ", the model's output "
+                                    << (output_ ? shape_string(output_->shape()) : std::string("none")));
+}
+
+double ScaledTraining::loss_scale(const Tensor& loss_grad) {
+  check_outside_loss_grad(loss_grad, "loss_scale");
+  return choose_loss_scale(loss_grad);
+}
+
+void ScaledTraining::backward(const Tensor& loss_grad, double loss_scale, double loss) {
+  check_outside_loss_grad(loss_grad, "backward");
+  GS_CHECK_NUMERIC(std::isfinite(loss_scale) && loss_scale > 0,
+                   "backward: the loss scale must be finite and > 0, got " << loss_scale);
+  loss_grad_.g.copy_from(loss_grad);
+  loss_grad_.scale = loss_scale;
+  monitor_.loss_grad_max_abs =
+      round_gradient(loss_grad_.g.data(), static_cast<std::size_t>(loss_grad_.g.size()),
+                     static_cast<float>(loss_scale), GradSite::loss, model_.num_layers() - 1, precision_, monitor_);
+  monitor_.loss = loss;
+  monitor_.correct = 0;
+  model_.zero_grads();
+  BackwardContext ctx{precision_, *scaler_, monitor_, steps_};
+  model_.backward(loss_grad_, ctx);
+  model_.backend().finish_backward(monitor_);
+  current_.loss = loss;
+  current_.correct = 0;
+  current_.loss_scale = loss_scale;
+  phase_ = Phase::backwarded;
 }
 
 LossResult ScaledTraining::loss_backward(const Tensor& logits, const std::vector<std::int32_t>& labels,

@@ -86,6 +86,15 @@ class ScaledTraining {
   // holds the true, unscaled fp32 gradient (no unscale step: each layer divides by its own S) unless
   // the iteration overflowed — clip or inspect them here, before step().
   LossResult loss_backward(const Tensor& logits, const std::vector<std::int32_t>& labels, double loss_scale);
+  // ---- any loss: the same iteration with a loss gradient you computed --------------------------------
+  // In place of loss_scale/loss_backward above (softmax cross-entropy): `loss_grad` is dL/d(output) of
+  // your loss, fp32 at scale 1, shaped like the output forward() returned, on the host. loss_scale
+  // gives S0 as the scaler chooses it from these values; backward multiplies them by S0 in fp32,
+  // rounds once to the gradient format (SPEC §5, "Loss") and runs backward as loss_backward does.
+  // `loss` is only reported (StepResult::loss). CPU backend only in this version (ConfigError on a
+  // device).
+  double loss_scale(const Tensor& loss_grad);
+  void backward(const Tensor& loss_grad, double loss_scale, double loss = 0);
   // The scaler's verdict from what backward saw (found_inf, per-layer records), then the optimizer step
   // with learning rate `lr` unless the verdict is to skip. Returns what happened, skipped included.
   StepResult step(double lr);
@@ -130,6 +139,9 @@ class ScaledTraining {
   // `images` on the model's device: itself, or its copy in input_.
   const Tensor& on_model_device(const Tensor& images);
   std::size_t state_tensor_count() const;
+  // S0 from an fp32 loss gradient at scale 1 (host), as the scaler chooses it.
+  double choose_loss_scale(const Tensor& loss_grad_fp32);
+  void check_outside_loss_grad(const Tensor& loss_grad, const char* call) const;
   nlohmann::json identity() const;
 
   Model& model_;
@@ -142,6 +154,7 @@ class ScaledTraining {
   ScaledGrad loss_grad_;
   Tensor loss_fp32_;  // the loss gradient at scale 1 (host), for policies that choose S0 from it
   Tensor input_;      // host images copied to the model's device
+  const Tensor* output_ = nullptr;  // what the last forward returned (the shape an outside loss gradient has)
   Phase phase_ = Phase::idle;
   std::int64_t steps_ = 0;
   StepResult current_;  // filled while the iteration runs

@@ -2,8 +2,31 @@
 #include "lib/train/verdict.h"
 
 #include <chrono>
+#include <cmath>
 
 namespace gradscale {
+
+double choose_loss_scale(Scaler& scaler, const float* g, const Shape& shape, std::int64_t step, const Precision& p) {
+  LocalScaleQuery query;
+  QueryStatistics stats;
+  if (const StatNeeds needs = scaler.loss_needs()) {
+    query.layer_name = "loss";
+    query.step = step;
+    query.format = p.gradient_format();
+    query.reduction = 0;
+    query.grad_shape = shape;
+    query.grad = g;
+    query.grad_size = shape_size(shape);
+    // The values S0 will multiply before the one rounding: the "upstream" of this cast point.
+    query.upstream_shape = shape;
+    query.upstream = g;
+    query.upstream_size = query.grad_size;
+    stats.attach(needs, query, p.round);
+  }
+  const double s0 = scaler.choose_loss_scale(query);
+  GS_CHECK_NUMERIC(std::isfinite(s0) && s0 > 0, "scaler '" << scaler.policy() << "' chose loss scale " << s0);
+  return s0;
+}
 
 void scaler_verdict(Scaler& scaler, const StepMonitor& monitor, std::int64_t step, StepResult& result) {
   const auto t0 = std::chrono::steady_clock::now();
@@ -21,7 +44,7 @@ void scaler_verdict(Scaler& scaler, const StepMonitor& monitor, std::int64_t ste
   result.found_inf = stats.found_inf;
   result.first_nonfinite_layer = stats.first_nonfinite_layer;
   result.skipped = result.report.skipped;
-  result.phi = result.report.state.is_object() ? result.report.state.value("phi", 1.0) : 1.0;
+  result.phi = scaler.phi();
 }
 
 std::vector<LayerScale> layer_scale_rows(const std::vector<LayerInfo>& layers, const StepMonitor& monitor) {

@@ -155,13 +155,13 @@ def test_a_mixed_sum_would_be_caught():
     x, y = _inputs("residual")
     original = _session.Session._join_hook
 
-    def broken(self, producer):
+    def broken(self, producer, layer):
         def hook(grad_outputs):
             parts = self._parts.pop(producer, None)
             if not parts:
                 return None
             total = sum(g for _, g, _ in parts)
-            self._into[producer] = parts[0][2]
+            self._into[self._nodes[producer]] = parts[0][2]
             return (total,)
         return hook
 

@@ -2,6 +2,7 @@
 same verdict — an overflow on one rank skips the step on both — so the policy's S0 and state stay
 identical, and DDP, summing gradients that each rank has already unscaled by its own layer scales,
 gives the same weights on every rank and the weights of one process with the doubled batch."""
+import datetime
 import os
 import tempfile
 
@@ -46,7 +47,9 @@ def _train(model, scaler, rank, world, opt, overflow_step):
 
 def _worker(rank, world, init, out, policy, fmt, overflow_step):
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    # A rank that never arrives fails the test in a minute instead of hanging it.
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=60))
     model = _model()
     ddp = nn.parallel.DistributedDataParallel(model)
     scaler = Scaler(model, scaler=policy, format=fmt)

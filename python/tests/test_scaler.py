@@ -239,3 +239,33 @@ def test_agrees_with_the_cpp_engine_on_the_same_mlp(method):
     assert len(s0) >= 1
     for (n, p), (_, q) in zip(model.named_parameters(), cpp_params):
         assert (p.detach() - q).abs().max() < 2e-3, n
+
+
+def _rss_mb():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096 / 2 ** 20
+
+
+def test_steps_do_not_keep_their_graphs_alive():
+    """The hooks on autograd nodes hold tokens, not nodes: a hook on one of PyTorch's C++ nodes that
+    holds that node is a cycle through C++ that Python's collector cannot break. It once kept every
+    step's graph (here: 55 MB more after 30 steps; ~11 MB a step on the character transformer)."""
+    import gc
+    from test_branches import Block
+    torch.manual_seed(0)
+    model = Block(vocab=13, d=64, heads=4)
+    scaler = Scaler(model, scaler={"policy": "adaptive", "method": "measured"}, format="fp16")
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    g = torch.Generator().manual_seed(0)
+    for step in range(40):
+        idx = torch.randint(0, 13, (256, 7), generator=g)
+        loss = F.cross_entropy(model(idx[:, :-1]).reshape(-1, 13), idx[:, 1:].reshape(-1))
+        opt.zero_grad()
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        if step == 9:
+            gc.collect()
+            start = _rss_mb()
+    gc.collect()
+    assert _rss_mb() - start < 15, f"{_rss_mb() - start:.0f} MB more after 30 steps"

@@ -54,11 +54,16 @@ class Session:
         self._sent: Dict[object, float] = {}
         self._parts: Dict[object, List[Tuple[int, torch.Tensor, float]]] = {}
         self._received: Dict[Tuple[int, int], torch.Tensor] = {}
+        # The hooks hold tokens, never nodes: a node holding a hook that holds the node is a cycle
+        # through C++ that Python's collector cannot see, and it would keep every step's graph alive.
+        self._nodes: Dict[int, object] = {}
         self._callback_queued = False
 
     def instrument(self, roots: List[object]) -> int:
         """Walks the graph from `roots` and installs the join and weight-gradient hooks. Returns the
         number of model nodes seen (0: the loss does not depend on the model's outputs)."""
+        if not self._callback_queued:  # what a pass that never ran backward left behind
+            self._reset_graph()
         edges: Dict[object, List[Tuple[object, int, int]]] = {}
         seen = set(roots)
         stack = list(roots)
@@ -81,7 +86,7 @@ class Session:
                     in_model.add(producer)
                     stack.append(producer)
         leaf_slots: Dict[object, List[Tuple[int, int]]] = {}
-        join_slots: Dict[object, List[Tuple[int, object, int]]] = {}
+        join_slots: Dict[object, List[Tuple[int, int, int]]] = {}
         for producer, uses in edges.items():
             distinct: List[object] = []
             for consumer, _, _ in uses:
@@ -94,13 +99,19 @@ class Session:
                     if consumer in in_model or isinstance(consumer, _LOSS):
                         leaf_slots.setdefault(consumer, []).append((k, layer))
             elif producer in in_model and len(distinct) >= 2:
+                token = self._token(producer)
                 for consumer, k, j in uses:
-                    join_slots.setdefault(consumer, []).append((k, producer, j))
-                producer.register_prehook(self._join_hook(producer))
+                    join_slots.setdefault(consumer, []).append((k, token, j))
+                producer.register_prehook(self._join_hook(token, self._layer_of(producer)))
         for consumer in set(leaf_slots) | set(join_slots):
-            consumer.register_hook(self._post_hook(consumer, leaf_slots.get(consumer, []),
+            consumer.register_hook(self._post_hook(self._token(consumer), leaf_slots.get(consumer, []),
                                                    join_slots.get(consumer, [])))
         return len(in_model)
+
+    def _token(self, node) -> int:
+        token = id(node)
+        self._nodes[token] = node
+        return token
 
     def into(self, node) -> float:
         """The scale of the gradient `node` receives (its consumers have all run)."""
@@ -131,10 +142,10 @@ class Session:
     def _layer_of(node) -> int:
         return node.layer_id if isinstance(node, (_ENTER, _EXIT)) else -1
 
-    def _post_hook(self, consumer, leaf_slots, join_slots):
+    def _post_hook(self, consumer: int, leaf_slots, join_slots):
         def hook(grad_inputs, grad_outputs):
             grads = list(grad_inputs)
-            scale = self.sent(consumer)
+            scale = self.sent(self._nodes[consumer])
             for k, producer, j in join_slots:
                 g = grads[k]
                 if g is None:
@@ -151,7 +162,7 @@ class Session:
             return tuple(grads)
         return hook
 
-    def _join_hook(self, producer):
+    def _join_hook(self, producer: int, layer: int):
         def hook(grad_outputs):
             parts = self._parts.pop(producer, None)
             if not parts:
@@ -171,9 +182,9 @@ class Session:
             grads = list(grad_outputs)
             for j, total in sums.items():
                 total = total.contiguous()
-                self.core.round_join(self._layer_of(producer), total.data_ptr(), total.numel())
+                self.core.round_join(layer, total.data_ptr(), total.numel())
                 grads[j] = total
-            self._into[producer] = target
+            self._into[self._nodes[producer]] = target
             return tuple(grads)
         return hook
 
