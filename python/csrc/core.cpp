@@ -91,8 +91,10 @@ py::list layer_rows(const std::vector<LayerScale>& rows, const StepMonitor& moni
     d["S_out"] = r.scale_out;
     d["recorded"] = r.recorded;
     d["underflow_rate"] = r.recorded ? py::cast(r.underflow_rate) : py::none();
-    const LayerRecord& rec = monitor.records[static_cast<std::size_t>(r.id)];
-    d["weight_grad"] = rec.has_weight_grad ? py::object(stats_dict(rec.weight_grad)) : py::none();
+    // Before the first step the monitor has no records.
+    const bool has = r.id >= 0 && static_cast<std::size_t>(r.id) < monitor.records.size();
+    const LayerRecord* rec = has ? &monitor.records[static_cast<std::size_t>(r.id)] : nullptr;
+    d["weight_grad"] = rec && rec->has_weight_grad ? py::object(stats_dict(rec->weight_grad)) : py::none();
     out.append(d);
   }
   return out;
@@ -160,6 +162,27 @@ PYBIND11_MODULE(_core, m) {
         return stats_dict(tensor_stats(address(p), static_cast<std::size_t>(n), format_of(f)));
       }, "SPEC §3 counts of n float32 values against a format");
   m.def("reference_run", &reference_run);
+
+  // The per-layer trace of SPEC §8 (docs/trace.md), the same writer the CLI uses.
+  py::class_<TraceWriter>(m, "TraceWriter")
+      .def(py::init([](const std::string& base, const std::string& header, std::int64_t every, bool histograms) {
+        return std::make_unique<TraceWriter>(base, json::parse(header), every, histograms);
+      }))
+      .def("samples", &TraceWriter::samples)
+      .def("write_step", [](TraceWriter& w, const ExternalBackward& e, std::int64_t step, std::int64_t epoch,
+                            double loss, double loss_scale, double phi, bool skipped) {
+        TraceStep s;
+        s.step = step;
+        s.epoch = epoch;
+        s.loss = loss;
+        s.loss_scale = loss_scale;
+        s.phi = phi;
+        s.skipped = skipped;
+        return w.write_step(s, e.monitor());
+      })
+      .def("finish", [](TraceWriter& w, const std::string& summary) { w.finish(json::parse(summary)); })
+      .def_property_readonly("jsonl_path", &TraceWriter::jsonl_path)
+      .def_property_readonly("json_path", &TraceWriter::json_path);
 
   py::class_<ExternalBackward>(m, "ExternalBackward")
       .def(py::init([](const std::vector<py::dict>& layers, const std::string& format, const std::string& grad_format,

@@ -3,8 +3,9 @@ plug-in emulating fp16 storage with a global policy (`torch`) and with adaptive 
 
     .venv/bin/python python/examples/bench_overhead.py [--steps 30] [--threads 1]
 
-Prints one Markdown row per model and configuration: milliseconds per step (median of --steps after
-3 warm-up steps) and the ratio to the emulated global-policy step.
+Prints one Markdown row per model: milliseconds per step of each configuration (median of --steps
+after 3 warm-up steps; the configurations take turns step by step) and the ratio of adaptive
+`measured` to the emulated global-policy step.
 """
 from __future__ import annotations
 
@@ -33,28 +34,41 @@ def models():
     yield "char transformer, 16x64 tokens", (lambda: CharLM(80)), (seq[:, :-1], seq[:, 1:])
 
 
-def time_steps(make, data, scaler_cfg, steps):
-    torch.manual_seed(0)
-    model = make()
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    scaler = Scaler(model, scaler=scaler_cfg, format="fp16", record_every=0) if scaler_cfg else None
-    x, y = data
-    times = []
-    for i in range(steps + 3):
+class Run:
+    """One configuration: its own copy of the model, optimizer and (maybe) scaler."""
+
+    def __init__(self, make, data, scaler_cfg):
+        torch.manual_seed(0)
+        self.model = make()
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=0.01)
+        self.scaler = Scaler(self.model, scaler=scaler_cfg, format="fp16", record_every=0) if scaler_cfg else None
+        self.x, self.y = data
+        self.times = []
+
+    def step(self, record):
         t0 = time.perf_counter()
-        out = model(x)
-        loss = F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
-        opt.zero_grad()
-        if scaler:
-            scaler.scale(loss).backward()
-            scaler.step(opt)
-            scaler.update()
+        out = self.model(self.x)
+        loss = F.cross_entropy(out.reshape(-1, out.shape[-1]), self.y.reshape(-1))
+        self.opt.zero_grad()
+        if self.scaler:
+            self.scaler.scale(loss).backward()
+            self.scaler.step(self.opt)
+            self.scaler.update()
         else:
             loss.backward()
-            opt.step()
-        if i >= 3:
-            times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3
+            self.opt.step()
+        if record:
+            self.times.append(time.perf_counter() - t0)
+
+
+def time_configs(make, data, configs, steps):
+    """Medians in ms; the configurations take turns step by step, so a change in the machine's load
+    falls on all of them alike."""
+    runs = [Run(make, data, c) for c in configs]
+    for i in range(steps + 3):
+        for r in runs:
+            r.step(record=i >= 3)
+    return [statistics.median(r.times) * 1e3 for r in runs]
 
 
 def main():
@@ -67,9 +81,8 @@ def main():
     print("| model | plain PyTorch fp32 | plug-in fp16, `torch` | plug-in fp16, adaptive `measured` | measured / torch |")
     print("|---|---|---|---|---|")
     for name, make, data in models():
-        plain = time_steps(make, data, None, args.steps)
-        glob = time_steps(make, data, "torch", args.steps)
-        meas = time_steps(make, data, {"policy": "adaptive", "method": "measured"}, args.steps)
+        plain, glob, meas = time_configs(make, data, [None, "torch", {"policy": "adaptive", "method": "measured"}],
+                                         args.steps)
         print(f"| {name} | {plain:.1f} ms | {glob:.1f} ms | {meas:.1f} ms | {meas / glob:.2f} |", flush=True)
 
 

@@ -210,3 +210,21 @@ def test_transformer_block_gradients_equal_fp32():
         assert torch.equal(p.grad, q.grad), n
     names = [r["name"] for r in scaler.layer_scales()]
     assert {"emb", "ln1", "attn", "attn.out_proj", "up", "down", "model"} <= set(names), names
+
+
+def test_chosen_layers_and_parameters_of_no_layer():
+    """layers= names the modules that are layers (a container among them): the others' parameters
+    belong to no layer and are still rounded and unscaled; gradients stay exact."""
+    torch.manual_seed(2)
+    model = ResidualNoModule()
+    x, y = _inputs("residual")
+    ref = copy.deepcopy(model)
+    F.cross_entropy(ref(x), y).backward()
+    scaler = Scaler(model, scaler=FIXED, format="fp32", layers=["b", "head"])
+    scaler.scale(F.cross_entropy(model(x), y)).backward()
+    for (n, p), (_, q) in zip(model.named_parameters(), ref.named_parameters()):
+        assert torch.equal(p.grad, q.grad), n
+    assert [r["name"] for r in scaler.layer_scales()] == ["b", "head"]
+    fresh = Scaler(copy.deepcopy(model), scaler=FIXED, format="fp32", layers=["a", "b", "head"])
+    rows = fresh.layer_scales()  # before any step: every layer listed, none ran
+    assert [r["name"] for r in rows] == ["a", "b", "head"] and not any(r["ran"] for r in rows)

@@ -46,6 +46,9 @@ def _train(model, scaler, rank, world, opt, overflow_step):
 
 
 def _worker(rank, world, init, out, policy, fmt, overflow_step):
+    import faulthandler
+    import sys
+    faulthandler.dump_traceback_later(120, exit=True, file=sys.stderr)  # a hung rank fails the test
     torch.set_num_threads(1)
     # A rank that never arrives fails the test in a minute instead of hanging it.
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world,
@@ -57,6 +60,10 @@ def _worker(rank, world, init, out, policy, fmt, overflow_step):
     record = _train(ddp, scaler, rank, world, opt, overflow_step)
     torch.save({"record": record, "weights": [p.detach().clone() for p in model.parameters()],
                 "state": scaler.state_dict()}, os.path.join(out, f"rank{rank}.pt"))
+    # DDP's reducer goes before its process group (destroyed the other way round, a rank could hang
+    # at exit), and no rank leaves while the other still talks to it.
+    dist.barrier()
+    del ddp
     dist.destroy_process_group()
 
 

@@ -35,40 +35,35 @@ def round_forward(x: torch.Tensor, fmt: str, core_module) -> torch.Tensor:
     return out
 
 
+def _boundary_forward(ctx, x, session, layer_id, call):
+    ctx.session = session
+    ctx.layer_id = layer_id
+    ctx.call = call  # pairs a layer call's Exit with its Enter (a module may be called twice)
+    return round_forward(x, session.format, session.core_module)
+
+
+def _boundary_backward(ctx, g, handler):
+    if g is None or not ctx.session.active:
+        return g, None, None, None
+    out = _owned_copy(g)
+    handler(ctx, out)  # rounds `out` in place
+    return out, None, None, None
+
+
 class Enter(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, session, layer_id, call):  # type: ignore[override]
-        ctx.session = session
-        ctx.layer_id = layer_id
-        ctx.call = call
-        return round_forward(x, session.format, session.core_module)
+    forward = staticmethod(_boundary_forward)
 
     @staticmethod
     def backward(ctx, g):  # type: ignore[override]
-        session = ctx.session
-        if g is None or not session.active:
-            return g, None, None, None
-        out = _owned_copy(g)
-        session.enter_backward(ctx, out)
-        return out, None, None, None
+        return _boundary_backward(ctx, g, ctx.session.enter_backward)
 
 
 class Exit(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, y, session, layer_id, call):  # type: ignore[override]
-        ctx.session = session
-        ctx.layer_id = layer_id
-        ctx.call = call
-        return round_forward(y, session.format, session.core_module)
+    forward = staticmethod(_boundary_forward)
 
     @staticmethod
     def backward(ctx, g):  # type: ignore[override]
-        session = ctx.session
-        if g is None or not session.active:
-            return g, None, None, None
-        out = _owned_copy(g)
-        session.exit_backward(ctx, out)
-        return out, None, None, None
+        return _boundary_backward(ctx, g, ctx.session.exit_backward)
 
 
 class LossEdge(torch.autograd.Function):

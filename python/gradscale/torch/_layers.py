@@ -101,6 +101,21 @@ def build_layers(model: nn.Module, layers: Optional[Sequence[Union[str, nn.Modul
     return table
 
 
+def trace_table(table: Iterable[Layer], model: nn.Module) -> List[dict]:
+    """The layer table of a trace (docs/trace.md): inputs are not known to the plug-in (autograd, not
+    a layer graph, connects the layers), so they are left empty."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    rows = []
+    for layer in table:
+        params = list(layer.params)
+        if layer.parametric and not any(p is layer.weight for p in params):
+            params.insert(0, layer.weight)  # a tied weight another layer owns: this layer trains it too
+        rows.append({"id": layer.id, "name": layer.name, "kind": layer.kind, "inputs": [], "K": layer.reduction,
+                     "parametric": layer.parametric,
+                     "parameters": [{"name": names.get(id(p), "?"), "shape": list(p.shape)} for p in params]})
+    return rows
+
+
 def param_owner(table: Iterable[Layer]) -> Dict[int, int]:
     """id(parameter) -> layer id (the first layer that owns it: tied weights count once)."""
     owner: Dict[int, int] = {}

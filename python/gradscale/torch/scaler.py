@@ -22,6 +22,7 @@ from __future__ import annotations
 import copy
 import itertools
 import json
+import time
 from typing import Any, Dict, List, Optional, Sequence, Union
 
 import torch
@@ -29,7 +30,7 @@ from torch import nn
 
 from .. import _core
 from ._functions import Enter, Exit, LossEdge, round_forward
-from ._layers import build_layers
+from ._layers import build_layers, trace_table
 from ._session import Session
 
 _IDLE, _SCALED, _BACKWARDED, _STEPPED = "idle", "scaled", "backwarded", "stepped"
@@ -58,11 +59,16 @@ class Scaler:
             `layer_scales()`); 0 never.
         process_group: under torch.distributed, the group whose ranks take one verdict per step
             (default: the world, when initialized; False: never reduce).
+        trace: write the per-layer trace of SPEC §8 to `trace`.jsonl while training (and `trace`.json
+            at `close()`), in the `gradscale.trace/1` schema `gradscale inspect` and
+            scripts/plot_trace.py read; `trace_every` steps with full statistics (plus every skipped,
+            overflowing or rescaled step); `trace_hist` adds binade histograms.
     """
 
     def __init__(self, model: nn.Module, scaler: Union[str, Dict[str, Any]] = "torch", *, format: str = "fp16",
                  grad_format: Optional[str] = None, layers: Optional[Sequence[Union[str, nn.Module]]] = None,
-                 weight_grads: str = "format", record_every: int = 10, process_group: Any = None):
+                 weight_grads: str = "format", record_every: int = 10, process_group: Any = None,
+                 trace: Optional[str] = None, trace_every: int = 10, trace_hist: bool = False):
         if not isinstance(model, nn.Module):
             raise ValueError(f"gradscale.torch: Scaler needs an nn.Module, got {type(model).__name__}")
         if weight_grads not in ("format", "fp32"):
@@ -78,8 +84,22 @@ class Scaler:
         self._core_args = ([l.row() for l in self._layers], self.format, self.grad_format, weight_grads == "format",
                            _policy_json(scaler))
         self._attach_core()
+        self._trace = None
+        if trace is not None:
+            if not isinstance(trace_every, int) or trace_every < 1:
+                raise ValueError(f"gradscale.torch: trace_every must be an integer >= 1, got {trace_every!r}")
+            header = {"version": _core.__version__,
+                      "config": {"model": type(model).__name__, "writer": "gradscale.torch",
+                                 "torch": torch.__version__},
+                      "format": self.format, "grad_format": self.grad_format,
+                      "scaler": json.loads(self._core.scaler_config()), "seed": int(torch.initial_seed()),
+                      "layers": trace_table(self._layers, model)}
+            self._trace = _core.TraceWriter(str(trace), json.dumps(header), trace_every, bool(trace_hist))
+            self._trace_counts = {"skipped": 0, "overflows": 0}  # every such step is traced
+        self._started = time.time()
         self._phase = _IDLE
         self.skipped_steps = 0  # steps skipped since the scaler was made (or its state loaded)
+        self._scaler_seconds = 0.0
         self._unscaled: set = set()
         self._last: Optional[dict] = None
         self._loss_value = 0.0
@@ -111,6 +131,8 @@ class Scaler:
             raise RuntimeError("gradscale.torch: scale() after step() — call update() first")
         if self._phase == _IDLE:
             record = self.record_every > 0 and self._core.steps % self.record_every == 0
+            if self._trace is not None:
+                record = self._trace.samples(self._core.steps + 1)
             self._core.begin_step(record)
             self._session.active = True
             self._unscaled.clear()
@@ -197,8 +219,32 @@ class Scaler:
         self._phase = _IDLE
         self._last = None
 
+    def close(self, **results: Optional[float]) -> None:
+        """Ends the trace (if any): the summary line and `trace`.json. `results` may give the run's
+        train_loss, train_accuracy, test_loss and test_accuracy (null otherwise)."""
+        if self._trace is None:
+            return
+        allowed = {"train_loss", "train_accuracy", "test_loss", "test_accuracy"}
+        unknown = set(results) - allowed
+        if unknown:
+            raise ValueError(f"gradscale.torch: close() takes {sorted(allowed)}, got {sorted(unknown)}")
+        summary = {key: results.get(key) for key in sorted(allowed)}
+        if summary["train_loss"] is None and self._last is not None:
+            summary["train_loss"] = self._last["loss"]
+        summary.update(self._trace_counts)
+        summary.update({"steps": self._core.steps, "wall_seconds": time.time() - self._started,
+                        "scaler_seconds": self._scaler_seconds})
+        self._trace.finish(json.dumps(summary))
+        self._trace = None
+
+    @property
+    def trace_paths(self) -> Optional[tuple]:
+        """(jsonl, json) of the open trace, or None."""
+        return None if self._trace is None else (self._trace.jsonl_path, self._trace.json_path)
+
     def remove(self) -> None:
-        """Detaches the scaler from the model (its hooks), restoring the master weights."""
+        """Detaches the scaler from the model (its hooks), restoring the master weights; ends the trace."""
+        self.close()
         self._restore_masters()
         for h in self._handles:
             h.remove()
@@ -211,9 +257,10 @@ class Scaler:
         new = self.__class__.__new__(self.__class__)
         memo[id(self)] = new
         for key, value in self.__dict__.items():
-            if key not in ("_core", "_session", "_calls", "_process_group"):
+            if key not in ("_core", "_session", "_calls", "_process_group", "_trace"):
                 setattr(new, key, copy.deepcopy(value, memo))
         new._process_group = self._process_group
+        new._trace = None  # a copy does not write into the original's trace
         new._calls = itertools.count()
         new._attach_core()
         new._core.restore_state(self._core.state())
@@ -242,6 +289,12 @@ class Scaler:
             torch.distributed.all_reduce(buf, group=group)
             self._core.agree(buf.tolist())
         result = self._core.finish_step(self._loss_value)
+        self._scaler_seconds += result["scaler_seconds"]
+        if self._trace is not None:
+            self._trace.write_step(self._core, result["step"], 1, result["loss"], result["loss_scale"],
+                                   result["phi"], result["skipped"])
+            self._trace_counts["skipped"] += int(result["skipped"])
+            self._trace_counts["overflows"] += int(result["found_inf"])
         layer = result["first_nonfinite_layer"]
         result["first_nonfinite_layer"] = self._layers[layer].name if 0 <= layer < len(self._layers) else None
         self._last = result

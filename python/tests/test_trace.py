@@ -1,0 +1,64 @@
+"""The plug-in writes the per-layer trace of SPEC §8 in the schema the CLI's readers check:
+`gradscale inspect --check` accepts it, for an MLP and for a transformer block (LayerNorm, attention,
+a tied embedding: layers with parameters but no local scale)."""
+import json
+import os
+import subprocess
+
+import pytest
+import torch
+from torch import nn
+import torch.nn.functional as F
+
+from gradscale.torch import Scaler
+
+CLI = os.environ.get("GRADSCALE_CLI")
+
+
+def _inspect(path):
+    if not CLI:
+        pytest.skip("GRADSCALE_CLI is not set (ctest sets it to the built gradscale binary)")
+    return subprocess.run([CLI, "inspect", "--check", path], capture_output=True, text=True)
+
+
+def test_an_mlp_trace_passes_inspect(tmp_path):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+    base = str(tmp_path / "mlp")
+    scaler = Scaler(model, scaler={"policy": "adaptive", "method": "measured"}, format="fp16",
+                    grad_format="fp8_e5m2", trace=base, trace_every=5)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(32, 16), torch.randint(0, 4, (32,))
+    for step in range(12):
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x * (1e6 if step == 7 else 1)), y)  # step 8 overflows: traced
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+    assert os.path.exists(base + ".jsonl") and not os.path.exists(base + ".json")
+    scaler.close(test_accuracy=0.5)
+    doc = json.load(open(base + ".json"))
+    steps = [s["step"] for s in doc["steps"]]
+    assert 5 in steps and 10 in steps and 8 in steps, steps
+    assert doc["summary"]["skipped"] == 1 and doc["summary"]["steps"] == 12
+    assert [l["name"] for l in doc["header"]["layers"]] == ["0", "2"]
+    r = _inspect(base + ".json")
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_a_transformer_trace_passes_inspect(tmp_path):
+    from test_branches import Block
+    torch.manual_seed(0)
+    model = Block()
+    base = str(tmp_path / "block")
+    scaler = Scaler(model, scaler="torch", format="bf16", trace=base, trace_every=2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    idx = torch.randint(0, 13, (4, 6))
+    for _ in range(4):
+        opt.zero_grad()
+        scaler.scale(F.cross_entropy(model(idx[:, :-1]).reshape(-1, 13), idx[:, 1:].reshape(-1))).backward()
+        scaler.step(opt)
+        scaler.update()
+    scaler.close()
+    r = _inspect(base + ".json")
+    assert r.returncode == 0, r.stdout + r.stderr
