@@ -237,9 +237,8 @@ nlohmann::json Trainer::run() {
     save_checkpoint(config_.checkpoint_dir);
   nlohmann::json result = result_json();
   if (trace_) {
+    // "skipped" and "overflows": the writer counts them from the step records (a resumed run's too).
     trace_->finish({{"steps", steps()},
-                    {"skipped", skipped_},
-                    {"overflows", overflow_steps_},
                     {"train_loss", result["train_loss"]},
                     {"train_accuracy", result["train_accuracy"]},
                     {"test_loss", result["test_loss"]},
