@@ -207,3 +207,8 @@ std::unique_ptr<Backend> make_cuda_backend(int device) {
 }
 
 }  // namespace gradscale::cuda
+
+// What make_backend("cuda") calls (lib/backend/cpu_backend.cpp): the caller owns the result.
+extern "C" gradscale::Backend* gradscale_make_cuda_backend(int device) {
+  return gradscale::cuda::make_cuda_backend(device).release();
+}
