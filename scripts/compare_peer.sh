@@ -38,7 +38,7 @@
 # PEER_ARGS="--blas-threads 2 --omp-wait-policy inherit" leaves both pools at --threads, untuned.
 #
 # Timings are wall clock on a shared machine: the script warns when the load average is already high
-# before it starts, because anything else running on the cores distorts the ratios. The README quotes
+# before it starts, because anything else running on the cores distorts the ratios. docs/results.md quotes
 # a 10-epoch run: EPOCHS=10 scripts/compare_peer.sh
 set -euo pipefail
 

@@ -12,9 +12,12 @@ last line is dropped with a warning). Next to TRACE, or in --out DIR, it writes,
                         that sends none), and log2 S0, the scale at the loss (dashed);
   <stem>.underflow.png  heat map, layer x step, of the underflow rate of each layer's activation
                         gradient and of the loss gradient: underflow / (elements - zero - nonfinite),
-                        on a log colour scale; a rate of exactly 0 has its own colour (white) and a
-                        layer with no activation gradient at that step is grey;
+                        on a log colour scale, over the steps with statistics (a notable step traced
+                        without them is no column); a rate of exactly 0 has its own colour (white), a
+                        layer with no activation gradient at that step is grey, and skipped (x) and
+                        found_inf (red triangle) steps are marked under the step axis;
   <stem>.loss.png       the loss over the traced steps, skipped steps marked with a red x.
+The title names the model, the format of forward values and the gradient format, and the scaler.
 Each PNG is written atomically (temporary file, then rename) with matplotlib's Agg backend. The paths
 written are printed, one per line. Needs Debian's python3-matplotlib (scripts/setup.sh installs it).
 This script reads the trace; `gradscale inspect --check TRACE` validates it in full.
@@ -180,10 +183,37 @@ def plot_scales(plt, header, steps, ax):
     ax.legend(fontsize="small", ncol=2)
 
 
-def plot_underflow(plt, header, steps, fig, ax):
+def plot_title(stem, header):
+    """The figures' title: the run, its model, both formats (forward values and gradients) and the
+    scaler, e.g. "run: cnn, fp16 / grad fp8_e5m2, scaler adaptive"."""
+    forward = header.get("format", "?")
+    grad = header.get("grad_format", forward)
+    return "%s: %s, %s / grad %s, scaler %s" % (stem, header.get("config", {}).get("model", "?"), forward,
+                                                 grad, (header.get("scaler") or {}).get("policy", "?"))
+
+
+def statistics_steps(steps):
+    """The step records that carry statistics ("stats" absent or true): the heat map's columns. A
+    notable step traced between samples ("stats": false) has none, and would only be a grey stripe."""
+    return [st for st in steps if st.get("stats", True) is not False]
+
+
+def event_steps(steps):
+    """(skipped steps, found_inf steps), over every record, for the marks on the heat map's axis."""
+    return ([st["step"] for st in steps if st.get("skipped")],
+            [st["step"] for st in steps if st.get("found_inf")])
+
+
+def plot_underflow(plt, header, all_steps, fig, ax):
     import numpy as np
     from matplotlib.colors import LogNorm, Normalize
 
+    steps = statistics_steps(all_steps)
+    if not steps:
+        ax.text(0.5, 0.5, "no step with statistics in this trace", ha="center", va="center",
+                transform=ax.transAxes)
+        ax.set_axis_off()
+        return
     rows = [("loss", [underflow_rate(st.get("loss_grad")) for st in steps])]
     for layer in header["layers"]:
         values = []
@@ -224,8 +254,19 @@ def plot_underflow(plt, header, steps, fig, ax):
     ax.set_yticks(np.arange(len(rows)) + 0.5)
     ax.set_yticklabels([name for name, _ in rows], fontsize="small")
     ax.invert_yaxis()
-    ax.set_xlabel("step")
-    ax.set_title("underflow rate of the gradient each layer sends upstream\n(white: 0, grey: none traced)",
+    # Skipped and overflowing steps (with statistics or not) as marks under the x axis.
+    skipped, overflowed = event_steps(all_steps)
+    marks = ax.get_xaxis_transform()  # x in steps, y in axes units
+    if overflowed:
+        ax.scatter(overflowed, [-0.02] * len(overflowed), transform=marks, marker="^", s=30, color="red",
+                   clip_on=False, zorder=3, label="found_inf (%d)" % len(overflowed))
+    if skipped:
+        ax.scatter(skipped, [-0.02] * len(skipped), transform=marks, marker="x", s=30, color="black",
+                   clip_on=False, zorder=4, label="skipped (%d)" % len(skipped))
+    if skipped or overflowed:
+        ax.legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(0.0, -0.12), ncol=2, frameon=False)
+    ax.set_xlabel("step (the steps with statistics)")
+    ax.set_title("underflow rate of the gradient each layer sends upstream\n(white: 0, grey: none sent)",
                  fontsize="medium")
     ax.xaxis.get_major_locator().set_params(integer=True)
 
@@ -288,9 +329,7 @@ def main(argv):
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise PlotError("--out %s: exists and is not a directory" % out_dir)
     stem = stem_of(args.trace)
-    title = "%s: %s, %s, scaler %s" % (stem, header.get("config", {}).get("model", "?"),
-                                       header.get("format", "?"),
-                                       (header.get("scaler") or {}).get("policy", "?"))
+    title = plot_title(stem, header)
     n_rows = 1 + sum(1 for layer in header["layers"])
     figures = [
         ("scales", (8, 4.5), lambda fig, ax: plot_scales(plt, header, steps, ax)),

@@ -1,7 +1,9 @@
 # ctest outside_project_example (cmake -P): what a new user does, from `cmake --install` to the example's
 # output. Installs this build into a fresh prefix, checks `gradscale --version` and the package version,
 # builds experiments/examples against the prefix only, runs both examples for a few steps (the residual one
-# also saved and resumed) and checks their printout and traces (gradscale inspect --check).
+# also saved and resumed) and checks their printout and traces (gradscale inspect --check). It checks what
+# the package passes on (no -march/-ffp-contract, no generic include path, no CUDA), builds the examples
+# with CUDA made unfindable, and builds a consumer of the `cuda` component.
 # Inputs: GS_BUILD_DIR, GS_SOURCE_DIR, GS_WORK_DIR, GS_VERSION, GS_CXX_COMPILER.
 cmake_minimum_required(VERSION 3.20)
 
@@ -35,10 +37,29 @@ endforeach()
 run_step("gradscale --version" ${prefix}/bin/gradscale --version)
 expect("gradscale ${GS_VERSION}" "${step_output}" "gradscale --version")
 
-# Only the prefix: no source or build tree of gradscale on any path the example sees.
+# What the package passes on to a consumer: its include root only (no include/gradscale/internal), no
+# CPU or floating-point flags, and nothing of CUDA unless the consumer asks for the cuda component.
+file(READ ${prefix}/lib/cmake/gradscale/gradscaleTargets.cmake targets)
+foreach(forbidden "-march=native" "-ffp-contract" "gradscale/internal" "CUDA::" "GRADSCALE_HAS_CUDA")
+  string(FIND "${targets}" "${forbidden}" at)
+  if(NOT at EQUAL -1)
+    message(FATAL_ERROR "gradscale::gradscale passes '${forbidden}' on to its consumers:\n${targets}")
+  endif()
+endforeach()
+file(GLOB_RECURSE generic_includes ${prefix}/include/gradscale/*.h)
+foreach(h ${generic_includes})
+  file(STRINGS ${h} lines REGEX "^#include \"lib/")
+  if(lines)
+    message(FATAL_ERROR "${h} includes a generic \"lib/...\" path: ${lines}")
+  endif()
+endforeach()
+
+# Only the prefix: no source or build tree of gradscale on any path the example sees. CUDA is made
+# unfindable: a CPU-only consumer configures, builds and links without it.
 run_step("configure the example"
          ${CMAKE_COMMAND} -S ${GS_SOURCE_DIR}/experiments/examples -B ${GS_WORK_DIR}/build
-         -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER=${GS_CXX_COMPILER} -DCMAKE_PREFIX_PATH=${prefix})
+         -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER=${GS_CXX_COMPILER} -DCMAKE_PREFIX_PATH=${prefix}
+         -DCMAKE_DISABLE_FIND_PACKAGE_CUDAToolkit=ON)
 expect("gradscale ${GS_VERSION}" "${step_output}" "find_package(gradscale) sets gradscale_VERSION")
 run_step("build the example" ${CMAKE_COMMAND} --build ${GS_WORK_DIR}/build -j 2)
 
@@ -71,4 +92,35 @@ file(READ ${GS_WORK_DIR}/trace.json trace)
 string(JSON steps GET "${trace}" summary steps)
 if(NOT steps EQUAL 25)
   message(FATAL_ERROR "the resumed trace's summary has ${steps} steps, expected 25")
+endif()
+
+# The cuda component, when this installation has it: a consumer that asks for it gets gradscale::cuda,
+# and make_backend("cuda") is then linked in; the CPU-only example above is not.
+file(READ ${prefix}/lib/cmake/gradscale/gradscaleConfig.cmake config)
+string(FIND "${config}" "set(gradscale_HAS_CUDA ON)" has_cuda)
+file(MAKE_DIRECTORY ${GS_WORK_DIR}/cuda_consumer)
+file(WRITE ${GS_WORK_DIR}/cuda_consumer/CMakeLists.txt
+     "cmake_minimum_required(VERSION 3.20)\nproject(cuda_consumer LANGUAGES CXX)\n"
+     "find_package(gradscale 0.1 CONFIG REQUIRED OPTIONAL_COMPONENTS cuda)\n"
+     "add_executable(backend_built main.cpp)\n"
+     "if(gradscale_cuda_FOUND)\n  target_link_libraries(backend_built PRIVATE gradscale::cuda)\n"
+     "else()\n  target_link_libraries(backend_built PRIVATE gradscale::gradscale)\nendif()\n"
+     "message(STATUS \"cuda component found: \${gradscale_cuda_FOUND}\")\n")
+file(WRITE ${GS_WORK_DIR}/cuda_consumer/main.cpp
+     "#include <gradscale/gradscale.h>\n#include <cstdio>\n"
+     "int main() { std::printf(\"cuda backend linked: %d\\n\", gradscale::cuda_backend_built() ? 1 : 0); }\n")
+run_step("configure a consumer of the cuda component"
+         ${CMAKE_COMMAND} -S ${GS_WORK_DIR}/cuda_consumer -B ${GS_WORK_DIR}/cuda_consumer/build
+         -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER=${GS_CXX_COMPILER} -DCMAKE_PREFIX_PATH=${prefix})
+if(has_cuda EQUAL -1)
+  expect("cuda component found: FALSE" "${step_output}" "an installation without CUDA")
+else()
+  expect("cuda component found: TRUE" "${step_output}" "an installation with CUDA")
+endif()
+run_step("build the consumer of the cuda component" ${CMAKE_COMMAND} --build ${GS_WORK_DIR}/cuda_consumer/build)
+run_step("run the consumer of the cuda component" ${GS_WORK_DIR}/cuda_consumer/build/backend_built)
+if(has_cuda EQUAL -1)
+  expect("cuda backend linked: 0" "${step_output}" "a program without gradscale::cuda")
+else()
+  expect("cuda backend linked: 1" "${step_output}" "a program with gradscale::cuda")
 endif()

@@ -93,6 +93,20 @@ TEST_CASE("deeply nested JSON anywhere is one line and exit 2, not a crash", "[c
               "nested deeper than 64");
 }
 
+// An error line is for the user: no source file in it; GRADSCALE_DEBUG=1 adds the failed check's file:line.
+TEST_CASE("an error line names no source file unless GRADSCALE_DEBUG is set", "[cli]") {
+  const std::string bad = kSmall + " --scaler no_such_policy";
+  const CliResult plain = run_cli(bad);
+  check_error(plain, 2, "unknown scaler policy 'no_such_policy'");
+  REQUIRE(plain.lines.size() == 1);
+  CHECK(plain.lines[0].find(".cpp") == std::string::npos);
+  const CliResult debug = run_shell("GRADSCALE_DEBUG=1 \"$GS\" " + bad);
+  check_error(debug, 2, "unknown scaler policy 'no_such_policy'");
+  REQUIRE(debug.lines.size() == 1);
+  CHECK_THAT(debug.lines[0], Contains(" [registry.cpp:"));
+  CHECK(debug.lines[0].find('/') == std::string::npos);
+}
+
 TEST_CASE("a trace nested deeper than 64 levels is refused by inspect when it is parsed", "[cli][json]") {
   // The shipped small trace with 100,000 nested arrays in its header's config: the JSON library would
   // parse it, and crash later in any copy or dump of that value.

@@ -15,6 +15,7 @@
 #include "lib/core/error.h"
 #include "lib/core/json_read.h"
 #include "lib/core/output_path.h"
+#include "lib/scaler/scaler.h"
 #include "lib/train/divergence.h"
 
 using namespace gradscale;
@@ -210,4 +211,36 @@ TEST_CASE("divergence: a non-finite master weight, or a loss that stays non-fini
   loss.restore(kNonFiniteLossLimit - 1);  // as a checkpoint restores it
   CHECK(loss.observe(100, nan, false, {}));
   CHECK(loss.reason() == "the loss was not finite for 5 iterations in a row (since step 96)");
+}
+
+// A message is for the user: no source path in it. The check macros keep the file:line of the failed
+// check in Error::where() for debug output (the CLI prints it with GRADSCALE_DEBUG set).
+TEST_CASE("check macros keep file:line out of the message and in Error::where()", "[core]") {
+  try {
+    GS_CHECK(1 + 1 == 3, "arithmetic is " << 2);
+    FAIL("no exception");
+  } catch (const Error& e) {
+    CHECK(std::string(e.what()) == "check `1 + 1 == 3` failed: arithmetic is 2");
+    CHECK_THAT(e.where(), Catch::Matchers::StartsWith("test_core_io.cpp:"));
+  }
+  try {
+    GS_CHECK_CONFIG(false, "key 'batch' must be >= 1");
+    FAIL("no exception");
+  } catch (const ConfigError& e) {
+    CHECK(std::string(e.what()) == "key 'batch' must be >= 1");
+    CHECK_THAT(e.where(), Catch::Matchers::StartsWith("test_core_io.cpp:"));
+  }
+  CHECK(Error("thrown by hand").where().empty());
+  CHECK(std::string(source_file_name("/a/b/lib/scaler/registry.cpp")) == "registry.cpp");
+  // The message of the issue: a bad policy name given to the registry.
+  try {
+    register_scaler("Not A Name", [](const json&, Format) { return std::unique_ptr<Scaler>(); });
+    FAIL("no exception");
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    CHECK_THAT(what, Contains("scaler policy names are [a-z0-9_]+, got 'Not A Name'"));
+    CHECK(what.find(".cpp") == std::string::npos);
+    CHECK(what.find('/') == std::string::npos);
+    CHECK_THAT(e.where(), Catch::Matchers::StartsWith("registry.cpp:"));
+  }
 }

@@ -384,6 +384,22 @@ TEST_CASE("inspect reads steps traced without statistics and warns about a summa
   CHECK(r.lines[1] == "ok: 4 steps, 4 layers (run of 20 steps)");
 }
 
+namespace {
+
+// `inspect --check` accepts both forms of the trace at `base` (.json and .jsonl), and its last line
+// holds each of `expected`.
+void check_both_forms(const std::string& base, const std::vector<std::string>& expected) {
+  for (const char* ext : {".json", ".jsonl"}) {
+    const CliResult r = run_cli("inspect --check '" + base + ext + "'");
+    INFO(ext << ": " << (r.lines.empty() ? std::string("(no output)") : r.lines.back()));
+    CHECK(r.status == 0);
+    REQUIRE(!r.lines.empty());
+    for (const std::string& text : expected) CHECK_THAT(r.lines.back(), Contains(text));
+  }
+}
+
+}  // namespace
+
 TEST_CASE("inspect --check accepts the trace of a real run, .json and .jsonl", "[cli][trace][train]") {
   const TempDir dir;
   const std::string base = dir.file("run");
@@ -392,18 +408,46 @@ TEST_CASE("inspect --check accepts the trace of a real run, .json and .jsonl", "
       "--threads 1 --quiet --trace '" +
       base + "'");
   REQUIRE(train.status == 0);
-  for (const char* ext : {".json", ".jsonl"}) {
-    const CliResult r = run_cli("inspect --check '" + base + ext + "'");
-    INFO(ext << ": " << (r.lines.empty() ? std::string("(no output)") : r.lines.back()));
-    CHECK(r.status == 0);
-    REQUIRE(!r.lines.empty());
-    CHECK_THAT(r.lines.back(), Contains("ok: "));
-    CHECK_THAT(r.lines.back(), Contains(" steps, 6 layers (run of 30 steps)"));
-  }
+  check_both_forms(base, {"ok: ", " steps, 6 layers (run of 30 steps)"});
   const json j = inspect_json("'" + base + ".json'");
   CHECK(j["steps"] == 30);
   CHECK(j["layers"].size() == 6);
   CHECK(j["traced_steps"].get<std::size_t>() >= 3);  // steps 10, 20, 30 at least
+}
+
+// Every built-in model (docs/models.md), BatchNorm's resnet-mini included, writes a trace that
+// `inspect --check` accepts: its layer table lists BatchNorm's γ and β as parameters (with their wgrad in
+// the step records) and its running statistics apart, although BatchNorm takes no local scale.
+TEST_CASE("inspect --check accepts the trace of every built-in model", "[cli][trace][train]") {
+  const TempDir dir;
+  for (const char* model : {"mlp", "cnn", "resnet-mini", "deep-mlp"}) {
+    const std::string base = dir.file(std::string("run_") + model);
+    const CliResult train = run_cli(std::string("train --model ") + model +
+                                    " --data synthetic:32 --batch 4 --max-steps 2 --trace-every 1 "
+                                    "--format fp16 --threads 1 --quiet --trace '" +
+                                    base + "'");
+    INFO(model << ": " << (train.lines.empty() ? std::string("(no output)") : train.lines.back()));
+    REQUIRE(train.status == 0);
+    check_both_forms(base, {"ok: 2 steps"});
+    if (std::string(model) != "resnet-mini") continue;
+    const json trace = read_json(base + ".json");
+    bool saw_batchnorm = false;
+    for (const json& row : trace["header"]["layers"]) {
+      if (row["kind"] != "batchnorm") continue;
+      saw_batchnorm = true;
+      CHECK(row["parametric"] == false);
+      REQUIRE(row["parameters"].size() == 2);
+      CHECK(row["parameters"][0]["name"] == row["name"].get<std::string>() + ".weight");
+      REQUIRE(row["statistics"].size() == 2);
+      CHECK(row["statistics"][0]["name"] == row["name"].get<std::string>() + ".running_mean");
+      CHECK(row["statistics"][1]["shape"] == json::array({row["channels"]}));
+      bool saw_wgrad = false;
+      for (const json& l : trace["steps"][0]["layers"])
+        if (l["id"] == row["id"]) saw_wgrad = l.contains("wgrad");
+      CHECK(saw_wgrad);
+    }
+    CHECK(saw_batchnorm);
+  }
 }
 
 TEST_CASE("inspect rejects broken .jsonl files and bad command lines", "[cli][trace]") {
@@ -444,6 +488,32 @@ TEST_CASE("inspect rejects broken .jsonl files and bad command lines", "[cli][tr
   CHECK(r.status == 2);
   r = run_cli("inspect");
   CHECK(r.status == 2);
+}
+
+// The pieces of the plots a reader must be able to trust, without matplotlib: the title names the
+// gradient format too, and the heat map's columns are the steps with statistics only (a "stats": false
+// record is no grey stripe), its skips and overflows marked on the axis.
+TEST_CASE("plot_trace.py titles both formats and maps only the steps with statistics", "[trace][plot]") {
+  if (access(kPython.c_str(), X_OK) != 0) return skip_test(kPython + " not found (install python3)");
+  const TempDir dir;
+  write_text(dir.file("probe.py"), R"(import sys
+sys.path.insert(0, sys.argv[1])
+import plot_trace as p
+header = {"format": "fp16", "grad_format": "fp8_e5m2", "config": {"model": "cnn"},
+          "scaler": {"policy": "adaptive"}}
+print(p.plot_title("run", header))
+steps = [{"step": 10}, {"step": 13, "stats": False, "skipped": True, "found_inf": True},
+         {"step": 15, "stats": False, "found_inf": True}, {"step": 20, "stats": True}]
+print([st["step"] for st in p.statistics_steps(steps)])
+print(p.event_steps(steps))
+)");
+  const CliResult r =
+      run_shell(kPython + " '" + dir.file("probe.py") + "' '" + GRADSCALE_SOURCE_DIR + "/scripts'");
+  REQUIRE(r.status == 0);
+  REQUIRE(r.lines.size() == 3);
+  CHECK(r.lines[0] == "run: cnn, fp16 / grad fp8_e5m2, scaler adaptive");
+  CHECK(r.lines[1] == "[10, 20]");
+  CHECK(r.lines[2] == "([13], [13, 15])");
 }
 
 TEST_CASE("plot_trace.py draws the scales, underflow and loss PNGs of the fixture", "[trace][plot]") {

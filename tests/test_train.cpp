@@ -6,6 +6,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "lib/train/trace.h"
 #include "lib/train/trainer.h"
 #include "tests/weight_bits.h"
 
@@ -158,4 +159,51 @@ TEST_CASE("a checkpoint of another model or format is refused", "[train][checkpo
   TrainConfig same = small_config();
   same.resume_dir = dir;
   CHECK_THROWS_WITH(Trainer(same), Catch::Contains(".bin"));
+}
+
+// TraceWriter::finish checks its summary as `gradscale inspect` does, and counts the skipped and
+// overflowing iterations from the step records itself, the records kept by a resumed run included.
+TEST_CASE("TraceWriter::finish refuses a summary a reader would refuse and counts skips across a resume",
+          "[train][trace]") {
+  const std::string dir = temp_dir("trace_finish");
+  std::filesystem::create_directories(dir);
+  const std::string base = dir + "/run";
+  const json header = {{"layers", json::array({{{"id", 0}}, {{"id", 1}}})}};
+  const json totals = {{"train_loss", 0.5},        {"train_accuracy", 0.25}, {"test_loss", nullptr},
+                       {"test_accuracy", nullptr}, {"wall_seconds", 1.0},    {"scaler_seconds", 0.0}};
+  StepMonitor overflowed, clean;
+  overflowed.found_inf = true;
+  overflowed.first_nonfinite_layer = 1;
+  {
+    TraceWriter trace(base, header, /*every=*/2, /*histograms=*/false);
+    CHECK(trace.write_step({1, 1, 0.5, 1024, 1, true}, overflowed));  // traced: a skip
+    CHECK(trace.write_step({2, 1, 0.5, 512, 1, false}, clean));       // traced: every 2nd
+    CHECK_FALSE(trace.write_step({3, 1, 0.5, 512, 1, false}, clean));
+    json missing = totals;
+    missing.erase("wall_seconds");
+    CHECK_THROWS_AS(trace.finish(missing), ConfigError);
+    CHECK_THROWS_WITH(trace.finish(missing), Catch::Contains("missing key 'wall_seconds'"));
+    json wrong = totals;
+    wrong["overflows"] = 2;
+    CHECK_THROWS_WITH(trace.finish(wrong),
+                      Catch::Contains("key 'overflows' is 2 but 1 step records have found_inf"));
+    json text = totals;
+    text["steps"] = "3";
+    CHECK_THROWS_WITH(trace.finish(text),
+                      Catch::Contains("key 'steps' must be a non-negative integer, got string"));
+    // Nothing of the refused summaries was written: header and two step lines.
+    CHECK(TraceWriter::read_jsonl(base + ".jsonl").contains("summary") == false);
+  }
+  // A run resumed from its checkpoint at step 2 keeps steps 1-2 and counts their skip.
+  TraceWriter resumed(base, header, 2, false, /*resume_steps=*/2);
+  CHECK(resumed.write_step({3, 2, 0.5, 512, 1, true}, overflowed));
+  CHECK(resumed.write_step({4, 2, 0.5, 256, 1, false}, clean));  // every 2nd (and S0 changed)
+  CHECK_FALSE(resumed.write_step({5, 2, 0.5, 256, 1, false}, clean));
+  resumed.finish(totals);
+  const json summary = TraceWriter::read_jsonl(base + ".jsonl").at("summary");
+  CHECK(summary["steps"] == 5);
+  CHECK(summary["traced_steps"] == 4);
+  CHECK(summary["skipped"] == 2);
+  CHECK(summary["overflows"] == 2);
+  std::filesystem::remove_all(dir);
 }

@@ -1,9 +1,11 @@
 // `gradscale`: the command-line front end. One subcommand per verb (cmd_*.cpp registers itself);
 // this file dispatches and turns every error into one clear line and a non-zero exit: 2 for bad input
 // (ConfigError, a bad option), 1 for anything else (a bad file, a failed write, an internal error).
-// `train` itself returns 3 for a diverged run (docs/config.md, "Exit status").
+// `train` itself returns 3 for a diverged run (docs/config.md, "Exit status"). GRADSCALE_DEBUG=1 adds the
+// file:line of a failed check to the line.
 #include <boost/program_options/errors.hpp>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <map>
 #include <new>
@@ -24,6 +26,17 @@ struct Entry {
 std::map<std::string, Entry>& commands() {
   static std::map<std::string, Entry> m;
   return m;
+}
+
+// The message of `e`, and with GRADSCALE_DEBUG set (non-empty) the file:line of the check that failed:
+// debug output only, so a user's message never shows a source location.
+std::string message_of(const std::exception& e) {
+  std::string text = e.what();
+  const char* debug = std::getenv("GRADSCALE_DEBUG");
+  const auto* error = dynamic_cast<const Error*>(&e);
+  if (debug != nullptr && *debug != '\0' && error != nullptr && !error->where().empty())
+    text += " [" + error->where() + "]";
+  return text;
 }
 
 void usage(std::ostream& os) {
@@ -61,7 +74,7 @@ int main(int argc, char** argv) {
   try {
     return it->second.fn(args);
   } catch (const ConfigError& e) {
-    std::cerr << "gradscale " << argv[1] << ": " << e.what() << "\n";
+    std::cerr << "gradscale " << argv[1] << ": " << cli::message_of(e) << "\n";
     return 2;
   } catch (const boost::program_options::error& e) {
     std::cerr << "gradscale " << argv[1] << ": " << e.what() << " (see gradscale " << argv[1] << " --help)\n";
@@ -70,7 +83,7 @@ int main(int argc, char** argv) {
     std::cerr << "gradscale " << argv[1] << ": out of memory\n";
     return 1;
   } catch (const std::exception& e) {
-    std::cerr << "gradscale " << argv[1] << ": " << e.what() << "\n";
+    std::cerr << "gradscale " << argv[1] << ": " << cli::message_of(e) << "\n";
     return 1;
   }
 }

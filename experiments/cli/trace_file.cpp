@@ -11,6 +11,7 @@
 #include "lib/core/error.h"
 #include "lib/core/json_read.h"
 #include "lib/numeric/format.h"
+#include "lib/train/trace_summary.h"
 
 namespace gradscale::cli {
 namespace {
@@ -129,7 +130,8 @@ void need_format(const Where& w, const json& obj, const char* key) {
 
 struct LayerRow {
   std::string name;
-  bool parametric = false;
+  bool parametric = false;      // asks the controller for a local scale (Linear, Conv2d)
+  bool has_parameters = false;  // trains parameters (also BatchNorm's γ, β): may carry "wgrad"
 };
 
 // The statistics object of lib/instrument (stats_to_json) at `prefix` ("act.", "loss_grad." ...).
@@ -220,9 +222,10 @@ std::vector<LayerRow> check_header(const Where& w, const json& h) {
       for (const json& d : need_array(lw, params[k], pp, "shape"))
         if (!d.is_number_unsigned()) lw.fail("key '" + pp + "shape' has " + shown(d) + ", not a size");
     }
-    if (row.parametric == params.empty())
-      lw.fail(std::string("key 'parametric' is ") + (row.parametric ? "true" : "false") +
-              " but the layer has " + std::to_string(params.size()) + " parameters");
+    // A parametric layer (a local scale) has a weight; a layer with parameters need not be parametric.
+    row.has_parameters = !params.empty();
+    if (row.parametric && !row.has_parameters)
+      lw.fail("key 'parametric' is true but the layer has 0 parameters");
     table.push_back(row);
   }
   return table;
@@ -294,57 +297,28 @@ void check_step(const Where& w0, const json& st, const std::vector<LayerRow>& ta
     }
     if (l.contains("act")) check_stats(lw, l, "act", with_binades);
     if (l.contains("wgrad")) {
-      if (!row.parametric) lw.fail("key 'wgrad' on a layer without parameters");
+      if (!row.has_parameters) lw.fail("key 'wgrad' on a layer without parameters");
       check_stats(lw, l, "wgrad", with_binades);
     }
   }
 }
 
+// The summary against the step records: the library's check, the one TraceWriter::finish applies.
 void check_summary(const Where& w, const json& s, Trace& t, const std::vector<LayerRow>& table) {
-  if (!s.is_object()) w.fail("the summary must be an object, got " + std::string(type_name(s)));
-  need_type(w, s, "summary");
-  const std::uint64_t steps = need_uint(w, s, "", "steps");
-  // The reader counts the records itself, so a summary without traced_steps is readable: a warning.
-  const bool has_traced = s.contains("traced_steps");
-  const std::uint64_t traced = has_traced ? need_uint(w, s, "", "traced_steps") : t.steps.size();
-  if (!has_traced)
-    t.warnings.push_back(w.record + ": missing key 'traced_steps' (required by " + std::string(kTraceSchema) +
-                         "; the records were counted instead)");
-  const std::uint64_t skipped = need_uint(w, s, "", "skipped");
-  const std::uint64_t overflows = need_uint(w, s, "", "overflows");
-  for (const char* k : {"train_loss", "train_accuracy", "test_loss", "test_accuracy"})
-    need_number_or_null(w, s, "", k);
-  for (const char* k : {"wall_seconds", "scaler_seconds"})
-    if (need_number(w, s, "", k) < 0) w.fail("key '" + std::string(k) + "' must be >= 0");
-  const json& layers = need_array(w, s, "", "layers");
-  for (std::size_t i = 0; i < layers.size(); ++i) {
-    const Where lw{w.path, w.record + ", layers[" + std::to_string(i) + "]"};
-    if (!layers[i].is_object()) lw.fail("a layer entry must be an object");
-    const std::int64_t id = need_int(lw, layers[i], "", "id");
-    if (id < 0 || id >= static_cast<std::int64_t>(table.size()))
-      lw.fail("key 'id' is " + std::to_string(id) + ", outside the header's layer table (ids 0.." +
-              std::to_string(table.size() - 1) + ")");
-    need_number(lw, layers[i], "", "mean_underflow_rate");
-    need_number(lw, layers[i], "", "max_underflow_rate");
-  }
-  // Every skipped or found_inf iteration is traced, so the totals must match the records exactly.
-  std::uint64_t skipped_records = 0, inf_records = 0;
+  TraceTally tally;
+  tally.records = t.steps.size();
+  tally.layers = table.size();
   for (const json& st : t.steps) {
-    skipped_records += st["skipped"].get<bool>();
-    inf_records += st["found_inf"].get<bool>();
+    tally.skipped += st["skipped"].get<bool>();
+    tally.overflows += st["found_inf"].get<bool>();
   }
-  if (traced != t.steps.size())
-    w.fail("key 'traced_steps' is " + std::to_string(traced) + " but the trace has " +
-           std::to_string(t.steps.size()) + " step records");
-  if (!t.steps.empty() && steps < t.steps.back()["step"].get<std::uint64_t>())
-    w.fail("key 'steps' is " + std::to_string(steps) + " but a step record has step " +
-           t.steps.back()["step"].dump());
-  if (skipped != skipped_records)
-    w.fail("key 'skipped' is " + std::to_string(skipped) + " but " + std::to_string(skipped_records) +
-           " step records are skipped (every skipped step is traced)");
-  if (overflows != inf_records)
-    w.fail("key 'overflows' is " + std::to_string(overflows) + " but " + std::to_string(inf_records) +
-           " step records have found_inf (every such step is traced)");
+  if (!t.steps.empty()) tally.last_step = t.steps.back()["step"].get<std::uint64_t>();
+  try {
+    for (const std::string& warning : check_trace_summary(s, tally))
+      t.warnings.push_back(w.record + ": " + warning);
+  } catch (const DataError& e) {
+    w.fail(e.what());
+  }
 }
 
 std::string read_all(const std::string& path) {

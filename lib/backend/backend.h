@@ -86,10 +86,11 @@ class Backend {
 // The host backend (stateless; one per process): every model's backend until Model::use_backend.
 Backend& cpu_backend();
 
-// A backend by name: "cpu" (a CpuBackend of its own), "cuda" (device 0) or "cuda:N". ConfigError for another name or for "cuda"
-// in a build without the CUDA backend; CudaError ("no CUDA device: ...") when there is no GPU.
+// A backend by name: "cpu" (a CpuBackend of its own), "cuda" (device 0) or "cuda:N". ConfigError for another
+// name or for "cuda" in a program without the CUDA backend (gradscale::cuda); CudaError ("no CUDA device:
+// ...") when there is no GPU.
 std::unique_ptr<Backend> make_backend(const std::string& device);
-// Whether this build has the CUDA backend.
+// Whether this program has the CUDA backend: it links gradscale::cuda (lib/cuda).
 bool cuda_backend_built();
 
 }  // namespace gradscale

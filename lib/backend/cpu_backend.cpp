@@ -7,9 +7,10 @@
 #include "lib/instrument/histogram.h"
 #include "lib/model/join.h"
 
-#ifdef GRADSCALE_HAS_CUDA
-#include "lib/cuda/backend.h"
-#endif
+// The CUDA backend's factory, defined by lib/cuda/backend.cpp in gradscale::cuda. Weak: a program
+// without that component links, and sees a null address. (gradscale::cuda's link interface asks the
+// linker for the symbol, so its object is taken from the static archive; CMakeLists.txt.)
+extern "C" gradscale::Backend* gradscale_make_cuda_backend(int device) __attribute__((weak));
 
 namespace gradscale {
 namespace {
@@ -63,11 +64,7 @@ Backend& cpu_backend() {
 }
 
 bool cuda_backend_built() {
-#ifdef GRADSCALE_HAS_CUDA
-  return true;
-#else
-  return false;
-#endif
+  return gradscale_make_cuda_backend != nullptr;
 }
 
 std::unique_ptr<Backend> make_backend(const std::string& device) {
@@ -80,14 +77,12 @@ std::unique_ptr<Backend> make_backend(const std::string& device) {
     index = std::stoi(device.substr(5));
   }
   GS_CHECK_CONFIG(index >= 0, "unknown device '" << device << "' (allowed: cpu, cuda, cuda:N)");
-#ifdef GRADSCALE_HAS_CUDA
-  return cuda::make_cuda_backend(index);
-#else
-  GS_CHECK_CONFIG(false, "device '" << device
-                                    << "': this build has no CUDA backend (configure with -DGRADSCALE_CUDA=ON "
-                                       "on a machine with the CUDA toolkit)");
-  return nullptr;
-#endif
+  GS_CHECK_CONFIG(
+      cuda_backend_built(),
+      "device '" << device
+                 << "': this program has no CUDA backend (link gradscale::cuda, which a build "
+                    "configured with -DGRADSCALE_CUDA=ON on a machine with the CUDA toolkit provides)");
+  return std::unique_ptr<Backend>(gradscale_make_cuda_backend(index));
 }
 
 }  // namespace gradscale

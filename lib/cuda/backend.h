@@ -19,7 +19,7 @@
 // trainer's divergence check (first_nonfinite: one index per parameter), under a global policy and
 // under an adaptive one alike. It waits elsewhere only where the host decides from device values: a
 // controller without a device rule (its query's statistics), a policy that chooses S0 from the loss
-// gradient, and a layer that runs on the host (HostLayer in layers.cpp). host_waits() counts the waits.
+// gradient, and a layer that runs on the host (HostLayer in host_layer.cpp). host_waits() counts the waits.
 #pragma once
 
 #ifndef GRADSCALE_HAS_CUDA

@@ -30,14 +30,17 @@ inline const char* status_text(cublasStatus_t s) {
 }  // namespace gradscale::cuda
 
 // Evaluates `call` once; when its status is not `ok`, throws CudaError:
-//   "`cudaMalloc(&p, bytes)` failed: cudaErrorMemoryAllocation (out of memory) [lib/cuda/x.cu:12]"
-#define GS_GPU_CHECK(call, ok)                                                                    \
-  do {                                                                                            \
-    const auto gs_gpu_status_ = (call);                                                           \
-    GS_CHECK_AS(::gradscale::CudaError, gs_gpu_status_ == (ok),                                   \
-                "`" #call "` failed: " << ::gradscale::cuda::status_name(gs_gpu_status_) << " ("  \
-                                       << ::gradscale::cuda::status_text(gs_gpu_status_) << ") [" \
-                                       << __FILE__ << ":" << __LINE__ << "]");                    \
+//   "`cudaMalloc(&p, bytes)` failed: cudaErrorMemoryAllocation (out of memory) [x.cu:12]"
+// A failed CUDA call is an internal fault, reported as it is: its message keeps the file name and line
+// (never the build path), which a user quotes in a bug report.
+#define GS_GPU_CHECK(call, ok)                                                                       \
+  do {                                                                                               \
+    const auto gs_gpu_status_ = (call);                                                              \
+    GS_CHECK_AS(::gradscale::CudaError, gs_gpu_status_ == (ok),                                      \
+                "`" #call "` failed: " << ::gradscale::cuda::status_name(gs_gpu_status_) << " ("     \
+                                       << ::gradscale::cuda::status_text(gs_gpu_status_) << ") ["    \
+                                       << ::gradscale::source_file_name(__FILE__) << ":" << __LINE__ \
+                                       << "]");                                                      \
   } while (0)
 
 #define GS_CUDA_CHECK(call) GS_GPU_CHECK(call, cudaSuccess)

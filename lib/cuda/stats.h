@@ -35,6 +35,10 @@ struct StatsJob {
   Format format = Format::fp32;
   RoundOptions round{};
 };
+// The job for n values at `data` (a tensor's size, as Tensor counts it).
+inline StatsJob job_of(const float* data, std::int64_t n, Format f, RoundOptions round) {
+  return StatsJob{data, static_cast<std::size_t>(n), f, round};
+}
 
 // out[i] ← the statistics of jobs[i] for i < count (`jobs` on the host, `out` in device memory),
 // queued on ctx.stream(); uses ctx.scratch(). Two kernel launches per 32 tensors. Throws Error for a

@@ -14,7 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "lib/core/error.h"
+#include "lib/instrument/float_bits.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -22,28 +22,6 @@
 
 namespace gradscale {
 namespace {
-
-constexpr std::uint32_t kAbs = 0x7FFFFFFFu;
-constexpr std::uint32_t kInfBits = 0x7F800000u;
-
-float from_bits(std::uint32_t b) {
-  float x;
-  std::memcpy(&x, &b, sizeof x);
-  return x;
-}
-
-// Smallest a in [lo, hi] (float bit patterns) with pred(a) true; hi when none is.
-template <class Pred>
-std::uint32_t first_true(std::uint32_t lo, std::uint32_t hi, Pred pred) {
-  while (lo < hi) {
-    const std::uint32_t mid = lo + (hi - lo) / 2;
-    if (pred(mid))
-      hi = mid;
-    else
-      lo = mid + 1;
-  }
-  return lo;
-}
 
 inline int binade_of(std::uint32_t a) {  // floor(log2|v|) of a non-zero finite |v| given by its bits
   const int field = static_cast<int>(a >> 23);
@@ -55,59 +33,6 @@ inline int bin_index(int e) {
   return std::clamp(e, kBinadeMin, kBinadeMax) - kBinadeMin;
 }
 
-// The thresholds searched from quantize(); round_thresholds() keeps them per (format, option).
-RoundThresholds search_thresholds(Format f, RoundOptions opt) {
-  RoundOptions overflow_as_nan = opt;
-  overflow_as_nan.e4m3_overflow_to_nan = true;  // makes saturation visible as NaN
-  const float min_normal = static_cast<float>(format_info(f).min_normal);
-  RoundThresholds t{};
-  t.first_nonzero =
-      first_true(1u, kInfBits, [&](std::uint32_t a) { return quantize(from_bits(a), f, opt) != 0.0f; });
-  t.first_normal =
-      first_true(1u, kInfBits, [&](std::uint32_t a) { return quantize(from_bits(a), f, opt) >= min_normal; });
-  t.first_overflow = first_true(1u, kInfBits, [&](std::uint32_t a) {
-    return !std::isfinite(quantize(from_bits(a), f, overflow_as_nan));
-  });
-  return t;
-}
-
-}  // namespace
-
-const RoundThresholds& round_thresholds(Format f, RoundOptions opt) {
-  static const auto table = [] {
-    std::array<std::array<RoundThresholds, 2>, 5> t{};
-    for (Format g : all_formats())
-      for (int nan_opt = 0; nan_opt < 2; ++nan_opt)
-        t[static_cast<std::size_t>(g)][static_cast<std::size_t>(nan_opt)] =
-            search_thresholds(g, RoundOptions{nan_opt == 1});
-    return t;
-  }();
-  return table[static_cast<std::size_t>(f)][opt.e4m3_overflow_to_nan ? 1 : 0];
-}
-
-namespace {
-
-// The class index: how many thresholds |v| (as bits a) passes.
-inline int class_index(std::uint32_t a, const RoundThresholds& th) {
-  return (a != 0) + (a >= th.first_nonzero) + (a >= th.first_normal) + (a >= th.first_overflow) +
-         (a >= kInfBits);
-}
-
-}  // namespace
-
-RoundClass classify_rounding(float v, Format f, RoundOptions opt) {
-  std::uint32_t bits;
-  std::memcpy(&bits, &v, sizeof bits);
-  return static_cast<RoundClass>(class_index(bits & kAbs, round_thresholds(f, opt)));
-}
-
-const char* round_class_name(RoundClass c) {
-  static const char* const names[] = {"zero", "underflow", "subnormal", "normal", "overflow", "nonfinite"};
-  return names[static_cast<int>(c)];
-}
-
-namespace {
-
 constexpr std::size_t kLanes = 8;
 constexpr std::size_t kBlock = 2048;
 
@@ -118,7 +43,8 @@ struct LaneAccumulators {
   std::uint64_t ge[5][kLanes] = {};  // a != 0, a >= first_nonzero, first_normal, first_overflow, inf
   double sum[kLanes] = {}, sq[kLanes] = {};
   float lo[kLanes], hi[kLanes];
-  std::uint32_t nz_m1[kLanes];  // min of (a − 1) as unsigned: 0 wraps to the top, so this is min non-zero a − 1
+  std::uint32_t
+      nz_m1[kLanes];  // min of (a − 1) as unsigned: 0 wraps to the top, so this is min non-zero a − 1
   LaneAccumulators() {
     std::fill(lo, lo + kLanes, std::numeric_limits<float>::infinity());
     std::fill(hi, hi + kLanes, -std::numeric_limits<float>::infinity());
@@ -214,7 +140,6 @@ bool use_avx2() {
 #endif
 }
 
-
 // One block-wise pass over v[0..n): the lane loop (counts, moments, smallest non-zero) and, when
 // `histogram`, the binade bins.
 TensorStats stats_pass(const float* v, std::size_t n, const RoundThresholds& th, bool histogram) {
@@ -230,7 +155,7 @@ TensorStats stats_pass(const float* v, std::size_t n, const RoundThresholds& th,
     const std::size_t m = std::min(kBlock, n - base);
     const float* x = v + base;
     std::memcpy(a_block, x, m * sizeof(float));
-    for (std::size_t i = 0; i < m; ++i) a_block[i] &= kAbs;
+    for (std::size_t i = 0; i < m; ++i) a_block[i] &= kAbsBits;
 #if defined(__x86_64__)
     if (avx2 && m == kBlock)
       accumulate_block_avx2(acc, x, a_block, m, th);
@@ -306,65 +231,6 @@ TensorStats tensor_moments(const float* v, std::size_t n) {
   TensorStats s = split_pass(v, n, round_thresholds(Format::fp32, {}), false);
   s.zero = s.underflow = s.subnormal = s.normal = s.overflow = 0;  // not computed here (see header)
   return s;
-}
-
-float max_abs(const float* v, std::size_t n) {
-  // Unsigned max of the magnitude bits, with NaN clamped to inf's pattern: branch-free, vectorises.
-  std::uint32_t m = 0;
-  for (std::size_t i = 0; i < n; ++i) {
-    std::uint32_t b;
-    std::memcpy(&b, v + i, sizeof b);
-    m = std::max(m, std::min(b & kAbs, kInfBits));
-  }
-  return from_bits(m);
-}
-
-
-
-std::uint32_t edge_threshold_bits(float edge, Format f, RoundOptions opt) {
-  GS_CHECK_NUMERIC(edge > 0.0f && std::isfinite(edge),
-                   "count_about_edge: the edge must be a positive finite float, got " << edge);
-  // Smallest |v| (as bits) whose rounding reaches the edge (an overflow to NaN counts as reaching it,
-  // which keeps the predicate monotone); NaN inputs lie above inf's pattern and count in neither bin.
-  return first_true(1u, kInfBits,
-                    [&](std::uint32_t a) { return !(std::fabs(quantize(from_bits(a), f, opt)) < edge); });
-}
-
-EdgeCounts count_about_edge(const float* v, std::size_t n, float edge, Format f, RoundOptions opt) {
-  const std::uint32_t t = edge_threshold_bits(edge, f, opt);
-  GS_CHECK_NUMERIC(v != nullptr || n == 0, "count_about_edge: null data with n = " << n);
-  EdgeCounts c;
-  for (std::size_t i = 0; i < n; ++i) {
-    std::uint32_t b;
-    std::memcpy(&b, v + i, sizeof b);
-    const std::uint32_t a = b & kAbs;
-    c.below += a < t;
-    c.above += a >= t && a <= kInfBits;
-  }
-  return c;
-}
-
-bool all_finite(const float* v, std::size_t n) {
-  // OR of (|v| >= inf) over the array, branch-free so it vectorises; one test per 1024 elements.
-  std::size_t i = 0;
-  while (i < n) {
-    const std::size_t end = std::min(n, i + 1024);
-    std::uint32_t bad = 0;
-    for (; i < end; ++i) {
-      std::uint32_t b;
-      std::memcpy(&b, v + i, sizeof b);
-      bad |= static_cast<std::uint32_t>((b & kAbs) >= kInfBits);
-    }
-    if (bad) return false;
-  }
-  return true;
-}
-
-std::int64_t first_nonfinite(const float* v, std::size_t n) {
-  if (all_finite(v, n)) return -1;  // the vectorised scan; the index is searched only when there is one
-  for (std::size_t i = 0; i < n; ++i)
-    if (!std::isfinite(v[i])) return static_cast<std::int64_t>(i);
-  return -1;
 }
 
 double TensorStats::mean() const {

@@ -160,8 +160,18 @@ void BatchNorm::backward(const std::vector<const Tensor*>& inputs, const Tensor&
   accumulate_weight_grad(grad_beta_, scale, beta_, id_, ctx.precision, ctx.monitor);
 }
 
+// The layer table lists γ and β under "parameters" (they train, and their gradients are traced as
+// "wgrad"); the running statistics are not trained, so they are named apart, under "statistics".
 nlohmann::json BatchNorm::describe() const {
-  return {{"name", name_}, {"kind", kind()}, {"channels", channels_}, {"eps", eps_}, {"momentum", momentum_}};
+  const std::vector<std::int64_t> shape = {channels_};
+  return {{"name", name_},
+          {"kind", kind()},
+          {"channels", channels_},
+          {"eps", eps_},
+          {"momentum", momentum_},
+          {"statistics",
+           {{{"name", name_ + ".running_mean"}, {"shape", shape}},
+            {{"name", name_ + ".running_var"}, {"shape", shape}}}}};
 }
 
 }  // namespace gradscale

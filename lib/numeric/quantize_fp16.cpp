@@ -36,9 +36,12 @@ __attribute__((target("avx,f16c"))) void quantize_fp16_f16c(const float* in, flo
   }
 }
 
-// GCC 12 reports a false "may be used uninitialized" inside its own avx512fintrin.h conversions.
+// GCC 12 reports a false "may be used uninitialized" inside its own avx512fintrin.h conversions (clang,
+// which builds the fuzz targets, has no such warning and would warn about the unknown name).
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 __attribute__((target("avx512f"))) void quantize_fp16_avx512(const float* in, float* out, std::size_t n) {
   std::size_t i = 0;
   for (; i + 16 <= n; i += 16) {
@@ -54,7 +57,9 @@ __attribute__((target("avx512f"))) void quantize_fp16_avx512(const float* in, fl
     std::memcpy(out + i, block, (n - i) * sizeof(float));
   }
 }
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
+#endif
 #endif
 
 #ifdef GS_X86

@@ -8,6 +8,7 @@
 #include "lib/core/error.h"
 #include "lib/core/json_read.h"
 #include "lib/train/checkpoint.h"
+#include "lib/train/trace_summary.h"
 
 namespace gradscale {
 namespace {
@@ -53,10 +54,14 @@ TraceWriter::TraceWriter(std::string base, nlohmann::json header, std::int64_t e
   rate_sum_.assign(layers, 0.0);
   rate_max_.assign(layers, 0.0);
   rate_count_.assign(layers, 0);
+  last_step_ = std::max<std::int64_t>(resume_steps, 0);
   // A resumed run's summary covers the kept steps too.
   for (std::size_t i = 1; i < keep.size(); ++i) {
     const nlohmann::json& s = keep[i];
     ++traced_;
+    skipped_ += s.value("skipped", false) ? 1 : 0;
+    overflows_ += s.value("found_inf", false) ? 1 : 0;
+    last_traced_step_ = s.value("step", std::int64_t{0});
     if (s.contains("S0") && s["S0"].is_number()) {
       last_loss_scale_ = s["S0"].get<double>();
       have_last_ = true;
@@ -80,6 +85,7 @@ void TraceWriter::write_line(const nlohmann::json& j) {
 }
 
 bool TraceWriter::write_step(const TraceStep& s, const StepMonitor& m) {
+  last_step_ = std::max(last_step_, s.step);
   std::vector<std::string> why;
   if (samples(s.step)) why.push_back("every");
   if (s.skipped) why.push_back("skip");
@@ -97,8 +103,8 @@ bool TraceWriter::write_step(const TraceStep& s, const StepMonitor& m) {
                       {"phi", s.phi},
                       {"skipped", s.skipped},
                       {"found_inf", m.found_inf},
-                      {"first_nonfinite_layer", m.found_inf ? nlohmann::json(m.first_nonfinite_layer)
-                                                            : nlohmann::json(nullptr)},
+                      {"first_nonfinite_layer",
+                       m.found_inf ? nlohmann::json(m.first_nonfinite_layer) : nlohmann::json(nullptr)},
                       {"why", why},
                       {"stats", m.record}};
   if (m.has_loss_grad) j["loss_grad"] = stats_to_json(m.loss_grad, histograms_);
@@ -122,6 +128,9 @@ bool TraceWriter::write_step(const TraceStep& s, const StepMonitor& m) {
   j["layers"] = std::move(layers);
   write_line(j);
   ++traced_;
+  skipped_ += s.skipped ? 1 : 0;
+  overflows_ += m.found_inf ? 1 : 0;
+  last_traced_step_ = s.step;
   return true;
 }
 
@@ -136,6 +145,21 @@ void TraceWriter::finish(nlohmann::json summary) {
                       {"max_underflow_rate", rate_max_[i]}});
   }
   summary["layers"] = std::move(layers);
+  if (!summary.contains("steps")) summary["steps"] = last_step_;
+  if (!summary.contains("skipped")) summary["skipped"] = skipped_;
+  if (!summary.contains("overflows")) summary["overflows"] = overflows_;
+  TraceTally tally;
+  tally.records = static_cast<std::uint64_t>(traced_);
+  tally.skipped = static_cast<std::uint64_t>(skipped_);
+  tally.overflows = static_cast<std::uint64_t>(overflows_);
+  tally.last_step = static_cast<std::uint64_t>(last_traced_step_);
+  tally.layers = rate_sum_.size();
+  try {
+    check_trace_summary(summary, tally);
+  } catch (const DataError& e) {
+    throw ConfigError("trace '" + jsonl_path_ +
+                      "': the summary given to TraceWriter::finish is not valid: " + e.what());
+  }
   write_line(summary);
   out_.close();
   write_file_atomic(json_path_, read_jsonl(jsonl_path_).dump() + "\n");
@@ -166,7 +190,8 @@ nlohmann::json TraceWriter::read_jsonl(const std::string& path) {
     else if (type == "summary")
       doc["summary"] = std::move(j);
     else
-      throw DataError("trace file '" + path + "' line " + std::to_string(i + 1) + ": unknown type '" + type + "'");
+      throw DataError("trace file '" + path + "' line " + std::to_string(i + 1) + ": unknown type '" + type +
+                      "'");
   }
   GS_CHECK_DATA(doc.contains("header"), "trace file '" << path << "' has no header line");
   return doc;

@@ -16,7 +16,7 @@ namespace gradscale {
 
 // What the trainer knows about one iteration besides the monitor's per-layer records.
 struct TraceStep {
-  std::int64_t step = 0;  // 1-based iteration number
+  std::int64_t step = 0;   // 1-based iteration number
   std::int64_t epoch = 0;  // 1-based
   double loss = 0, loss_scale = 1, phi = 1;
   bool skipped = false;
@@ -36,7 +36,13 @@ class TraceWriter {
   // Writes the iteration's line when it was sampled or something notable happened (a skip, found_inf,
   // a change of S0). Returns whether a line was written.
   bool write_step(const TraceStep& s, const StepMonitor& m);
-  // Writes the summary line (per-layer underflow of the traced steps is added here) and the JSON document.
+  // Writes the summary line and the JSON document. The writer adds "type", "traced_steps", the
+  // per-layer underflow of the traced steps, and — where `summary` lacks them — "steps", "skipped" and
+  // "overflows", which it counts from the step records (every skipped or overflowing iteration is
+  // traced; a resumed run's kept records count too, so no counter needs carrying across a resume).
+  // The result is checked as `gradscale inspect` checks it (check_trace_summary): a summary a reader
+  // would refuse (a key missing or of the wrong type, counts that contradict the records) is a
+  // ConfigError, and nothing is written.
   void finish(nlohmann::json summary);
 
   const std::string& jsonl_path() const { return jsonl_path_; }
@@ -57,7 +63,10 @@ class TraceWriter {
   double last_loss_scale_ = 0;
   bool have_last_ = false;
   std::int64_t traced_ = 0;
-  std::vector<double> rate_sum_, rate_max_;  // per layer, act underflow rate over traced steps
+  std::int64_t skipped_ = 0, overflows_ = 0;  // step records with "skipped" / "found_inf"
+  std::int64_t last_step_ = 0;                // the last iteration seen (traced or not), 0 before any
+  std::int64_t last_traced_step_ = 0;         // the last step record's iteration
+  std::vector<double> rate_sum_, rate_max_;   // per layer, act underflow rate over traced steps
   std::vector<std::int64_t> rate_count_;
 };
 

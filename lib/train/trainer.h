@@ -12,27 +12,20 @@
 
 #include <nlohmann/json.hpp>
 
+#include "lib/backend/backend.h"
 #include "lib/core/random.h"
 #include "lib/data/batcher.h"
 #include "lib/data/dataset.h"
-#include "lib/backend/backend.h"
 #include "lib/model/model.h"
 #include "lib/optim/lr_schedule.h"
 #include "lib/optim/optimizer.h"
 #include "lib/scaler/scaler.h"
 #include "lib/train/config.h"
-#include "lib/train/scaled_training.h"
 #include "lib/train/divergence.h"
+#include "lib/train/epoch_summary.h"
+#include "lib/train/scaled_training.h"
 
 namespace gradscale {
-
-struct EpochSummary {
-  std::int64_t epoch = 0;  // 1-based
-  double train_loss = 0, train_accuracy = 0, test_loss = 0, test_accuracy = 0;
-  double seconds = 0;                         // training time of the epoch (evaluation excluded)
-  std::int64_t steps = 0, skipped_steps = 0;  // cumulative at the end of the epoch
-  double scale = 1;                           // S0 at the end of the epoch
-};
 
 struct EvalResult {
   double loss = 0, accuracy = 0;

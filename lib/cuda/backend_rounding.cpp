@@ -1,0 +1,160 @@
+// The CUDA backend's precision steps (see backend.h; SPEC §4–§5): the gradient rounding and its queued
+// measurement, the local-scale step of a parametric layer (decided on the device or the host), and the
+// weight gradients' unscale.
+#include "lib/cuda/backend.h"
+
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <optional>
+#include "lib/cuda/elementwise.h"
+#include "lib/cuda/quantize.h"
+#include "lib/cuda/unscale.h"
+#include "lib/scaler/scaler.h"
+
+namespace gradscale::cuda {
+
+void CudaBackend::round_gradient(float* d, std::size_t n, float multiplier, GradSite site, int node,
+                                 const Precision& p, StepMonitor& monitor) {
+  const Format f = p.gradient_format();
+  const bool quantized = site != GradSite::weight || p.quantize_weight_grads;
+  cudaStream_t stream = ctx_.stream();
+  if (multiplier != 1.0f) quantize(d, d, n, Format::fp32, p.round, multiplier, stream);  // fp32: d·multiplier
+  tensor_stats(ctx_, d, n, f, p.round, next_slot());
+  pending_.push_back(Pending{site, node, quantized, p});
+  if (site == GradSite::weight && monitor.gradient_edge > 0) {  // popart_als: added up in the header
+    if (!edge_counting_) {
+      GS_CUDA_CHECK(cudaMemsetAsync(&header()->edge, 0, sizeof(DeviceEdgeCounts), stream));
+      edge_counting_ = true;
+    }
+    const std::uint32_t t =
+        edge_threshold_bits(static_cast<float>(monitor.gradient_edge), quantized ? f : Format::fp32, p.round);
+    count_about_edge(d, n, t, &header()->edge, stream);
+  }
+  if (quantized) quantize(d, d, n, f, p.round, 1.0f, stream);
+}
+
+void CudaBackend::round_activation_grad(Tensor& t, int layer_id, const Precision& p, StepMonitor& monitor) {
+  monitor.record_of(layer_id).sent_grad = true;
+  round_gradient(t.data(), static_cast<std::size_t>(t.size()), 1.0f, GradSite::upstream, layer_id, p,
+                 monitor);
+}
+
+void CudaBackend::round_output(Tensor& t, const Precision& p) {
+  if (p.format == Format::fp32) return;
+  quantize(t.data(), t.data(), static_cast<std::size_t>(t.size()), p.format, p.round, 1.0f, ctx_.stream());
+}
+
+void CudaBackend::round_working_copy(const Parameter& master, Tensor& working, const Precision& p) {
+  working.resize(master.value.shape());
+  quantize(master.value.data(), working.data(), static_cast<std::size_t>(master.value.size()), p.format,
+           p.round, 1.0f, ctx_.stream());
+}
+void CudaBackend::scale_upstream_grad(const Layer& layer, const ScaledGrad& grad_output,
+                                      const UpstreamProduct& product, ScaledGrad& gx, BackwardContext& ctx) {
+  LayerController* controller = ctx.scaler.layer_controller();
+  if (controller != nullptr && device_decisions_) {
+    if (std::optional<ScaleRule> rule = controller->device_rule(layer.id())) {
+      decide_on_device(*rule, *controller, layer, grad_output, product, gx, ctx);
+      return;
+    }
+  }
+  LayerRecord& r = ctx.monitor.record_of(layer.id());
+  r.sent_grad = true;
+  if (controller == nullptr) {  // a global policy: s = 1, the scale passes on (host value or device entry)
+    r.local_scale = r.unbound_scale = 1.0;
+    round_gradient(gx.g.data(), static_cast<std::size_t>(gx.g.size()), 1.0f, GradSite::upstream, layer.id(),
+                   ctx.precision, ctx.monitor);
+    gx.scale = grad_output.scale;
+    gx.device_scale = grad_output.device_scale;
+    if (gx.device_scale < 0) r.scale_out = gx.scale;  // else note_backward's entry fills S_in and S_out
+    return;
+  }
+  // The host decides: the statistics it asked for, copied now (one wait).
+  const auto t0 = std::chrono::steady_clock::now();
+  LocalScaleQuery q = upstream_query(layer, grad_output, product, gx.g, ctx);  // no raw views: device data
+  q.scale_in = host_scale(grad_output, ctx.monitor);
+  const StatNeeds needs = controller->needs(layer.id());
+  QueryStatistics stats;
+  std::vector<StatsJob> jobs;
+  std::vector<TensorStats*> targets;
+  std::vector<const TensorStats**> slots;
+  const auto ask = [&](const Tensor& t, Format f, TensorStats* target, const TensorStats** slot) {
+    jobs.push_back(job_of(t.data(), t.size(), f, ctx.precision.round));
+    targets.push_back(target);
+    slots.push_back(slot);
+  };
+  if (needs & kNeedGradMoments) ask(grad_output.g, q.format, &stats.grad_moments, &q.grad_moments);
+  if (needs & kNeedWeightMoments) ask(product.weight, q.format, &stats.weight_moments, &q.weight_moments);
+  if (needs & kNeedUpstreamStats) ask(gx.g, q.format, &stats.upstream_stats, &q.upstream_stats);
+  if (!jobs.empty()) {
+    const std::vector<TensorStats> got = statistics_now(jobs);
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      *targets[i] = got[i];
+      *slots[i] = targets[i];
+    }
+  }
+  if (needs & kNeedGradLogMoments) {  // on the host, from a copy
+    const Tensor host = grad_output.g.to_host();
+    stats.grad_log_moments = log_abs_moments(host.data(), static_cast<std::size_t>(host.size()));
+    q.grad_log_moments = &stats.grad_log_moments;
+  }
+  if ((needs & kNeedProductRange) && product.product_range) {  // the layer's closure copies to the host
+    stats.products = product.product_range();
+    q.products = &stats.products;
+  }
+  const LocalScale decision = checked_decision(*controller, q, layer, ctx, t0);
+  r.local_scale = decision.s;
+  r.unbound_scale = decision.unbound;
+  round_gradient(gx.g.data(), static_cast<std::size_t>(gx.g.size()), static_cast<float>(decision.s),
+                 GradSite::upstream, layer.id(), ctx.precision, ctx.monitor);
+  gx.scale = decision.s * q.scale_in;
+  gx.device_scale = -1;
+  r.scale_out = gx.scale;
+}
+
+void CudaBackend::decide_on_device(ScaleRule rule, LayerController& controller, const Layer& layer,
+                                   const ScaledGrad& grad_output, const UpstreamProduct& product,
+                                   ScaledGrad& gx, BackwardContext& ctx) {
+  const auto t0 = std::chrono::steady_clock::now();
+  rule.reduction = static_cast<double>(product.reduction);
+  // The statistics the formula reads stay in query_stats_ (the stream keeps them until the decision
+  // kernel has read them): the moments of g and W, or those of the fp32 upstream product.
+  const Format f = ctx.precision.gradient_format();
+  const bool moments = rule_reads_moments(rule.formula), upstream = rule_reads_upstream(rule.formula);
+  std::vector<StatsJob> jobs;
+  if (moments) {
+    jobs.push_back(job_of(grad_output.g.data(), grad_output.g.size(), f, ctx.precision.round));
+    jobs.push_back(job_of(product.weight.data(), product.weight.size(), f, ctx.precision.round));
+  }
+  if (upstream) jobs.push_back(job_of(gx.g.data(), gx.g.size(), f, ctx.precision.round));
+  if (!jobs.empty()) tensor_stats(ctx_, jobs, query_stats_.data());
+  const DeviceStats* stats = query_stats_.data();
+  const DeviceScale* in = scale_entry(grad_output);
+  const int e = new_scale_entry();
+  decide_local_scale(rule, moments ? stats : nullptr, moments ? stats + 1 : nullptr,
+                     upstream ? stats + (moments ? 2 : 0) : nullptr, in, scale_at(e), ctx_.stream());
+  decisions_.push_back(PendingDecision{e, layer.id(), &controller, ctx.scaler.policy(), layer.name()});
+  ctx.monitor.record_of(layer.id()).sent_grad = true;
+  // s multiplies the fp32 accumulator before the one rounding, so s·g itself never overflows.
+  const auto n = static_cast<std::size_t>(gx.g.size());
+  apply_local_scale(gx.g.data(), n, scale_at(e), ctx_.stream());
+  round_gradient(gx.g.data(), n, 1.0f, GradSite::upstream, layer.id(), ctx.precision, ctx.monitor);
+  gx.scale = std::numeric_limits<double>::quiet_NaN();  // known on the host after the step's copy
+  gx.device_scale = e;
+  ctx.monitor.scaler_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void CudaBackend::accumulate_weight_grad(Tensor& g, const ScaledGrad& at, Parameter& param, int layer_id,
+                                         const Precision& p, StepMonitor& monitor) {
+  GS_CHECK_SHAPE(g.size() == param.grad.size(),
+                 "gradient of " << param.name << " has shape " << shape_string(g.shape())
+                                << ", parameter has " << shape_string(param.grad.shape()));
+  const auto n = static_cast<std::size_t>(g.size());
+  round_gradient(g.data(), n, 1.0f, GradSite::weight, layer_id, p, monitor);
+  UnscaleJob job{g.data(), param.grad.data(), n, at.scale};
+  if (at.device_scale >= 0) job.scale_on_device = &scale_at(at.device_scale)->scale;
+  unscale_accumulate(&job, 1, found_inf_.data(), ctx_.stream());
+}
+
+}  // namespace gradscale::cuda

@@ -1,0 +1,86 @@
+// The CUDA backend's scale table (see backend.h): the scales decided on the device in a pass, their
+// copy to the host, and the records and controller calls that wait for them.
+#include "lib/cuda/backend.h"
+
+#include <cmath>
+
+namespace gradscale::cuda {
+
+// ---- the scale table ---------------------------------------------------------------------------------
+
+int CudaBackend::new_scale_entry() {
+  const int e = scales_used_++;
+  if (static_cast<std::size_t>(e) / kChunk >= scale_chunks_.size()) {
+    scale_chunks_.emplace_back(kChunk);
+    scale_mirrors_.emplace_back(kChunk);
+  }
+  return e;
+}
+
+DeviceScale* CudaBackend::scale_at(int e) {
+  const auto i = static_cast<std::size_t>(e);
+  return scale_chunks_[i / kChunk].data() + i % kChunk;
+}
+
+const DeviceScale* CudaBackend::scale_entry(const ScaledGrad& g) {
+  if (g.device_scale >= 0) return scale_at(g.device_scale);
+  const int e = new_scale_entry();
+  set_scale(scale_at(e), g.scale, ctx_.stream());
+  return scale_at(e);
+}
+
+void CudaBackend::copy_scales_to_host() {
+  for (auto e = static_cast<std::size_t>(scales_on_host_); e < static_cast<std::size_t>(scales_used_);) {
+    const std::size_t c = e / kChunk, offset = e % kChunk;
+    const std::size_t n = std::min(kChunk - offset, static_cast<std::size_t>(scales_used_) - e);
+    GS_CUDA_CHECK(cudaMemcpyAsync(scale_mirrors_[c].data() + offset, scale_chunks_[c].data() + offset,
+                                  n * sizeof(DeviceScale), cudaMemcpyDeviceToHost, ctx_.stream()));
+    e += n;
+  }
+}
+
+void CudaBackend::resolve_scales(StepMonitor& monitor) {
+  const auto on_host = [this](int e) -> const DeviceScale& {
+    const auto i = static_cast<std::size_t>(e);
+    return scale_mirrors_[i / kChunk].data()[i % kChunk];
+  };
+  scales_on_host_ = scales_used_;
+  for (const PendingNote& n : notes_) {  // first: a decision at the same layer then sets its S_out
+    LayerRecord& r = monitor.record_of(n.layer);
+    r.scale_in = r.scale_out = on_host(n.entry).scale;
+  }
+  notes_.clear();
+  std::vector<PendingDecision> decisions;
+  decisions.swap(decisions_);
+  for (const PendingDecision& d : decisions) {
+    const DeviceScale& e = on_host(d.entry);
+    GS_CHECK_NUMERIC(std::isfinite(e.local) && e.local > 0, "the controller of policy '"
+                                                                << d.policy << "' chose local scale "
+                                                                << e.local << " at layer '" << d.layer_name
+                                                                << "' (must be finite and > 0)");
+    LayerRecord& r = monitor.record_of(d.layer);
+    r.local_scale = e.local;
+    r.unbound_scale = e.unbound;
+    r.scale_out = e.scale;
+    d.controller->accept(d.layer, LocalScale{e.local, e.unbound});
+  }
+}
+
+double CudaBackend::host_scale(const ScaledGrad& g, StepMonitor& monitor) {
+  if (g.device_scale < 0) return g.scale;
+  if (g.device_scale >= scales_on_host_) enter_measurements(monitor);  // one copy, one wait
+  const auto i = static_cast<std::size_t>(g.device_scale);
+  return scale_mirrors_[i / kChunk].data()[i % kChunk].scale;
+}
+
+void CudaBackend::note_backward(int layer_id, const ScaledGrad& g, StepMonitor& monitor) {
+  gradscale::note_backward(layer_id, g.scale, monitor);
+  if (g.device_scale < 0) return;
+  if (g.device_scale < scales_on_host_) {
+    gradscale::note_backward(layer_id, host_scale(g, monitor), monitor);
+  } else {
+    notes_.push_back(PendingNote{g.device_scale, layer_id});
+  }
+}
+
+}  // namespace gradscale::cuda

@@ -1,0 +1,114 @@
+// The CUDA twin of Conv2d (see device_layer.h).
+
+#include "lib/cuda/device_layer.h"
+
+#include "lib/cuda/im2col.h"
+#include "lib/cuda/permute.h"
+
+namespace gradscale::cuda {
+namespace {
+
+// Convolution as im2col + cuBLAS (lib/layers/conv2d.cpp's steps, SPEC §4–§5). Forward: the columns of
+// each sample, y_b = W·cols_b as one batched GEMM (and + b as a batched rank-1 GEMM: one exact product,
+// then the CPU's one fp32 sum), rounded to F. Backward: the output gradient as [O, n·Ho·Wo] and the
+// columns of the whole batch side by side, so dW = g·colsᵀ and the upstream Wᵀ·g are one GEMM each
+// (K = n·Ho·Wo and O); col2im in the CPU's order, then the controller's s and one rounding; the weight
+// and bias gradients are rounded and unscaled as Linear's. The columns are recomputed in backward, as
+// on the CPU, rather than kept from forward (C·k²·n·Ho·Wo floats per layer).
+class CudaConv2d final : public ParametricLayer {
+ public:
+  CudaConv2d(CudaBackend& backend, std::unique_ptr<Layer> host, const LayerPlacement& placement)
+      : ParametricLayer(backend, std::move(host), placement),
+        cols_(device_tensor()),
+        g_wide_(device_tensor()) {
+    const nlohmann::json d = host_->describe();
+    in_ = d.at("in_channels").get<std::int64_t>();
+    out_ = d.at("out_channels").get<std::int64_t>();
+    kernel_ = d.at("kernel").get<std::int64_t>();
+    stride_ = d.at("stride").get<std::int64_t>();
+    pad_ = d.at("padding").get<std::int64_t>();
+  }
+
+  void forward(const std::vector<const Tensor*>& inputs, Tensor& output, ForwardContext& ctx) override {
+    const Tensor& x = *inputs[0];
+    output.resize(output_shape({x.shape()}));  // checks the input's shape
+    GS_CHECK(weight_work_.size() == params_[0]->value.size(),
+             "layer '" << name_ << "': prepare_weights() was not called");
+    const ConvGeometry geo = geometry(x);
+    const std::int64_t n = geo.n, rows = geo.col_rows(), plane = geo.col_cols();
+    CudaContext& c = backend_.context();
+    cols_.resize({n * rows * plane});
+    im2col(x.data(), geo, cols_.data(), c.stream());
+    const Format f = ctx.precision.format;
+    const DeviceType t = backend_.gemm_type(f, f, placement_.inputs_in_format);  // the columns are x's values
+    gemm(c, out_, plane, rows, 1.0f, weight_operand(t, 0), operand(cols_, t, 1, false, rows * plane), 0.0f,
+         {output.data(), DeviceType::f32, out_ * plane}, n);
+    if (has_bias_) {
+      ensure_ones(plane);
+      gemm(c, out_, plane, 1, 1.0f, {bias_work_.data()}, {ones_.data()}, 1.0f,
+           {output.data(), DeviceType::f32, out_ * plane}, n);
+    }
+    backend_.round_output(output, ctx.precision);
+  }
+
+  void backward(const std::vector<const Tensor*>& inputs, const Tensor&, const ScaledGrad& grad_output,
+                const std::vector<ScaledGrad*>& grad_inputs, BackwardContext& ctx) override {
+    const Tensor& x = *inputs[0];
+    const ConvGeometry geo = geometry(x);
+    const std::int64_t n = geo.n, rows = geo.col_rows(), plane = geo.col_cols(), wide = n * plane;
+    const Tensor& g = grad_output.g;
+    GS_CHECK_SHAPE(g.shape() == Shape({n, out_, geo.ho(), geo.wo()}),
+                   "layer '" << name_ << "': output gradient " << shape_string(g.shape())
+                             << " does not match the output of input " << shape_string(x.shape()));
+    CudaContext& c = backend_.context();
+    g_wide_.resize({out_, wide});
+    swap_outer(g.data(), n, out_, plane, g_wide_.data(), c.stream());
+    cols_.resize({rows, wide});
+    im2col(x.data(), geo, cols_.data(), c.stream(), ColumnLayout::batch_wide);
+    // dW = g·colsᵀ at scale S, one GEMM over the batch; then the columns' buffer takes Wᵀ·g.
+    const Format f = ctx.precision.format, gf = ctx.precision.gradient_format();
+    const DeviceType tg = backend_.gemm_type(gf, f, placement_.output_grad_in_format);
+    const DeviceType tw =
+        backend_.gemm_type(gf, f, placement_.output_grad_in_format && placement_.inputs_in_format);
+    grad_w_.resize(params_[0]->value.shape());
+    const GemmInput g_w = operand(g_wide_, tw, 0);
+    gemm(c, out_, rows, wide, 1.0f, g_w, operand(cols_, tw, 1, true), 0.0f, {grad_w_.data()});
+    if (has_bias_) {
+      ensure_ones(wide);
+      grad_b_.resize(params_[1]->value.shape());
+      gemm(c, out_, 1, wide, 1.0f, {g_wide_.data()}, {ones_.data()}, 0.0f, {grad_b_.data()});
+    }
+    if (ScaledGrad* gx = grad_inputs[0]) {  // SPEC §5 steps 1–2: o = col2im(Wᵀ·g) in fp32, then s
+      gx->g.resize(x.shape());
+      const GemmInput g_x = tg == tw ? g_w : operand(g_wide_, tg, 0);  // slot 0 still holds g when tg == tw
+      gemm(c, rows, wide, out_, 1.0f, weight_operand(tg, 1, true), g_x, 0.0f, {cols_.data()});
+      col2im(cols_.data(), geo, gx->g.data(), c.stream(), ColumnLayout::batch_wide);
+      const gradscale::ConvGeometry cg{n,    in_,   out_,  kernel_,  stride_,
+                                       pad_, geo.h, geo.w, geo.ho(), geo.wo()};
+      const UpstreamProduct product{weight_work_, reduction_length(), [&g, this, cg] {
+                                      const Tensor hg = g.to_host(), hw = weight_work_.to_host();
+                                      return conv_product_range(hg.data(), hw.data(), cg);
+                                    }};
+      backend_.scale_upstream_grad(*this, grad_output, product, *gx, ctx);
+    }
+    accumulate_parameter_grads(grad_output, ctx);
+  }
+
+ private:
+  ConvGeometry geometry(const Tensor& x) const {
+    return {x.dim(0), in_, x.dim(2), x.dim(3), kernel_, stride_, pad_};
+  }
+
+  std::int64_t in_ = 0, out_ = 0, kernel_ = 1, stride_ = 1, pad_ = 0;
+  Tensor cols_;  // forward: [n, C·k², Ho·Wo]; backward: [C·k², n·Ho·Wo], then Wᵀ·g in the same layout
+  Tensor g_wide_;  // the output gradient as [O, n·Ho·Wo]
+};
+
+}  // namespace
+
+std::unique_ptr<Layer> make_conv2d_twin(CudaBackend& backend, std::unique_ptr<Layer> host,
+                                        const LayerPlacement& placement) {
+  return std::make_unique<CudaConv2d>(backend, std::move(host), placement);
+}
+
+}  // namespace gradscale::cuda
