@@ -131,12 +131,16 @@ RunPaths run_paths(const std::string& out_dir, const std::string& name) {
 }
 
 RunState run_state(const RunPaths& p) {
+  // Files a run wrote, read without trusting their types: a result whose "steps" is not a count or
+  // whose "diverged" is not true/false is no result (the run is half-written and runs again).
   const json result = read_json_or_null(p.result);
-  if (result.is_object() && result.contains("steps"))
-    return result.value("diverged", false) ? RunState::diverged : RunState::done;
+  if (result.is_object() && result.contains("steps") && result["steps"].is_number_integer()) {
+    const json diverged = result.contains("diverged") ? result["diverged"] : json(false);
+    if (diverged.is_boolean()) return diverged.get<bool>() ? RunState::diverged : RunState::done;
+  }
   const json status = read_json_or_null(p.status);
-  if (status.is_object() && status.value("exit_code", json()).is_number_integer() &&
-      status["exit_code"].get<int>() != 0)
+  if (status.is_object() && status.contains("exit_code") && status["exit_code"].is_number_integer() &&
+      status["exit_code"] != 0)
     return RunState::failed;
   std::error_code ec;
   if (fs::is_directory(p.dir, ec) && !fs::is_empty(p.dir, ec)) return RunState::half_written;

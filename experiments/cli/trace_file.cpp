@@ -2,13 +2,16 @@
 // file, the record, the layer and the key, so a broken writer or a hand-edited trace is easy to fix.
 #include "experiments/cli/trace_file.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <fstream>
+#include <limits>
 #include <set>
 #include <sstream>
 
 #include "lib/core/error.h"
+#include "lib/core/file_read.h"
 #include "lib/core/json_read.h"
 #include "lib/numeric/format.h"
 
@@ -19,6 +22,8 @@ using nlohmann::json;
 
 // S = s * S_in holds exactly for power-of-two scales; this allows for a writer that rounds otherwise.
 constexpr double kScaleProductTolerance = 1e-9;
+// Sums of counts are checked against this before they are formed: no wrap-around.
+constexpr std::uint64_t kMaxCount = std::numeric_limits<std::uint64_t>::max();
 // "underflow_rate" is a double computed from the counts; it must agree to double rounding.
 constexpr double kRateTolerance = 1e-12;
 
@@ -138,8 +143,14 @@ void check_stats(const Where& w, const json& obj, const char* key, bool with_bin
   const std::string p = std::string(key) + ".";
   const std::uint64_t elements = need_uint(w, st, p, "elements");
   std::uint64_t classes = 0;
-  for (const char* c : {"zero", "underflow", "subnormal", "normal", "overflow", "nonfinite"})
-    classes += need_uint(w, st, p, c);
+  for (const char* c : {"zero", "underflow", "subnormal", "normal", "overflow", "nonfinite"}) {
+    const std::uint64_t n = need_uint(w, st, p, c);
+    if (n > kMaxCount - classes)  // the sum would wrap around to a small number
+      w.fail("in '" + std::string(key) + "' the counts zero+underflow+subnormal+normal+overflow+nonfinite " +
+             "add up to more than 2^64 - 1 (at '" + p + c + "' = " + std::to_string(n) + "), not elements = " +
+             std::to_string(elements));
+    classes += n;
+  }
   if (classes != elements)
     w.fail("in '" + std::string(key) +
            "' the counts zero+underflow+subnormal+normal+overflow+nonfinite sum to " +
@@ -170,6 +181,8 @@ void check_stats(const Where& w, const json& obj, const char* key, bool with_bin
       w.fail("key '" + p + "binades' has the bin '" + e + "', not an exponent in [-150, 128]");
     if (!count.is_number_unsigned())
       w.fail("key '" + p + "binades." + e + "' must be a non-negative integer, got " + shown(count));
+    if (count.get<std::uint64_t>() > kMaxCount - binned)  // the sum would wrap around
+      w.fail("key '" + p + "binades' counts more than 2^64 - 1 values, not elements = " + std::to_string(elements));
     binned += count.get<std::uint64_t>();
   }
   const std::uint64_t nonzero_finite =
@@ -286,7 +299,8 @@ void check_step(const Where& w0, const json& st, const std::vector<LayerRow>& ta
     need_number_or_null(lw, l, "", "unbound_s");
     const double s_in = need_positive(lw, l, "", "S_in");
     const double scale = need_positive(lw, l, "", "S");
-    if (std::abs(scale - s * s_in) > kScaleProductTolerance * s * s_in) {
+    // Compared as logarithms: s * S_in may overflow a double (1e200 * 1e200), its logarithm cannot.
+    if (std::abs(std::log(scale) - (std::log(s) + std::log(s_in))) > kScaleProductTolerance) {
       std::ostringstream os;
       os.precision(17);
       os << "key 'S' is " << scale << ", but s * S_in = " << s << " * " << s_in << " = " << s * s_in;
@@ -348,12 +362,10 @@ void check_summary(const Where& w, const json& s, Trace& t, const std::vector<La
 }
 
 std::string read_all(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  GS_CHECK_DATA(in, path << ": cannot open the trace (missing or unreadable)");
-  std::ostringstream os;
-  os << in.rdbuf();
-  GS_CHECK_DATA(!in.bad(), path << ": error while reading the trace");
-  return os.str();
+  BoundedRead r = read_bounded(path, kMaxTraceFileBytes);  // a FIFO never blocks, /dev/zero ends
+  GS_CHECK_DATA(r.problem != ReadProblem::cannot_open, path << ": cannot open the trace (missing or unreadable)");
+  GS_CHECK_DATA(r.problem == ReadProblem::none, read_problem_message(r, "the trace", path, kMaxTraceFileBytes));
+  return std::move(r.text);
 }
 
 bool ends_with(const std::string& s, const std::string& tail) {
