@@ -15,6 +15,7 @@
 #include "lib/core/error.h"
 #include "lib/core/file_read.h"
 #include "lib/core/json_read.h"
+#include "tests/cli_case.h"
 #include "tests/cli_run.h"
 #include "tests/temp_dir.h"
 
@@ -22,38 +23,9 @@ namespace {
 
 namespace fs = std::filesystem;
 using Catch::Matchers::Contains;
-using gradscale::test::CliResult;
-using gradscale::test::run_shell;
+using namespace gradscale::test;
 using gradscale::testing::TempDir;
 using json = nlohmann::json;
-
-void write_text(const std::string& path, const std::string& text) {
-  fs::create_directories(fs::path(path).parent_path());
-  std::ofstream(path, std::ios::binary) << text;
-}
-
-std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
-
-std::string joined(const CliResult& r) {
-  std::string all;
-  for (const auto& l : r.lines) all += l + "\n";
-  return all;
-}
-
-void check_error(const CliResult& r, int status, const std::string& text) {
-  INFO(joined(r));
-  CHECK(r.status == status);
-  REQUIRE(r.lines.size() == 1);
-  CHECK_THAT(r.lines[0], Contains(text));
-}
-
-// Inside `dir`, killed after 60 s so that a hang fails the test instead of stopping the suite.
-CliResult in_dir(const TempDir& dir, const std::string& args) {
-  return run_shell("cd '" + dir.str() + "' && timeout 60 \"$GS\" " + args);
-}
 
 const std::string kAblation =
     R"({"base":{"data":"synthetic:64","model":"mlp","batch":32,"max_steps":2,"threads":1},)"

@@ -15,6 +15,7 @@
 #include "lib/core/command_files.h"
 #include "lib/core/error.h"
 #include "lib/train/checkpoint.h"
+#include "tests/cli_case.h"
 #include "tests/cli_run.h"
 #include "tests/temp_dir.h"
 
@@ -22,34 +23,8 @@ namespace {
 
 namespace fs = std::filesystem;
 using Catch::Matchers::Contains;
-using gradscale::test::CliResult;
-using gradscale::test::run_shell;
+using namespace gradscale::test;
 using gradscale::testing::TempDir;
-
-void write_text(const std::string& path, const std::string& text) {
-  fs::create_directories(fs::path(path).parent_path());
-  std::ofstream(path, std::ios::binary) << text;
-}
-
-std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
-
-// One error line and its exit status.
-void check_error(const CliResult& r, int status, const std::string& text) {
-  std::string all;
-  for (const auto& l : r.lines) all += l + "\n";
-  INFO(all);
-  CHECK(r.status == status);
-  REQUIRE(r.lines.size() == 1);
-  CHECK_THAT(r.lines[0], Contains(text));
-}
-
-// `gradscale <args>` run inside `dir`.
-CliResult in_dir(const TempDir& dir, const std::string& args) {
-  return run_shell("cd '" + dir.str() + "' && \"$GS\" " + args);
-}
 
 const std::string kTrain = "train --model mlp --data synthetic:512 --batch 32 --threads 1 --quiet";
 const std::string kAblation =

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "lib/scaler/scale_range.h"
+#include "tests/cli_case.h"
 #include "tests/cli_run.h"
 #include "tests/temp_dir.h"
 
@@ -20,37 +21,9 @@ namespace {
 
 namespace fs = std::filesystem;
 using Catch::Matchers::Contains;
-using gradscale::test::CliResult;
-using gradscale::test::run_shell;
+using namespace gradscale::test;
 using gradscale::testing::TempDir;
 using json = nlohmann::json;
-
-void write_text(const std::string& path, const std::string& text) {
-  fs::create_directories(fs::path(path).parent_path());
-  std::ofstream(path, std::ios::binary) << text;
-}
-
-std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
-
-std::string joined(const CliResult& r) {
-  std::string all;
-  for (const auto& l : r.lines) all += l + "\n";
-  return all;
-}
-
-void check_error(const CliResult& r, int status, const std::string& text) {
-  INFO(joined(r));
-  CHECK(r.status == status);
-  REQUIRE(r.lines.size() == 1);
-  CHECK_THAT(r.lines[0], Contains(text));
-}
-
-CliResult in_dir(const TempDir& dir, const std::string& args) {
-  return run_shell("cd '" + dir.str() + "' && \"$GS\" " + args);
-}
 
 const std::string kTrain = "train --model mlp --data synthetic:512 --batch 32 --threads 1 --quiet";
 
