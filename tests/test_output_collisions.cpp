@@ -151,3 +151,15 @@ TEST_CASE("ablate: a second process on one --out exits 2 naming the holder (issu
   CHECK(::flock(fd, LOCK_EX | LOCK_NB) == 0);  // the finished command left no lock behind
   ::close(fd);
 }
+
+TEST_CASE("train: an output over the model spec a config file names is refused", "[cli][output]") {
+  TempDir tmp;
+  const std::string spec = R"({"input":[1,28,28],"layers":[{"type":"flatten"},{"type":"linear","out":10}]})";
+  write_text(tmp / "spec.json", spec);
+  write_text(tmp / "c.json", R"({"model_spec": "spec.json", "data": "synthetic:64", "batch": 32, "max_steps": 1})");
+  check_error(in_dir(tmp, "train --config c.json --threads 1 --quiet --result spec.json"), 2,
+              "--result 'spec.json' is the config's model_spec file");
+  check_error(in_dir(tmp, "train --config c.json --threads 1 --quiet --trace spec"), 2,
+              "--trace 'spec.json' is the config's model_spec file");
+  CHECK(read_text(tmp / "spec.json") == spec);
+}

@@ -91,7 +91,15 @@ TrainConfig train_config_from(const po::variables_map& vm) {
 
 std::vector<InputFile> input_files(const po::variables_map& vm) {
   std::vector<InputFile> files;
-  if (vm.count("config")) files.emplace_back(vm["config"].as<std::string>(), "the --config file");
+  if (vm.count("config")) {
+    const std::string config = vm["config"].as<std::string>();
+    files.emplace_back(config, "the --config file");
+    // A model spec named by the config file is an input too (read again: it was read and checked
+    // when the config was built, so this cannot fail differently).
+    const json doc = read_json_file(config, "config file", JsonSource::config);
+    if (doc.is_object() && doc.contains("model_spec") && doc["model_spec"].is_string())
+      files.emplace_back(doc["model_spec"].get<std::string>(), "the config's model_spec file");
+  }
   if (vm.count("model-spec")) files.emplace_back(vm["model-spec"].as<std::string>(), "the --model-spec file");
   return files;
 }

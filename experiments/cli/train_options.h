@@ -20,7 +20,8 @@ void add_train_options(po::options_description& desc);
 // Bad values → ConfigError naming the option or key.
 TrainConfig train_config_from(const po::variables_map& vm);
 
-// The files given with --config and --model-spec: an output path must not be one of them.
+// The files given with --config and --model-spec, and a model_spec file the config names: an output
+// path must not be one of them.
 std::vector<InputFile> input_files(const po::variables_map& vm);
 
 // Refuses a --trace that names a directory ("dir/", "dir/.", "..") instead of a path prefix.
