@@ -15,6 +15,7 @@
 #include "lib/scaler/scale_range.h"
 #include "tests/cli_case.h"
 #include "tests/cli_run.h"
+#include "tests/idx_dir.h"
 #include "tests/temp_dir.h"
 
 namespace {
@@ -155,4 +156,18 @@ TEST_CASE("inspect --check: class counts that wrap around 2^64 are refused (issu
   CHECK(r.status == 1);
   CHECK_THAT(joined(r), Contains("add up to more than 2^64 - 1 (at 'loss_grad.normal' = " +
                                   std::to_string(elements + 1) + "), not elements = " + std::to_string(elements)));
+}
+
+TEST_CASE("ablate: data files changed under finished runs are not counted as done (issue 22 item 11)",
+          "[ablate][cli]") {
+  TempDir tmp;
+  write_idx_dir(tmp.path() / "mnist", 32);
+  write_text(tmp / "s.json", R"({"base":{"data":"mnist:mnist","model":"mlp","batch":16,"max_steps":2,"threads":1},)"
+                             R"("axes":{"scaler":["none"]}})");
+  REQUIRE(in_dir(tmp, "ablate s.json --out out --no-plots").status == 0);
+  CHECK(in_dir(tmp, "ablate s.json --out out --no-plots").status == 0);  // the same files: all done
+  std::string pixels = read_text(tmp / "mnist/train-images-idx3-ubyte");
+  pixels[16 + 100] = static_cast<char>(pixels[16 + 100] ^ 1);
+  write_text(tmp / "mnist/train-images-idx3-ubyte", pixels);
+  check_error(in_dir(tmp, "ablate s.json --out out --no-plots"), 2, "none_seed0' was run on other data");
 }
