@@ -67,6 +67,10 @@ TEST_CASE("scales that float32 cannot hold and divide out are refused at configu
               "scaler 'apex': 'init_scale' is 1e-300");
   check_error(in_dir(tmp, fp16 + "'{\"policy\":\"adaptive\",\"scale_upper_bound\":1e-40}'"), 2,
               "scaler 'adaptive': 'scale_upper_bound' is 1e-40");
+  check_error(in_dir(tmp, fp16 + "'{\"policy\":\"cerebras\",\"init_scale\":1e-40}'"), 2,
+              "scaler 'cerebras': 'init_scale' is 9.99995e-41");
+  check_error(in_dir(tmp, fp16 + "'{\"policy\":\"megatron\",\"min_scale\":1e-40}'"), 2,
+              "scaler 'megatron': 'min_scale' is");
   CHECK(fs::is_empty(tmp.path()));
 }
 
