@@ -9,6 +9,7 @@
 #include <limits>
 #include <set>
 #include <sstream>
+#include <string_view>
 
 #include "lib/core/error.h"
 #include "lib/core/file_read.h"
@@ -372,8 +373,8 @@ bool ends_with(const std::string& s, const std::string& tail) {
   return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
 }
 
-bool is_blank(const std::string& s) {
-  return s.find_first_not_of(" \t\r") == std::string::npos;
+bool is_blank(std::string_view s) {
+  return s.find_first_not_of(" \t\r") == std::string_view::npos;
 }
 
 // The first line of `text` parses as an object with "type": "header".
@@ -383,12 +384,17 @@ bool starts_with_header_line(const std::string& text) {
 }
 
 void read_lines(Trace& t, const std::string& text) {
-  std::vector<std::pair<std::size_t, std::string>> lines;  // (1-based number, text), blank lines dropped
+  // (1-based number, the line) with blank lines dropped; views into `text`, not copies: the parsed
+  // objects are what a large trace's memory goes to.
+  std::vector<std::pair<std::size_t, std::string_view>> lines;
   std::size_t number = 0;
-  std::istringstream is(text);
-  for (std::string line; std::getline(is, line);) {
+  for (std::size_t begin = 0; begin < text.size();) {
+    std::size_t end = text.find('\n', begin);
+    if (end == std::string::npos) end = text.size();
     ++number;
-    if (!is_blank(line)) lines.emplace_back(number, std::move(line));
+    const std::string_view line(text.data() + begin, end - begin);
+    if (!is_blank(line)) lines.emplace_back(number, line);
+    begin = end + 1;
   }
   GS_CHECK_DATA(!lines.empty(), t.path << ": the trace is empty (no header line)");
   for (std::size_t i = 0; i < lines.size(); ++i) {
@@ -435,9 +441,11 @@ void read_document(Trace& t, const std::string& text) {
   if (!doc.is_object()) w.fail("the trace must be a JSON object, got " + std::string(type_name(doc)));
   need_schema(w, doc);
   t.header = need_object(w, doc, "", "header");
-  const json& steps = need_array(w, doc, "", "steps");
+  need_array(w, doc, "", "steps");
+  json& steps = doc["steps"];  // moved out, not copied: one parsed trace in memory, not two
+  t.steps.reserve(steps.size());
   for (std::size_t i = 0; i < steps.size(); ++i) {
-    t.steps.push_back(steps[i]);
+    t.steps.push_back(std::move(steps[i]));
     t.step_origin.push_back("steps[" + std::to_string(i) + "]");
   }
   t.summary = need_object(w, doc, "", "summary");
