@@ -12,6 +12,7 @@
 #include "lib/core/error.h"
 #include "lib/core/json_read.h"
 #include "lib/optim/config_reader.h"
+#include "lib/scaler/scale_range.h"
 
 namespace gradscale::adaptive {
 namespace {
@@ -247,6 +248,26 @@ class AdaptiveScaler final : public Scaler, public LayerController {
   double last_loss_scale_ = 1;
 };
 
+// The scales and bounds in float32's range (scale_range.h), and a u_min or u_max given alone checked
+// against the default of the other: the gradient format's smallest subnormal and largest finite value.
+void check_adaptive_ranges(const AdaptiveConfig& c, Format format) {
+  check_scale_range("adaptive", "scale_upper_bound", c.scale_upper_bound);
+  check_scale_range("adaptive", "accum_upper_bound", c.accum_upper_bound);
+  check_scale_range("adaptive", "fixed_scale", c.fixed_scale);
+  if (!c.auto_init) check_scale_range("adaptive", "init_scale", c.init_scale);
+  const FormatInfo& info = format_info(format);
+  if (c.u_max && !c.u_min)
+    GS_CHECK_CONFIG(*c.u_max > info.min_subnormal,
+                    "scaler 'adaptive': 'u_max' (" << *c.u_max << ") must be above 'u_min', which is "
+                                                   << info.min_subnormal << " (the smallest subnormal of "
+                                                   << format_name(format) << ") when not given");
+  if (c.u_min && !c.u_max)
+    GS_CHECK_CONFIG(*c.u_min < info.max_finite,
+                    "scaler 'adaptive': 'u_min' (" << *c.u_min << ") must be below 'u_max', which is "
+                                                   << info.max_finite << " (the largest finite value of "
+                                                   << format_name(format) << ") when not given");
+}
+
 }  // namespace
 
 const std::vector<std::string>& method_names() {
@@ -326,6 +347,7 @@ std::unique_ptr<Scaler> make_adaptive_scaler(const nlohmann::json& config, Forma
   if (c.u_min && c.u_max)
     GS_CHECK_CONFIG(*c.u_min < *c.u_max, "scaler 'adaptive': 'u_min' (" << *c.u_min << ") must be below 'u_max' ("
                                                                          << *c.u_max << ")");
+  check_adaptive_ranges(c, format);
   return std::make_unique<AdaptiveScaler>(std::move(c), format);
 }
 

@@ -5,6 +5,7 @@
 #include <optional>
 
 #include "baselines/params.h"
+#include "lib/scaler/scale_range.h"
 #include "lib/core/error.h"
 
 namespace gradscale::baselines {
@@ -70,6 +71,9 @@ std::unique_ptr<Scaler> make_apex_scaler(const nlohmann::json& config, Format /*
   c.scale_window = r.integer("scale_window", 2000, 1, kMaxInt64);
   c.min_scale = optional_number(r, config, "min_scale", above(0));
   c.max_scale = r.number("max_scale", 16777216.0, above(0));
+  check_scale_range("apex", "init_scale", c.init_scale);
+  check_scale_range("apex", "max_scale", c.max_scale);
+  if (c.min_scale) check_scale_range("apex", "min_scale", *c.min_scale);
   const double first = std::min(c.max_scale, c.init_scale);
   GS_CHECK_CONFIG(!c.min_scale || *c.min_scale <= first,
                   r.context() << ": 'min_scale' (" << number_text(c.min_scale.value_or(0.0))

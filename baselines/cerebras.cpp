@@ -5,6 +5,7 @@
 
 #include "baselines/params.h"
 #include "lib/core/error.h"
+#include "lib/scaler/scale_range.h"
 
 namespace gradscale::baselines {
 namespace {
@@ -94,6 +95,8 @@ std::unique_ptr<Scaler> make_cerebras_scaler(const nlohmann::json& config, Forma
   c.steps_per_increase = r.integer("steps_per_increase", 2000, 1, kMaxInt64 - 1);
   c.min_scale = number_f32(r, "min_scale", kMinAllowed, at_least(kMinAllowed));
   c.max_scale = number_f32(r, "max_scale", 32768.0f, above(0));
+  check_scale_range("cerebras", "init_scale", c.init_scale);
+  check_scale_range("cerebras", "max_scale", c.max_scale);
   c.overflow_tolerance = number_f32(r, "overflow_tolerance", 0.0f, {0, 1, false, true});
   const float first = std::min(c.max_scale, c.init_scale);
   GS_CHECK_CONFIG(c.min_scale <= first, r.context() << ": 'min_scale' (" << number_text(c.min_scale)

@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "baselines/params.h"
+#include "lib/scaler/scale_range.h"
 #include "lib/core/error.h"
 
 namespace gradscale::baselines {
@@ -100,6 +101,8 @@ std::unique_ptr<Scaler> make_deepspeed_scaler(const nlohmann::json& config, Form
   c.init_scale = r.number("init_scale", 65536.0, above(0));
   c.scale_window = r.integer("scale_window", 1000, 1, kMaxInt64);
   c.min_scale = r.number("min_scale", 1.0, above(0));
+  check_scale_range("deepspeed", "init_scale", c.init_scale);
+  check_scale_range("deepspeed", "min_scale", c.min_scale);
   c.hysteresis = r.integer("hysteresis", 2, 1, kMaxInt64);
   c.consecutive_hysteresis = r.boolean("consecutive_hysteresis", false);
   c.raise_at_min = r.boolean("raise_at_min", true);

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "baselines/params.h"
+#include "lib/scaler/scale_range.h"
 #include "lib/core/error.h"
 
 namespace gradscale::baselines {
@@ -68,6 +69,8 @@ std::unique_ptr<Scaler> make_jmp_scaler(const nlohmann::json& config, Format /*f
   c.period = r.integer("period", 2000, 1, kMaxInt64);
   c.factor = number_f32(r, "factor", 2.0f, above(1));
   c.min_loss_scale = number_f32(r, "min_loss_scale", 1.0f, above(0));
+  check_scale_range("jmp", "loss_scale", c.loss_scale);
+  check_scale_range("jmp", "min_loss_scale", c.min_loss_scale);
   GS_CHECK_CONFIG(c.min_loss_scale <= c.loss_scale,
                   r.context() << ": 'min_loss_scale' (" << number_text(c.min_loss_scale)
                               << ") must not exceed 'loss_scale' (" << number_text(c.loss_scale) << ")");

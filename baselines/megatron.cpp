@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "baselines/params.h"
+#include "lib/scaler/scale_range.h"
 #include "lib/core/error.h"
 
 namespace gradscale::baselines {
@@ -86,6 +87,8 @@ std::unique_ptr<Scaler> make_megatron_scaler(const nlohmann::json& config, Forma
   MegatronConfig c{};
   c.initial_scale = number_f32(r, "initial_scale", 4294967296.0f, above(0));
   c.min_scale = number_f32(r, "min_scale", 1.0f, above(0));
+  check_scale_range("megatron", "initial_scale", c.initial_scale);
+  check_scale_range("megatron", "min_scale", c.min_scale);
   c.growth_factor = number_f32(r, "growth_factor", 2.0f, above(1));
   c.backoff_factor = number_f32(r, "backoff_factor", 0.5f, open_interval(0, 1));
   c.growth_interval = r.integer("growth_interval", 1000, 1, kMaxInt64);

@@ -2,6 +2,7 @@
 #include "baselines/static.h"
 
 #include "baselines/params.h"
+#include "lib/scaler/scale_range.h"
 
 namespace gradscale::baselines {
 namespace {
@@ -24,7 +25,9 @@ class StaticScaler final : public Scaler {
 
 std::unique_ptr<Scaler> make_static_scaler(const nlohmann::json& config, Format /*format*/) {
   const ConfigReader r = config_reader(config, "static", {"scale"});
-  return std::make_unique<StaticScaler>(r.required_number("scale", above(0)));
+  const double scale = r.required_number("scale", above(0));
+  check_scale_range("static", "scale", scale);
+  return std::make_unique<StaticScaler>(scale);
 }
 
 }  // namespace gradscale::baselines

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "baselines/params.h"
+#include "lib/scaler/scale_range.h"
 
 namespace gradscale::baselines {
 namespace {
@@ -67,6 +68,7 @@ std::unique_ptr<Scaler> make_torch_scaler(const nlohmann::json& config, Format /
       config_reader(config, "torch", {"init_scale", "growth_factor", "backoff_factor", "growth_interval"});
   TorchConfig c{};
   c.init_scale = number_f32(r, "init_scale", 65536.0f, above(0));
+  check_scale_range("torch", "init_scale", c.init_scale);
   c.growth_factor = r.number("growth_factor", 2.0, above(1));
   c.backoff_factor = r.number("backoff_factor", 0.5, open_interval(0, 1));
   c.growth_interval = r.integer("growth_interval", 2000, 1, kMaxInt32);

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The libFuzzer targets of tests/fuzz (docs/fuzzing.md): the config reader, the model spec reader, the
-# scaler spec parser, the IDX reader and the checkpoint reader, built by clang with ASan + UBSan.
-#   scripts/fuzz.sh [SECONDS]            build, then fuzz each target for SECONDS (default 60), one after
+# scaler spec parser, the IDX reader, the checkpoint reader, the ablation file and the trace reader,
+# built by clang with ASan + UBSan.
+#   scripts/fuzz.sh [SECONDS [TARGET...]] build, then fuzz each target (default: all) for SECONDS
+#                                        (default 60), one after
 #                                        another at nice ${FUZZ_NICE:-19}; prints seconds, executions,
 #                                        corpus, findings
 #   scripts/fuzz.sh --replay [TARGET...] run every committed seed once (what CI does: ctest runs this)
@@ -10,7 +12,7 @@
 # FUZZ_NICE (default 19; 0 when the fuzzer must not yield to other work, e.g. a timed campaign).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-all_targets=(config model_spec scaler_spec idx checkpoint)
+all_targets=(config model_spec scaler_spec idx checkpoint ablation trace)
 build_dir=${FUZZ_BUILD_DIR:-${BUILD_DIR:-build}/fuzz}
 work=${FUZZ_WORK:-${BUILD_DIR:-build}/fuzz-work}
 corpus_root=tests/fuzz/corpus
@@ -46,14 +48,17 @@ if [ "${1:-}" = "--replay" ]; then
 fi
 
 case "${1:-60}" in
-  ''|*[!0-9]*) sed -n '2,11p' "$0"; exit 2 ;;
+  ''|*[!0-9]*) sed -n '2,12p' "$0"; exit 2 ;;
 esac
 seconds=${1:-60}
+[ $# -gt 0 ] && shift
+targets=("$@")
+[ ${#targets[@]} -gt 0 ] || targets=("${all_targets[@]}")
 build
 [ "$seconds" -gt 0 ] || exit 0
 status=0
 printf '%-12s %8s %14s %8s %9s\n' target seconds executions corpus findings
-for t in "${all_targets[@]}"; do
+for t in "${targets[@]}"; do
   bin=$(binary "$t")
   mkdir -p "$work/$t/corpus" "$work/$t/crashes"
   dict=()

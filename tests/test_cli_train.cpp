@@ -15,12 +15,14 @@
 #include <nlohmann/json.hpp>
 
 #include "tests/cli_run.h"
+#include "tests/idx_dir.h"
 
 using Catch::Matchers::Contains;
 using gradscale::test::CliResult;
 using gradscale::test::run_cli;
 using gradscale::test::run_shell;
 using gradscale::test::shell_quote;
+using gradscale::test::write_idx_dir;
 using json = nlohmann::json;
 namespace fs = std::filesystem;
 
@@ -285,33 +287,6 @@ TEST_CASE("resume refuses a changed run and records what it may change", "[cli][
   CHECK(r["resumed"]["changed"]["epochs"] == json{{"checkpoint", 1}, {"now", 2}});
   CHECK(r["steps"] == 16);
 }
-
-namespace {
-
-// A tiny MNIST-format directory: `n` train and `n` test images of 28x28 (pixel = (i * 7 + j) % 256),
-// labels i % 10.
-void write_idx_dir(const fs::path& dir, int n) {
-  fs::create_directories(dir);
-  auto be32 = [](std::string& s, std::uint32_t v) {
-    for (int shift = 24; shift >= 0; shift -= 8) s += static_cast<char>((v >> shift) & 0xFF);
-  };
-  for (const char* split : {"train", "t10k"}) {
-    std::string images, labels;
-    be32(images, 0x803);
-    be32(images, static_cast<std::uint32_t>(n));
-    be32(images, 28);
-    be32(images, 28);
-    for (int i = 0; i < n; ++i)
-      for (int j = 0; j < 28 * 28; ++j) images += static_cast<char>((i * 7 + j) % 256);
-    be32(labels, 0x801);
-    be32(labels, static_cast<std::uint32_t>(n));
-    for (int i = 0; i < n; ++i) labels += static_cast<char>(i % 10);
-    write_text(dir / (std::string(split) + "-images-idx3-ubyte"), images);
-    write_text(dir / (std::string(split) + "-labels-idx1-ubyte"), labels);
-  }
-}
-
-}  // namespace
 
 TEST_CASE("resume refuses other data with the same counts: data is identified by content", "[cli][resume]") {
   const fs::path dir = fresh_dir("resume_data");

@@ -1,5 +1,6 @@
 // Ablation files: reading, expansion into runs and validation (see ablation.h, docs/ablations.md).
 #include "experiments/ablate/ablation.h"
+#include "experiments/ablate/limits.h"
 
 #include <cerrno>
 #include <cstdlib>
@@ -10,7 +11,9 @@
 #include <sstream>
 
 #include "lib/core/error.h"
+#include "lib/core/file_read.h"
 #include "lib/core/json_read.h"
+#include "lib/data/synthetic.h"
 #include "lib/model/spec.h"
 #include "lib/optim/lr_schedule.h"
 #include "lib/optim/optimizer.h"
@@ -26,7 +29,7 @@ using ordered_json = nlohmann::ordered_json;
 // Keys the runner owns: each run's trace goes to its own directory, and an ablation resumes run by
 // run (a half-written run is run again), not from checkpoints.
 const std::set<std::string> kRunnerKeys = {"trace", "checkpoint", "save_every", "resume"};
-const char* const kTopLevelKeys = "description, base, axes, variants, seeds";
+const char* const kTopLevelKeys = "description, base, axes, variants, seeds, max_runs";
 
 // At most this much of a value goes into a message: a long model spec stays readable.
 std::string shown(const json& v) {
@@ -301,7 +304,12 @@ void validate_config(const json& config) {
     builtin_model_spec(c.model);
   } else {
     Rng rng(0);
-    build_model(c.model_spec, rng);
+    const auto model = build_model(c.model_spec, rng);
+    // Every data spec has the synthetic set's 10 classes (Fashion-MNIST, MNIST): refused here, not
+    // when the first batch's labels reach the loss.
+    GS_CHECK_CONFIG(model->classes() == kSyntheticClasses,
+                    "model_spec: the model outputs " << model->classes() << " classes (its last layer), the data has "
+                                                     << kSyntheticClasses);
   }
   make_optimizer(c.optimizer);
   json sched = c.schedule;
@@ -317,7 +325,8 @@ Ablation expand_ablation(const ordered_json& doc, const std::string& where) {
                            "\"variants\"");
   for (const auto& [k, v] : doc.items()) {
     (void)v;
-    GS_CHECK_CONFIG(k == "description" || k == "base" || k == "axes" || k == "variants" || k == "seeds",
+    GS_CHECK_CONFIG(k == "description" || k == "base" || k == "axes" || k == "variants" || k == "seeds" ||
+                        k == "max_runs",
                     where << ": unknown top-level key '" << k << "' (allowed: " << kTopLevelKeys << ")");
   }
   GS_CHECK_CONFIG(doc.contains("axes") || doc.contains("variants") || doc.contains("seeds"),
@@ -372,6 +381,9 @@ Ablation expand_ablation(const ordered_json& doc, const std::string& where) {
   }
   if (!seeds_given) seeds = {base.contains("seed") ? base["seed"].get<std::uint64_t>() : 0};
   for (const Dimension& d : dims) ab.columns.push_back(d.column);
+  std::vector<std::pair<std::string, std::size_t>> sizes;
+  for (const Dimension& d : dims) sizes.emplace_back(d.column, d.choices.size());
+  check_run_count(doc, sizes, seeds.size(), where);
 
   // The configurations, in table order: the product of the dimensions, the first outermost.
   struct Config {
@@ -417,6 +429,7 @@ Ablation expand_ablation(const ordered_json& doc, const std::string& where) {
     ab.groups.push_back(group);
   }
 
+  std::map<std::string, json> spec_files;  // model_spec path → its content, read once
   for (const std::uint64_t seed : seeds) {
     for (std::size_t i = 0; i < configs.size(); ++i) {
       AblationRun r;
@@ -426,10 +439,12 @@ Ablation expand_ablation(const ordered_json& doc, const std::string& where) {
       r.seed = seed;
       r.settings = json::object();
       for (const auto& [k, v] : configs[i].settings) r.settings[k] = v;
+      check_run_name(r.name, where);
       r.config = base;
       try {
         apply_all(r.config, configs[i].settings);
         r.config["seed"] = seed;
+        inline_model_spec(r.config, spec_files);
         validate_config(r.config);
       } catch (const ConfigError& e) {
         std::string settings;
@@ -445,14 +460,13 @@ Ablation expand_ablation(const ordered_json& doc, const std::string& where) {
 }
 
 Ablation load_ablation(const std::string& path) {
-  std::ifstream in(path);
-  GS_CHECK_CONFIG(in, "ablation file '" << path << "': cannot open");
-  std::stringstream text;
-  text << in.rdbuf();
+  const BoundedRead text = read_bounded(path, kMaxJsonFileBytes);
+  GS_CHECK_CONFIG(text.problem == ReadProblem::none,
+                  read_problem_message(text, "ablation file", path, kMaxJsonFileBytes));
   ordered_json doc;
-  check_json_depth(text.str(), "ablation file '" + path + "'", JsonSource::config);
+  check_json_depth(text.text, "ablation file '" + path + "'", JsonSource::config);
   try {
-    doc = ordered_json::parse(text.str());
+    doc = ordered_json::parse(text.text);
   } catch (const ordered_json::exception& e) {  // parse_error, and out_of_range for numbers such as 1e400
     throw ConfigError("ablation file '" + path + "' is not valid JSON: " + text_excerpt(e.what(), 320));
   }

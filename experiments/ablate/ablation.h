@@ -12,6 +12,10 @@
 
 namespace gradscale::ablate {
 
+// Runs an ablation may have unless its file sets "max_runs", and the most "max_runs" may allow.
+inline constexpr std::uint64_t kDefaultMaxRuns = 10000;
+inline constexpr std::uint64_t kLargestMaxRuns = 1000000;
+
 // One training run of the ablation.
 struct AblationRun {
   std::string name;                 // unique and file-system safe: its directory is DIR/runs/<name>
@@ -40,7 +44,9 @@ struct Ablation {
 // inside that object (a name such as "torch" is first turned into {"policy": "torch"}). An axis value
 // may be {"label": "...", "value": V} to name it in the table, or {"label": "...", "set": {keys}} to
 // set several keys at once (the axis key is then only the column's name); a variant may have a
-// "label". No two dimensions of one run may set the same key.
+// "label". No two dimensions of one run may set the same key. "max_runs" bounds the number of runs
+// (default kDefaultMaxRuns), checked before the runs are built; a run name longer than a file name is
+// refused; a "model_spec" file path is replaced by the file's content in each run's config.
 Ablation expand_ablation(const nlohmann::ordered_json& doc, const std::string& where);
 
 // Reads and expands the ablation file at `path`.

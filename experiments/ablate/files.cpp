@@ -2,23 +2,25 @@
 #include "experiments/ablate/files.h"
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
+#include "lib/core/file_read.h"
 #include "lib/core/json_read.h"
 
 namespace gradscale::ablate {
 
 nlohmann::json read_json_or_null(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return nullptr;
-  std::stringstream text;
-  text << in.rdbuf();
-  nlohmann::json j = parse_json_or_discarded(text.str());  // bounded nesting, like every JSON read
+  const BoundedRead text = read_bounded(path, kMaxJsonFileBytes);  // a FIFO or /dev/zero: null
+  if (text.problem != ReadProblem::none) return nullptr;
+  nlohmann::json j = parse_json_or_discarded(text.text);  // bounded nesting, like every JSON read
   return j.is_discarded() ? nlohmann::json() : j;
 }
 
 std::string file_tail(const std::string& path, std::size_t bytes) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) return "";  // never open a FIFO: it would block
   std::ifstream in(path, std::ios::binary | std::ios::ate);
   if (!in) return "";
   const std::streamoff size = in.tellg();
@@ -31,6 +33,8 @@ std::string file_tail(const std::string& path, std::size_t bytes) {
 }
 
 std::string file_first_line(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) return "";
   std::ifstream in(path);
   std::string line;
   if (in) std::getline(in, line);

@@ -23,6 +23,8 @@
 #include "experiments/ablate/files.h"
 #include "lib/core/error.h"
 #include "lib/core/clock.h"
+#include "lib/core/json_read.h"
+#include "lib/data/dataset.h"
 #include "lib/train/checkpoint.h"  // write_file_atomic
 
 namespace gradscale::ablate {
@@ -118,6 +120,23 @@ std::string last_log_line(const std::string& log_path) {
   return lines.empty() ? "" : lines.back();
 }
 
+// A finished run read its data from files (fashion-mnist, mnist:DIR; synthetic data is made from the
+// config alone): the files must still hold what the run trained on, by content, as for --resume.
+void check_same_data(const AblationRun& r, const RunPaths& p, std::map<std::string, std::string>& checksums) {
+  const std::string spec = r.config.contains("data") && r.config["data"].is_string()
+                               ? r.config["data"].get<std::string>()
+                               : std::string("fashion-mnist");
+  if (spec.compare(0, 9, "synthetic") == 0) return;
+  const json result = read_json_or_null(p.result);
+  if (!result.is_object() || !result.contains("data_checksum") || !result["data_checksum"].is_string()) return;
+  auto it = checksums.find(spec);
+  if (it == checksums.end()) it = checksums.emplace(spec, load_data(spec, 0).checksum).first;
+  const std::string had = result["data_checksum"].get<std::string>();
+  GS_CHECK_CONFIG(had == it->second, "'" << p.dir << "' was run on other data: its data had content checksum "
+                                         << text_excerpt(had, 40) << ", '" << spec << "' now has " << it->second
+                                         << ": use another --out, or remove that run's directory to run it again");
+}
+
 }  // namespace
 
 RunPaths run_paths(const std::string& out_dir, const std::string& name) {
@@ -131,12 +150,16 @@ RunPaths run_paths(const std::string& out_dir, const std::string& name) {
 }
 
 RunState run_state(const RunPaths& p) {
+  // Files a run wrote, read without trusting their types: a result whose "steps" is not a count or
+  // whose "diverged" is not true/false is no result (the run is half-written and runs again).
   const json result = read_json_or_null(p.result);
-  if (result.is_object() && result.contains("steps"))
-    return result.value("diverged", false) ? RunState::diverged : RunState::done;
+  if (result.is_object() && result.contains("steps") && result["steps"].is_number_integer()) {
+    const json diverged = result.contains("diverged") ? result["diverged"] : json(false);
+    if (diverged.is_boolean()) return diverged.get<bool>() ? RunState::diverged : RunState::done;
+  }
   const json status = read_json_or_null(p.status);
-  if (status.is_object() && status.value("exit_code", json()).is_number_integer() &&
-      status["exit_code"].get<int>() != 0)
+  if (status.is_object() && status.contains("exit_code") && status["exit_code"].is_number_integer() &&
+      status["exit_code"] != 0)
     return RunState::failed;
   std::error_code ec;
   if (fs::is_directory(p.dir, ec) && !fs::is_empty(p.dir, ec)) return RunState::half_written;
@@ -165,6 +188,7 @@ int threads_per_run(const RunnerOptions& options) {
 }
 
 void check_existing_runs(const Ablation& ablation, const std::string& out_dir) {
+  std::map<std::string, std::string> data_checksums;  // data spec → content checksum, loaded once
   for (const AblationRun& r : ablation.runs) {
     const RunPaths p = run_paths(out_dir, r.name);
     const RunState s = run_state(p);
@@ -177,6 +201,7 @@ void check_existing_runs(const Ablation& ablation, const std::string& out_dir) {
                                          << first_difference(had, r.config)
                                          << "' differs from the ablation file): use another --out, or remove "
                                             "that run's directory to run it again");
+    check_same_data(r, p, data_checksums);
   }
 }
 

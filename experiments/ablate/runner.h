@@ -52,7 +52,9 @@ struct RunnerOptions {
 int threads_per_run(const RunnerOptions& options);
 
 // Refuses (ConfigError) an out_dir whose finished runs were made from another config: their
-// config.json differs from the expansion (the message names the run and the first differing key).
+// config.json differs from the expansion (the message names the run and the first differing key), or
+// their data files now hold other content (the result's data_checksum; the data is loaded once per
+// data spec; synthetic data is identified by its config).
 void check_existing_runs(const Ablation& ablation, const std::string& out_dir);
 
 struct RunnerSummary {

@@ -33,11 +33,12 @@ void read_trace_ends(const std::string& base, json& header, json& summary) {
   header = parse(file_first_line(base + ".jsonl"));
   const auto lines = lines_of(file_tail(base + ".jsonl", 1 << 16));
   if (!lines.empty()) summary = parse(lines.back());
-  if (summary.is_object() && summary.value("type", "") == "summary" && header.is_object()) return;
+  if (summary.is_object() && summary.contains("type") && summary["type"] == "summary" && header.is_object())
+    return;
   const json doc = read_json_or_null(base + ".json");
   if (!doc.is_object()) return;
-  header = doc.value("header", json());
-  summary = doc.value("summary", json());
+  header = doc.contains("header") ? doc["header"] : json();  // a file written by a run: no value() that
+  summary = doc.contains("summary") ? doc["summary"] : json();  // throws on an unexpected type
 }
 
 // One metric of a table: its name in each format and how its numbers are shown.
@@ -183,12 +184,14 @@ RunMetrics read_run_metrics(const RunPaths& paths) {
       for (const json& l : header["layers"])
         if (l.is_object() && l.contains("id")) {
           have_table = true;
-          if (l.value("parametric", false)) parametric.insert(l["id"].get<long long>());
+          if (l.contains("parametric") && l["parametric"] == true && l["id"].is_number_integer())
+            parametric.insert(l["id"].get<long long>());
         }
     double sum = 0, max = 0;
     int n = 0;
     for (const json& l : summary["layers"]) {
-      if (!l.is_object() || !l.contains("id") || (have_table && !parametric.count(l["id"].get<long long>())))
+      if (!l.is_object() || !l.contains("id") || !l["id"].is_number_integer() ||
+          (have_table && !parametric.count(l["id"].get<long long>())))
         continue;
       const double mean = number_or_nan(l, "mean_underflow_rate"),
                    mx = number_or_nan(l, "max_underflow_rate");

@@ -1,13 +1,14 @@
 // `gradscale ablate`: runs a paper-style ablation (docs/ablations.md) from one JSON file: expands and
 // validates every run first, runs them as child `gradscale train` processes N at a time (resuming an
 // interrupted ablation), then writes the tables and plots.
-#include <filesystem>
+#include <cmath>
 #include <iomanip>
 #include <iostream>
 #include <string>
 #include <vector>
 
 #include "experiments/ablate/ablation.h"
+#include "experiments/ablate/out_dir.h"
 #include "experiments/ablate/plots.h"
 #include "experiments/ablate/runner.h"
 #include "experiments/ablate/table.h"
@@ -71,26 +72,33 @@ int run_ablate(const std::vector<std::string>& args) {
   const int threads = vm["threads"].as<int>();
   GS_CHECK_CONFIG(threads >= 0 && threads <= 1024, "--threads must be in [0, 1024], got " << threads);
 
-  // Everything is expanded and validated before anything runs.
-  const Ablation ab = load_ablation(vm["file"].as<std::string>());
+  const double progress_seconds = vm["progress-seconds"].as<double>();
+  GS_CHECK_CONFIG(std::isfinite(progress_seconds) && progress_seconds >= 0,
+                  "--progress-seconds must be a finite number >= 0, got " << progress_seconds);
+  const std::string file = vm["file"].as<std::string>();
   const std::string out_dir = vm.count("out") ? vm["out"].as<std::string>() : "";
+  GS_CHECK_CONFIG(!vm.count("out") || !out_dir.empty(), "--out: the path is empty: give the ablation's directory");
+  if (!out_dir.empty()) check_input_outside(file, out_dir);
+
+  // Everything is expanded and validated before anything runs.
+  const Ablation ab = load_ablation(file);
   if (dry_run) {
     print_dry_run(ab, out_dir, std::cout);
     return 0;
   }
+  // --out is ours from here to the end of the command (out_dir.h).
+  const OutDirLock lock(out_dir, /*create=*/!vm["table-only"].as<bool>());
 
   RunnerOptions options;
   options.out_dir = out_dir;
   options.jobs = jobs;
   options.threads = threads;
   options.retry_failed = vm["retry-failed"].as<bool>();
-  options.progress_seconds = vm["progress-seconds"].as<double>();
+  options.progress_seconds = progress_seconds;
   RunnerSummary s;
   if (!vm["table-only"].as<bool>()) {
     s = run_ablation(ab, options, std::cerr);
   } else {
-    GS_CHECK_CONFIG(std::filesystem::is_directory(out_dir),
-                    "--table-only: '" << out_dir << "' is not a directory (nothing has run there)");
     check_existing_runs(ab, out_dir);
   }
 

@@ -13,6 +13,7 @@
 
 #include "experiments/cli/command.h"
 #include "experiments/cli/parse.h"
+#include "experiments/cli/terminal_text.h"
 #include "experiments/cli/trace_file.h"
 #include "lib/core/error.h"
 
@@ -272,14 +273,15 @@ std::string fmt(const char* format, const json& v) {
   return v.is_number() ? fmt(format, v.get<double>()) : "-";
 }
 
+// A value for the terminal: a string escaped and elided (terminal_text.h), else its JSON text.
 std::string text(const json& v) {
-  if (v.is_string()) return v.get<std::string>();
+  if (v.is_string()) return terminal_text(v.get<std::string>());
   if (v.is_null()) return "-";
   return v.dump();
 }
 
 void print_header_line(const json& run) {
-  std::cout << run["file"].get<std::string>() << ": " << text(run["schema"]) << ", model "
+  std::cout << terminal_text(run["file"].get<std::string>(), 4096) << ": " << text(run["schema"]) << ", model "
             << text(run["model"]) << ", format " << text(run["format"]) << ", grad_format "
             << text(run["grad_format"]) << ", scaler " << text(run["policy"]) << ", ";
   if (run["finished"].get<bool>())
@@ -297,16 +299,16 @@ struct Columns {
 Columns column_widths(const json& layers) {
   Columns c;
   for (const json& l : layers) {
-    c.name = std::max(c.name, l["name"].get<std::string>().size());
-    c.kind = std::max(c.kind, l["kind"].get<std::string>().size());
+    c.name = std::max(c.name, terminal_text(l["name"].get<std::string>()).size());
+    c.kind = std::max(c.kind, terminal_text(l["kind"].get<std::string>()).size());
   }
   return c;
 }
 
 void print_cells(const Columns& c, const std::string& id, const std::string& name, const std::string& kind,
                  const std::vector<std::string>& cells, const std::vector<int>& widths) {
-  std::printf("%-4s %-*s %-*s", id.c_str(), static_cast<int>(c.name), name.c_str(), static_cast<int>(c.kind),
-              kind.c_str());
+  std::printf("%-4s %-*s %-*s", id.c_str(), static_cast<int>(c.name), terminal_text(name).c_str(),
+              static_cast<int>(c.kind), terminal_text(kind).c_str());
   for (std::size_t i = 0; i < cells.size(); ++i) std::printf(" %*s", widths[i], cells[i].c_str());
   std::printf("\n");
 }

@@ -41,16 +41,19 @@ int run_train(const std::vector<std::string>& args) {
   const TrainConfig config = train_config_from(vm);
   if (config.save_every > 0)
     GS_CHECK_CONFIG(!config.checkpoint_dir.empty(), "--save-every needs --checkpoint DIR");
-  // Outputs are checked now, not after training.
+  // Outputs are checked now, not after training: each on its own, then all against each other and
+  // against the inputs (a trace or result written over a checkpoint file, a --config, ...).
   std::string result_path;
   if (vm.count("result")) {
     result_path = vm["result"].as<std::string>();
     check_output_file(result_path, "--result", input_files(vm));
   }
   if (config.save_every > 0) check_output_dir(config.checkpoint_dir, "--checkpoint");
+  check_trace_path(config.trace_path);
   if (!config.trace_path.empty())
     for (const char* ext : {".jsonl", ".json"})
       check_output_file(config.trace_path + ext, "--trace", input_files(vm));
+  train_files(vm, config, result_path).check();
 
   Trainer trainer(config, vm["quiet"].as<bool>() ? nullptr : &std::cerr);
   const json result = trainer.run();

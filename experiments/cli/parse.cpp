@@ -8,19 +8,34 @@
 #include "lib/core/error.h"
 
 namespace gradscale::cli {
+namespace {
+
+constexpr const char* kStray = "stray-argument";
+
+}  // namespace
 
 bool parse_options(const std::string& usage, const po::options_description& desc,
                    const std::vector<std::string>& args, po::variables_map& vm,
                    const po::positional_options_description* positional) {
-  po::options_description all(desc);
-  all.add_options()("help,h", "show this help");
-  auto parser = po::command_line_parser(args).options(all);
-  if (positional) parser.positional(*positional);
+  po::options_description shown(desc);
+  shown.add_options()("help,h", "show this help");
+  // Without a positional description, Boost drops stray words ("train out.json" would ignore out.json):
+  // they are collected under a hidden option and refused by name.
+  po::options_description all(shown);
+  po::positional_options_description stray;
+  if (!positional) {
+    all.add_options()(kStray, po::value<std::vector<std::string>>(), "");
+    stray.add(kStray, -1);
+  }
+  auto parser = po::command_line_parser(args).options(all).positional(positional ? *positional : stray);
   po::store(parser.run(), vm);
   if (vm.count("help")) {
-    std::cout << "usage: " << usage << "\n\n" << all << "\n";
+    std::cout << "usage: " << usage << "\n\n" << shown << "\n";
     return false;
   }
+  if (vm.count(kStray))
+    throw ConfigError("unexpected argument '" + vm[kStray].as<std::vector<std::string>>().front() +
+                      "': this command takes only options (see --help)");
   po::notify(vm);
   return true;
 }

@@ -10,7 +10,8 @@ namespace gradscale::cli {
 namespace po = boost::program_options;
 
 // Parses `args` against `desc`; returns false (after printing "usage + desc" to stdout) when --help
-// was given. Unknown options and bad values throw boost::program_options::error (main: exit 2).
+// was given. Unknown options, words that are no option's value nor a declared positional argument, and
+// bad values throw boost::program_options::error (main: exit 2).
 bool parse_options(const std::string& usage, const po::options_description& desc,
                    const std::vector<std::string>& args, po::variables_map& vm,
                    const po::positional_options_description* positional = nullptr);

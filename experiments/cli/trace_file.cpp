@@ -2,13 +2,17 @@
 // file, the record, the layer and the key, so a broken writer or a hand-edited trace is easy to fix.
 #include "experiments/cli/trace_file.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <fstream>
+#include <limits>
 #include <set>
 #include <sstream>
+#include <string_view>
 
 #include "lib/core/error.h"
+#include "lib/core/file_read.h"
 #include "lib/core/json_read.h"
 #include "lib/numeric/format.h"
 #include "lib/train/trace_summary.h"
@@ -20,6 +24,8 @@ using nlohmann::json;
 
 // S = s * S_in holds exactly for power-of-two scales; this allows for a writer that rounds otherwise.
 constexpr double kScaleProductTolerance = 1e-9;
+// Sums of counts are checked against this before they are formed: no wrap-around.
+constexpr std::uint64_t kMaxCount = std::numeric_limits<std::uint64_t>::max();
 // "underflow_rate" is a double computed from the counts; it must agree to double rounding.
 constexpr double kRateTolerance = 1e-12;
 
@@ -140,8 +146,14 @@ void check_stats(const Where& w, const json& obj, const char* key, bool with_bin
   const std::string p = std::string(key) + ".";
   const std::uint64_t elements = need_uint(w, st, p, "elements");
   std::uint64_t classes = 0;
-  for (const char* c : {"zero", "underflow", "subnormal", "normal", "overflow", "nonfinite"})
-    classes += need_uint(w, st, p, c);
+  for (const char* c : {"zero", "underflow", "subnormal", "normal", "overflow", "nonfinite"}) {
+    const std::uint64_t n = need_uint(w, st, p, c);
+    if (n > kMaxCount - classes)  // the sum would wrap around to a small number
+      w.fail("in '" + std::string(key) + "' the counts zero+underflow+subnormal+normal+overflow+nonfinite " +
+             "add up to more than 2^64 - 1 (at '" + p + c + "' = " + std::to_string(n) + "), not elements = " +
+             std::to_string(elements));
+    classes += n;
+  }
   if (classes != elements)
     w.fail("in '" + std::string(key) +
            "' the counts zero+underflow+subnormal+normal+overflow+nonfinite sum to " +
@@ -172,6 +184,8 @@ void check_stats(const Where& w, const json& obj, const char* key, bool with_bin
       w.fail("key '" + p + "binades' has the bin '" + e + "', not an exponent in [-150, 128]");
     if (!count.is_number_unsigned())
       w.fail("key '" + p + "binades." + e + "' must be a non-negative integer, got " + shown(count));
+    if (count.get<std::uint64_t>() > kMaxCount - binned)  // the sum would wrap around
+      w.fail("key '" + p + "binades' counts more than 2^64 - 1 values, not elements = " + std::to_string(elements));
     binned += count.get<std::uint64_t>();
   }
   const std::uint64_t nonzero_finite =
@@ -289,7 +303,8 @@ void check_step(const Where& w0, const json& st, const std::vector<LayerRow>& ta
     need_number_or_null(lw, l, "", "unbound_s");
     const double s_in = need_positive(lw, l, "", "S_in");
     const double scale = need_positive(lw, l, "", "S");
-    if (std::abs(scale - s * s_in) > kScaleProductTolerance * s * s_in) {
+    // Compared as logarithms: s * S_in may overflow a double (1e200 * 1e200), its logarithm cannot.
+    if (std::abs(std::log(scale) - (std::log(s) + std::log(s_in))) > kScaleProductTolerance) {
       std::ostringstream os;
       os.precision(17);
       os << "key 'S' is " << scale << ", but s * S_in = " << s << " * " << s_in << " = " << s * s_in;
@@ -322,20 +337,18 @@ void check_summary(const Where& w, const json& s, Trace& t, const std::vector<La
 }
 
 std::string read_all(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  GS_CHECK_DATA(in, path << ": cannot open the trace (missing or unreadable)");
-  std::ostringstream os;
-  os << in.rdbuf();
-  GS_CHECK_DATA(!in.bad(), path << ": error while reading the trace");
-  return os.str();
+  BoundedRead r = read_bounded(path, kMaxTraceFileBytes);  // a FIFO never blocks, /dev/zero ends
+  GS_CHECK_DATA(r.problem != ReadProblem::cannot_open, path << ": cannot open the trace (missing or unreadable)");
+  GS_CHECK_DATA(r.problem == ReadProblem::none, read_problem_message(r, "the trace", path, kMaxTraceFileBytes));
+  return std::move(r.text);
 }
 
 bool ends_with(const std::string& s, const std::string& tail) {
   return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
 }
 
-bool is_blank(const std::string& s) {
-  return s.find_first_not_of(" \t\r") == std::string::npos;
+bool is_blank(std::string_view s) {
+  return s.find_first_not_of(" \t\r") == std::string_view::npos;
 }
 
 // The first line of `text` parses as an object with "type": "header".
@@ -345,12 +358,17 @@ bool starts_with_header_line(const std::string& text) {
 }
 
 void read_lines(Trace& t, const std::string& text) {
-  std::vector<std::pair<std::size_t, std::string>> lines;  // (1-based number, text), blank lines dropped
+  // (1-based number, the line) with blank lines dropped; views into `text`, not copies: the parsed
+  // objects are what a large trace's memory goes to.
+  std::vector<std::pair<std::size_t, std::string_view>> lines;
   std::size_t number = 0;
-  std::istringstream is(text);
-  for (std::string line; std::getline(is, line);) {
+  for (std::size_t begin = 0; begin < text.size();) {
+    std::size_t end = text.find('\n', begin);
+    if (end == std::string::npos) end = text.size();
     ++number;
-    if (!is_blank(line)) lines.emplace_back(number, std::move(line));
+    const std::string_view line(text.data() + begin, end - begin);
+    if (!is_blank(line)) lines.emplace_back(number, line);
+    begin = end + 1;
   }
   GS_CHECK_DATA(!lines.empty(), t.path << ": the trace is empty (no header line)");
   for (std::size_t i = 0; i < lines.size(); ++i) {
@@ -397,9 +415,11 @@ void read_document(Trace& t, const std::string& text) {
   if (!doc.is_object()) w.fail("the trace must be a JSON object, got " + std::string(type_name(doc)));
   need_schema(w, doc);
   t.header = need_object(w, doc, "", "header");
-  const json& steps = need_array(w, doc, "", "steps");
+  need_array(w, doc, "", "steps");
+  json& steps = doc["steps"];  // moved out, not copied: one parsed trace in memory, not two
+  t.steps.reserve(steps.size());
   for (std::size_t i = 0; i < steps.size(); ++i) {
-    t.steps.push_back(steps[i]);
+    t.steps.push_back(std::move(steps[i]));
     t.step_origin.push_back("steps[" + std::to_string(i) + "]");
   }
   t.summary = need_object(w, doc, "", "summary");

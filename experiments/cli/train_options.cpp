@@ -5,6 +5,7 @@
 
 #include "lib/core/error.h"
 #include "lib/core/json_read.h"
+#include "lib/train/checkpoint.h"
 
 namespace gradscale::cli {
 namespace {
@@ -90,8 +91,38 @@ TrainConfig train_config_from(const po::variables_map& vm) {
 
 std::vector<InputFile> input_files(const po::variables_map& vm) {
   std::vector<InputFile> files;
-  if (vm.count("config")) files.emplace_back(vm["config"].as<std::string>(), "the --config file");
+  if (vm.count("config")) {
+    const std::string config = vm["config"].as<std::string>();
+    files.emplace_back(config, "the --config file");
+    // A model spec named by the config file is an input too (read again: it was read and checked
+    // when the config was built, so this cannot fail differently).
+    const json doc = read_json_file(config, "config file", JsonSource::config);
+    if (doc.is_object() && doc.contains("model_spec") && doc["model_spec"].is_string())
+      files.emplace_back(doc["model_spec"].get<std::string>(), "the config's model_spec file");
+  }
   if (vm.count("model-spec")) files.emplace_back(vm["model-spec"].as<std::string>(), "the --model-spec file");
+  return files;
+}
+
+void check_trace_path(const std::string& trace) {
+  if (trace.empty()) return;
+  const std::string name = trace.substr(trace.rfind('/') + 1);  // npos + 1 == 0
+  GS_CHECK_CONFIG(!name.empty() && name != "." && name != "..",
+                  "--trace '" << trace << "' is a directory, not a path prefix: give PATH (the trace goes to "
+                                          "PATH.jsonl and PATH.json)");
+}
+
+CommandFiles train_files(const po::variables_map& vm, const TrainConfig& config, const std::string& result) {
+  CommandFiles files;
+  for (const auto& [path, what] : input_files(vm)) files.input(path, what);
+  files.directory(config.resume_dir, "the --resume checkpoint", is_checkpoint_file, /*writes=*/false);
+  if (config.save_every > 0)
+    files.directory(config.checkpoint_dir, "the --checkpoint directory", is_checkpoint_file, /*writes=*/true);
+  files.output(result, "--result");
+  if (!config.trace_path.empty()) {
+    files.output(config.trace_path + ".jsonl", "the --trace file");
+    files.output(config.trace_path + ".json", "the --trace file");
+  }
   return files;
 }
 

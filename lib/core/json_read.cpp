@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "lib/core/error.h"
+#include "lib/core/file_read.h"
 
 namespace gradscale {
 namespace {
@@ -82,10 +83,6 @@ void append_excerpt(const json& v, std::string& out, std::size_t max_chars, int 
   out += v.dump();  // numbers, booleans, null: short
 }
 
-struct FileCloser {
-  void operator()(std::FILE* f) const { std::fclose(f); }
-};
-
 }  // namespace
 
 void check_json_depth(std::string_view text, const std::string& what, JsonSource source) {
@@ -108,20 +105,11 @@ json parse_json_or_discarded(std::string_view text) {
 }
 
 json read_json_file(const std::string& path, const std::string& what, JsonSource source) {
-  errno = 0;
-  const std::unique_ptr<std::FILE, FileCloser> file(std::fopen(path.c_str(), "rb"));
-  if (!file) raise(source, what + ": cannot open '" + path + "': " + std::strerror(errno));
-  std::string text;
-  char buf[1 << 16];
-  std::size_t got = 0;
-  while ((got = std::fread(buf, 1, sizeof buf, file.get())) > 0) {
-    text.append(buf, got);
-    if (text.size() > kMaxJsonFileBytes)
-      raise(source, what + " '" + path + "' is larger than " + std::to_string(kMaxJsonFileBytes >> 20) +
-                        " MiB: not a gradscale JSON file");
-  }
-  if (std::ferror(file.get())) raise(source, what + ": cannot read '" + path + "': " + std::strerror(errno));
-  return parse_json(text, what + " '" + path + "'", source);
+  const BoundedRead r = read_bounded(path, kMaxJsonFileBytes);
+  if (r.problem == ReadProblem::too_large)
+    raise(source, read_problem_message(r, what, path, kMaxJsonFileBytes) + ": not a gradscale JSON file");
+  if (r.problem != ReadProblem::none) raise(source, read_problem_message(r, what, path, kMaxJsonFileBytes));
+  return parse_json(r.text, what + " '" + path + "'", source);
 }
 
 std::string json_excerpt(const json& value, std::size_t max_chars) {

@@ -30,7 +30,9 @@ __global__ void unscale_kernel(UnscaleTable table, int* found_inf) {
   const std::size_t n = table.n[job];
   const double* on_device = table.scale_on_device[job];
   const float s = on_device != nullptr ? static_cast<float>(*on_device) : table.scale[job];
-  bool bad = false;
+  // A scale outside float32's normal range cannot be divided out (x / inf wipes the gradient to 0): the
+  // step counts as non-finite, as on the CPU (lib/scaler/scale_range.h: [2^-126, FLT_MAX]).
+  bool bad = !(s >= 1.17549435e-38f && s <= 3.40282347e+38f);
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
   for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
     const float x = g[i];

@@ -11,6 +11,7 @@
 
 #include "lib/layers/layer.h"
 #include "lib/scaler/scaler.h"
+#include "lib/scaler/scale_range.h"
 
 namespace gradscale {
 namespace {
@@ -219,6 +220,12 @@ void accumulate_weight_grad(Tensor& g, double scale, Parameter& param, int layer
                                 << ", parameter has " << shape_string(param.grad.shape()));
   const auto n = static_cast<std::size_t>(g.size());
   round_gradient(g.data(), n, 1.0f, GradSite::weight, layer_id, p, monitor);
+  // An accumulated scale outside float32's range cannot be divided out (0·inf, or a gradient wiped to
+  // 0): the step counts as non-finite, so the scaler skips it and nothing of it is applied.
+  if (!scale_in_float_range(scale)) {
+    monitor.note_nonfinite(layer_id);
+    return;
+  }
   // Unscale in fp32 (SPEC §4): master grad += g / S (exact for power-of-two S).
   const auto s = static_cast<float>(scale);
   float* dst = param.grad.data();

@@ -62,6 +62,7 @@ void Model::finalize(const Shape& sample_shape) {
   GS_CHECK_CONFIG(out.size() == 2, "the last layer '" << nodes_.back().layer->name()
                                                       << "' must output [N, classes], got "
                                                       << shape_string(out));
+  classes_ = out[1];
   allocate_activations();
   finalized_ = true;
 }

@@ -57,6 +57,8 @@ class Model {
   int num_layers() const { return static_cast<int>(nodes_.size()); }
   Layer& layer(int id) { return *nodes_[static_cast<std::size_t>(id)].layer; }
   const Shape& sample_shape() const { return sample_shape_; }
+  // The number of classes the model outputs: the last layer's [N, classes] (after finalize).
+  std::int64_t classes() const { return classes_; }
   std::int64_t num_parameters();
   // The layer table of traces: id, name, kind, inputs, parameter shapes, K.
   nlohmann::json layer_table() const;
@@ -85,6 +87,7 @@ class Model {
   std::vector<Node> nodes_;
   Backend* backend_;
   Shape sample_shape_;
+  std::int64_t classes_ = 0;
   bool finalized_ = false;
   std::vector<Tensor> outputs_;
   std::vector<std::vector<ScaledGrad>> pending_;  // per node: one slot per consumer edge

@@ -133,6 +133,7 @@ void write_checkpoint(const std::string& dir, const std::string& tag, const nloh
   m["schema"] = kCheckpointSchema;
   m["tensor_file"] = tensor_file;
   m["tensor_bytes"] = bytes.size();
+  m["tensor_checksum"] = checksum_text(xxh64(bytes.data(), bytes.size()));
   seal_checkpoint_json(m);
   const fs::path json_path = fs::path(dir) / kCheckpointJson;
   const std::string previous = current_tensor_file(json_path);
@@ -164,6 +165,7 @@ nlohmann::json read_checkpoint_meta(const std::string& dir) {
     f.fail("tensor_file", "must name a file tensors-<tag>.bin in the checkpoint directory, got '" +
                               text_excerpt(tensor_file, 40) + "'");
   f.integer("tensor_bytes", 0, std::int64_t{1} << 62);
+  f.text("tensor_checksum");
   return meta;
 }
 
@@ -191,6 +193,13 @@ void read_checkpoint_tensors(const std::string& dir, const nlohmann::json& meta,
   std::memcpy(&stored, data.data() + data.size() - sizeof stored, sizeof stored);
   GS_CHECK_DATA(stored == fnv1a(data.data(), data.size() - sizeof stored),
                 file << ": checksum mismatch (corrupt checkpoint)");
+  // The file is whole; is it the one this checkpoint.json was written with (and not the same-named
+  // tensor file of another checkpoint)?
+  const std::string content = checksum_text(xxh64(data.data(), data.size()));
+  const std::string bound = meta.at("tensor_checksum").get<std::string>();
+  GS_CHECK_DATA(content == bound, file << ": content checksum " << content << ", but " << kCheckpointJson
+                                       << " says " << text_excerpt(bound, 40)
+                                       << ": this tensor file belongs to another checkpoint");
 
   // The directory of names and shapes, checked against the model before any tensor is touched.
   Reader r(data, file);
@@ -217,6 +226,12 @@ void read_checkpoint_tensors(const std::string& dir, const nlohmann::json& meta,
     Tensor& t = *tensors[i].second;
     if (t.size() > 0) std::memcpy(t.data(), payload[i], static_cast<std::size_t>(t.size()) * sizeof(float));
   }
+}
+
+bool is_checkpoint_file(const std::string& name) {
+  return name == kCheckpointJson || is_tensor_file_name(name) ||
+         (starts_with(name, kTensorPrefix) && name.find(".bin.tmp") != std::string::npos) ||
+         starts_with(name, temp_name_prefix(kCheckpointJson));
 }
 
 int remove_orphaned_checkpoint_files(const std::string& dir, const std::string& keep) {

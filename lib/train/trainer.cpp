@@ -39,6 +39,10 @@ Trainer::Trainer(TrainConfig config, std::ostream* log) : config_(std::move(conf
   GS_CHECK_CONFIG(sample == model_->sample_shape(), "the model takes samples of shape "
                                                         << shape_string(model_->sample_shape())
                                                         << ", the data has " << shape_string(sample));
+  GS_CHECK_CONFIG(model_->classes() == data_.train.classes,
+                  "the model outputs " << model_->classes() << " classes (its last layer), the data has "
+                                       << data_.train.classes << ": the last layer must have \"out\": "
+                                       << data_.train.classes);
 
   // Scalers size themselves for the format they scale: the gradients'.
   std::unique_ptr<Scaler> scaler = make_scaler(config_.scaler, precision_.gradient_format());

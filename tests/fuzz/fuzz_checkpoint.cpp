@@ -3,7 +3,7 @@
 // from it. The first byte picks what the rest of the input is:
 //   0  checkpoint.json as is (the seal and the JSON reader);
 //   1  checkpoint.json, sealed again when it is a JSON object (every field check behind the seal);
-//   2  the tensor file (checkpoint.json vouches for its size);
+//   2  the tensor file (checkpoint.json vouches for its size and content checksum);
 //   3  a list of tensors that must survive write_checkpoint + read_checkpoint_tensors bit for bit
 //      (ranks 0-2, dimensions 0-3: empty tensors included).
 // With GRADSCALE_FUZZ_WRITE_SEEDS=DIR set, the start also writes one seed per mode into DIR.
@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "lib/core/checksum.h"
 #include "lib/core/json_read.h"
 #include "lib/train/checkpoint.h"
 #include "lib/train/trainer.h"
@@ -133,6 +134,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     tensor_bytes = rest;
     json meta = json::parse(fx.meta_text);
     meta["tensor_bytes"] = rest.size();
+    meta["tensor_checksum"] = checksum_text(xxh64(rest.data(), rest.size()));  // vouches for the content too
     seal_checkpoint_json(meta);
     meta_text = meta.dump(1);
   }

@@ -1,0 +1,33 @@
+// Bounded reading of an input file, the one way every file given by the user is read (configs,
+// specs, ablation files, traces, the result files of an ablation): the file is opened non-blocking,
+// so a FIFO never hangs the program; FIFOs, sockets and directories are refused; a device such as
+// /dev/zero is read up to the size cap, which also bounds a regular file.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+namespace gradscale {
+
+// Largest trace read (`gradscale inspect`, a resumed trace): traces grow with the run, so the cap is
+// larger than that of a JSON config (kMaxJsonFileBytes).
+inline constexpr std::size_t kMaxTraceFileBytes = std::size_t{256} << 20;
+
+enum class ReadProblem { none, cannot_open, not_regular, too_large, read_error };
+
+struct BoundedRead {
+  std::string text;        // the bytes read (complete when problem == none)
+  ReadProblem problem = ReadProblem::none;
+  std::string detail;      // the system's reason, or the kind of file ("FIFO", "directory", ...)
+};
+
+// Reads the file at `path`, at most `max_bytes` bytes. Never blocks on a FIFO; never throws for a
+// file problem (the result says what it was).
+BoundedRead read_bounded(const std::string& path, std::size_t max_bytes);
+
+// The problem as a message: "<what> '<path>' is a FIFO, not a regular file", "... cannot open ...:
+// <reason>", "... is larger than N MiB". `what` names the file's role ("ablation file").
+std::string read_problem_message(const BoundedRead& r, const std::string& what, const std::string& path,
+                                 std::size_t max_bytes);
+
+}  // namespace gradscale
