@@ -99,6 +99,13 @@ TEST_CASE("external backward: weight gradients are rounded, then divided by thei
   eb.weight_gradient(-1, free_param.data(), 1, 2);  // a parameter of no layer
   CHECK(free_param[0] == 0.25f);
   CHECK_FALSE(eb.finish_step().skipped);
+  // A scale below float32's normal range cannot be divided out: the step is skipped, not applied.
+  eb.begin_step();
+  std::vector<float> tiny = {1.0f};
+  eb.weight_gradient(1, tiny.data(), 1, 1e-40);
+  const StepResult r = eb.finish_step();
+  CHECK(r.skipped);
+  CHECK(r.first_nonfinite_layer == 1);
 }
 
 TEST_CASE("external backward: the join target is SPEC §5's, and the joined sum is rounded once", "[external]") {

@@ -9,6 +9,7 @@
 
 #include "lib/core/json_read.h"
 #include "lib/model/join.h"
+#include "lib/scaler/scale_range.h"
 #include "lib/train/verdict.h"
 
 namespace gradscale {
@@ -181,6 +182,12 @@ void ExternalBackward::weight_gradient(int layer, float* g, std::int64_t n, doub
     round_unrecorded(g, count, 1.0f, GradSite::weight, precision_, monitor_, -1);
   else
     round_gradient(g, count, 1.0f, GradSite::weight, layer, precision_, monitor_);
+  // As accumulate_weight_grad: a scale outside float32's range cannot be divided out, so the step
+  // counts as non-finite (the scaler skips it).
+  if (!scale_in_float_range(scale)) {
+    monitor_.note_nonfinite(layer);
+    return;
+  }
   // Unscale in fp32 (SPEC §4), as accumulate_weight_grad does: g / S, exact for a power-of-two S.
   const auto s = static_cast<float>(scale);
   for (std::size_t i = 0; i < count; ++i) g[i] /= s;
