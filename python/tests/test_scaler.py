@@ -269,3 +269,22 @@ def test_steps_do_not_keep_their_graphs_alive():
             start = _rss_mb()
     gc.collect()
     assert _rss_mb() - start < 15, f"{_rss_mb() - start:.0f} MB more after 30 steps"
+
+
+def test_scale_twice_on_one_loss_is_harmless():
+    """GradScaler's scale() may be called twice (say, once for logging): the hooks go on the graph once,
+    so no weight-gradient part is divided by its scale twice."""
+    model = mlp()
+    ref = copy.deepcopy(model)
+    x, y = batch()
+    F.cross_entropy(ref(x), y).backward()
+    scaler = Scaler(model, scaler={"policy": "adaptive", "method": "fixed", "fixed_scale": 4, "init_scale": 8},
+                    format="fp32")
+    loss = F.cross_entropy(model(x), y)
+    scaler.scale(loss)
+    scaler.scale(loss).backward()
+    for p, q in zip(model.parameters(), ref.parameters()):
+        assert torch.equal(p.grad, q.grad)
+    assert scaler.step(torch.optim.SGD(model.parameters(), lr=0.1))
+    scaler.update()
+    assert scaler.last_step["loss"] == pytest.approx(loss.item())

@@ -57,13 +57,17 @@ class Session:
         # The hooks hold tokens, never nodes: a node holding a hook that holds the node is a cycle
         # through C++ that Python's collector cannot see, and it would keep every step's graph alive.
         self._nodes: Dict[int, object] = {}
+        self._instrumented: Dict[int, int] = {}  # id(root) -> model nodes, for roots of this pass
         self._callback_queued = False
 
     def instrument(self, roots: List[object]) -> int:
         """Walks the graph from `roots` and installs the join and weight-gradient hooks. Returns the
         number of model nodes seen (0: the loss does not depend on the model's outputs)."""
-        if not self._callback_queued:  # what a pass that never ran backward left behind
-            self._reset_graph()
+        if not self._callback_queued and not self._instrumented:
+            self._reset_graph()  # what a pass that never ran backward left behind
+        key = id(roots[0])
+        if len(roots) == 1 and key in self._instrumented:
+            return self._instrumented[key]  # scale() twice on one loss: its hooks are in place already
         edges: Dict[object, List[Tuple[object, int, int]]] = {}
         seen = set(roots)
         stack = list(roots)
@@ -106,7 +110,13 @@ class Session:
         for consumer in set(leaf_slots) | set(join_slots):
             consumer.register_hook(self._post_hook(self._token(consumer), leaf_slots.get(consumer, []),
                                                    join_slots.get(consumer, [])))
+        self._nodes[key] = roots[0]  # keeps the id from being reused while the pass lasts
+        self._instrumented[key] = len(in_model)
         return len(in_model)
+
+    def instrumented(self, root) -> bool:
+        """Whether `root`'s graph already has this pass's hooks (scale() called twice on one loss)."""
+        return id(root) in self._instrumented and self._nodes.get(id(root)) is root
 
     def _token(self, node) -> int:
         token = id(node)

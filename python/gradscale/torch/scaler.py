@@ -136,10 +136,12 @@ class Scaler:
             self._core.begin_step(record)
             self._session.active = True
             self._unscaled.clear()
+        again = self._session.instrumented(outputs.grad_fn)
         if self._session.instrument([outputs.grad_fn]) == 0:
             raise ValueError("gradscale.torch: the loss does not depend on the model's outputs "
                              f"({type(self._model).__name__} returned nothing this loss reads)")
-        self._loss_value += float(outputs.detach())
+        if not again:
+            self._loss_value += float(outputs.detach())
         self._phase = _SCALED
         return outputs
 
