@@ -15,10 +15,6 @@ from __future__ import annotations
 import torch
 
 
-def _ptr(t: torch.Tensor) -> int:
-    return t.data_ptr()
-
-
 def _owned_copy(g: torch.Tensor) -> torch.Tensor:
     # Gradients handed to a backward may be shared with other edges (AddBackward passes one tensor to
     # both inputs): round a private, contiguous fp32 copy.
@@ -31,7 +27,7 @@ def round_forward(x: torch.Tensor, fmt: str, core_module) -> torch.Tensor:
     """A new tensor: x rounded to the forward format (the identity copy for fp32)."""
     out = x.detach().contiguous().clone()
     if fmt != "fp32":
-        core_module.quantize_(_ptr(out), out.numel(), fmt)
+        core_module.quantize_(out.data_ptr(), out.numel(), fmt)
     return out
 
 

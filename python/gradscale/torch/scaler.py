@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import math
 import json
 import time
 from typing import Any, Dict, List, Optional, Sequence, Union
@@ -180,7 +181,7 @@ class Scaler:
 
     def get_scale(self) -> float:
         """S0: the scale at the loss for the next step (the one used by the last step while it is open)."""
-        if self._phase in (_SCALED, _BACKWARDED) and self._core.loss_scale == self._core.loss_scale:
+        if self._phase in (_SCALED, _BACKWARDED) and not math.isnan(self._core.loss_scale):
             return float(self._core.loss_scale)
         return float(self._core.current_scale())
 
