@@ -7,6 +7,7 @@
 #include <optional>
 #include <vector>
 
+#include "adaptive/local_safety.h"
 #include "adaptive/math.h"
 #include "adaptive/method.h"
 #include "lib/core/error.h"
@@ -32,7 +33,7 @@ struct AdaptiveConfig {
   bool auto_init = false;
   double init_scale = 1;
   std::string cast_form = "no_weight";
-  std::int64_t recover_every = 200;
+  std::int64_t recover_every = 50;
   double fixed_scale = 1;
   int margin = 4;
   std::optional<double> u_min, u_max;  // unset: the gradient format's
@@ -60,51 +61,71 @@ class AdaptiveScaler final : public Scaler, public LayerController {
 
   // ---- loss-level policy ----
   std::string policy() const override { return "adaptive"; }
-  double loss_scale() const override { return c_.auto_init ? last_loss_scale_ : phi_ * c_.init_scale; }
+  double loss_scale() const override {
+    return c_.auto_init ? last_loss_scale_ : std::max(phi() * c_.init_scale, loss_floor_);
+  }
+  // A registered controller (c_.controller) decides the local scales itself: it gets φ in begin_step,
+  // and the per-layer factors φ_l of SPEC §6.5 are the built-in methods'.
   LayerController* layer_controller() override { return user_ ? user_.get() : this; }
-  double phi() const override { return phi_; }
+  double phi() const override { return safety_.loss_factor(); }
   void begin_step(std::int64_t step) override {
     if (user_)
-      user_->begin_step(StepBegin{step, phi_});
+      user_->begin_step(StepBegin{step, phi()});
     else
-      begin_step(StepBegin{step, phi_});
+      begin_step(StepBegin{step, phi()});
   }
   StatNeeds loss_needs() const override {
-    if (!c_.auto_init) return 0;
-    if (c_.cast_form == "measured") return kNeedUpstreamStats;
-    return c_.cast_form == "lognormal" ? kNeedGradLogMoments | kNeedGradMoments : kNeedGradMoments;
+    // The S0 floor (SPEC §6.5) reads the exact loss gradient's binades every step.
+    if (!c_.auto_init || c_.cast_form == "measured") return kNeedUpstreamStats;
+    return kNeedUpstreamStats | (c_.cast_form == "lognormal" ? kNeedGradLogMoments | kNeedGradMoments : kNeedGradMoments);
   }
   double choose_loss_scale(const LocalScaleQuery& g) override {
-    if (!c_.auto_init) return loss_scale();
-    double s = 1;
-    if (c_.cast_form == "measured") {  // the loss gradient is known exactly before it is rounded
-      s = cast_measured_->unbound_scale(g, params_);
-    } else {
+    // The floor: the smallest power of two at which at most n_uf of the loss gradient's non-zero values
+    // underflow, capped so its largest stay under u_max·2^-margin — SPEC §6.3's rule on the exact gradient.
+    // A query without the statistics it asked for (an engine of one's own) gets no floor.
+    const double rule = g.upstream_stats ? cast_measured_->unbound_scale(g, params_) : 0.0;
+    loss_floor_ = std::isfinite(rule) && rule > 0 ? power_of_two_floor(rule) : 0.0;
+    double s = loss_floor_;
+    if (c_.auto_init && c_.cast_form == "measured") {
+      GS_CHECK(g.upstream_stats, "adaptive: the loss query lacks the statistics it asked for");
+    } else if (c_.auto_init) {
       GS_CHECK(g.grad_moments, "adaptive: the loss query lacks the moments it asked for");
-      s = c_.cast_form == "lognormal"
-              ? approx_range_lognormal(*g.grad_log_moments, g.grad_moments->max_abs, params_)
-              : approx_range_no_weight(*g.grad_moments, params_);
+      s = power_of_two_floor(c_.cast_form == "lognormal"
+                                 ? approx_range_lognormal(*g.grad_log_moments, g.grad_moments->max_abs, params_)
+                                 : approx_range_no_weight(*g.grad_moments, params_));
+    } else {
+      s = c_.init_scale;
     }
-    last_loss_scale_ = phi_ * power_of_two_floor(s);
+    last_loss_scale_ = std::max(phi() * s, loss_floor_);
     return last_loss_scale_;
   }
 
   StepReport update(const StepStatistics& stats) override {
-    // SPEC §6.4: an overflow skips the step and halves φ; recover_every clean steps double it, to at most 1.
-    if (stats.found_inf) {
-      phi_ *= 0.5;
-      clean_steps_ = 0;
-    } else if (++clean_steps_ >= c_.recover_every) {
-      phi_ = std::min(1.0, phi_ * 2);
-      clean_steps_ = 0;
+    // SPEC §6.5: overflows charged where they happened (the layers' φ_l, the loss scale's φ), sized
+    // back-offs, recovery after recover_every clean steps; the step is skipped only when a value the
+    // update would use is not finite. Without the step's records (replay): §6.4's global halving.
+    bool skip = stats.found_inf;
+    if (user_) {  // a registered controller: SPEC §6.4 as before (it sees φ; φ_l are the methods')
+      if (stats.found_inf)
+        safety_.charge_loss_halving(c_.recover_every);
+      else
+        safety_.update(StepMonitor{}, params_.u_max, c_.margin, c_.recover_every);
+    } else if (stats.monitor != nullptr) {
+      safety_.update(*stats.monitor, params_.u_max, c_.margin, c_.recover_every);
+      skip = stats.monitor->nonfinite_stored;
+    } else if (stats.found_inf) {
+      safety_.charge_loss_halving(c_.recover_every);
+    } else {
+      safety_.update(StepMonitor{}, params_.u_max, c_.margin, c_.recover_every);
     }
-    return {stats.found_inf, loss_scale(), state()};
+    return {skip, loss_scale(), state()};
   }
 
   // ---- per-layer controller ----
   void bind(const std::vector<LayerInfo>& layers, Format grad_format) override {
     set_format(grad_format);
     cache_.assign(layers.size(), LayerCache{});
+    safety_.bind(layers);
     if (user_) user_->bind(layers, grad_format);
   }
   void begin_step(const StepBegin& b) override { step_ = b.step; }
@@ -115,13 +136,28 @@ class AdaptiveScaler final : public Scaler, public LayerController {
       entry.unbound = method_->unbound_scale(q, params_);
       entry.computed_at = step_;
     }
-    // SPEC §6.1 bounds, for every method; then a power of two so that scaling is exact.
-    return {bounded_scale(entry.unbound, q.scale_in, bounds_), entry.unbound};
+    // SPEC §6.1 bounds, for every method; then a power of two so that scaling is exact; then φ_l
+    // (SPEC §6.5), which may take s below 1.
+    return {bounded_scale(entry.unbound, q.scale_in, bounds_) * safety_.layer_factor(q.layer_id), entry.unbound};
   }
+  bool scales_weight_grads() const override { return true; }
+  double weight_grad_scale(const WeightGradQuery& q) override {
+    return weight_grad_range_scale(q.max_abs, params_.u_max, q.scale_in);
+  }
+  std::optional<double> device_weight_grad_bound(int /*layer_id*/) const override { return params_.u_max; }
+  void accept(int layer_id, const LocalScale& decision) override {
+    LayerCache& entry = cache_at(layer_id);
+    if (due(layer_id)) {
+      entry.unbound = decision.unbound;
+      entry.computed_at = step_;
+    }
+  }
+  void end_step(const StepMonitor& /*monitor*/) override {}  // the safety factors are updated in update()
   std::optional<ScaleRule> device_rule(int layer_id) const override {
     ScaleRule r;
     r.params = params_;
     r.bounds = bounds_;
+    r.factor = safety_.layer_factor(layer_id);
     if (!due(layer_id)) {
       r.formula = ScaleRule::kKept;
       r.kept = const_cast<AdaptiveScaler*>(this)->cache_at(layer_id).unbound;
@@ -134,14 +170,6 @@ class AdaptiveScaler final : public Scaler, public LayerController {
     else return std::nullopt;  // element_wise streams every partial product: the host decides
     return r;  // the backend fills in K (`reduction`) from the layer
   }
-  void accept(int layer_id, const LocalScale& decision) override {
-    LayerCache& entry = cache_at(layer_id);
-    if (due(layer_id)) {
-      entry.unbound = decision.unbound;
-      entry.computed_at = step_;
-    }
-  }
-  void end_step(const StepMonitor& /*monitor*/) override {}  // φ is updated in update()
 
   nlohmann::json config() const override {
     if (user_) {  // the loss-level keys only: the controller owns the per-layer decision
@@ -174,40 +202,58 @@ class AdaptiveScaler final : public Scaler, public LayerController {
 
   nlohmann::json state() const override {
     nlohmann::json layers = nlohmann::json::array();
-    for (std::size_t i = 0; i < cache_.size(); ++i)
-      if (cache_[i].computed_at >= 0)
-        layers.push_back({{"id", i}, {"computed_at", cache_[i].computed_at}, {"unbound", cache_[i].unbound}});
-    nlohmann::json j = {{"phi", phi_}, {"clean_steps", clean_steps_}, {"last_loss_scale", last_loss_scale_},
-                        {"layers", layers}};
+    for (std::size_t i = 0; i < cache_.size(); ++i) {
+      const nlohmann::json safety = safety_.layer_state(static_cast<int>(i));
+      if (cache_[i].computed_at < 0 && safety.is_null()) continue;
+      nlohmann::json l = {{"id", i}, {"computed_at", cache_[i].computed_at}, {"unbound", cache_[i].unbound}};
+      if (!safety.is_null()) l.update(safety);
+      layers.push_back(std::move(l));
+    }
+    nlohmann::json j = safety_.loss_state();
+    j["last_loss_scale"] = last_loss_scale_;
+    j["loss_floor"] = loss_floor_;
+    j["layers"] = layers;
     if (user_) j["controller"] = user_->controller_state();
     return j;
   }
 
   void restore_state(const nlohmann::json& state) override {
-    const ConfigReader r(state, "scaler 'adaptive' state",
-                         {"phi", "clean_steps", "last_loss_scale", "layers", "controller"});
+    const char* const where = "scaler 'adaptive' state";
+    const ConfigReader r(state, where, {"phi", "clean_steps", "last_loss_scale", "loss_floor", "layers", "controller"});
     GS_CHECK_CONFIG(r.has("controller") == (user_ != nullptr),
                     "scaler 'adaptive' state: " << (user_ ? "no 'controller' state for controller '" + c_.controller + "'"
                                                           : std::string("a 'controller' state, but this policy runs "
                                                                         "method '") + c_.method + "'"));
-    const double phi = r.required_number("phi", Interval{0, 1, true, false});
-    GS_CHECK_CONFIG(power_of_two_floor(phi) == phi, "scaler 'adaptive' state: 'phi' must be a power of two, got " << phi);
+    const auto read_phi = [&](const ConfigReader& reader, const std::string& what) {
+      const double phi = reader.number("phi", 1.0, Interval{0, 1, true, false});
+      GS_CHECK_CONFIG(power_of_two_floor(phi) == phi, what << ": 'phi' must be a power of two, got " << phi);
+      return phi;
+    };
+    GS_CHECK_CONFIG(r.has("phi"), where << ": missing key 'phi'");
+    const double phi = read_phi(r, where);
     const std::int64_t clean = r.required_integer("clean_steps", 0, c_.recover_every - 1);
     const double last = r.required_number("last_loss_scale", Interval{0, kInf, false, true});
+    const double floor = r.number("loss_floor", 0.0, Interval{0, kInf, false, true});  // absent before round 3
     const nlohmann::json& layers = state.at("layers");
     GS_CHECK_CONFIG(layers.is_array(), "scaler 'adaptive' state: 'layers' must be an array");
     std::vector<LayerCache> cache(cache_.size());
+    LocalSafety safety = safety_;
+    safety.clear_layers();
     for (const nlohmann::json& l : layers) {
-      const ConfigReader lr(l, "scaler 'adaptive' state: a 'layers' entry", {"id", "computed_at", "unbound"});
+      const std::string entry = std::string(where) + ": a 'layers' entry";
+      const ConfigReader lr(l, entry, {"id", "computed_at", "unbound", "phi", "clean_steps"});
       const std::int64_t id = lr.required_integer("id", 0, static_cast<std::int64_t>(cache.size()) - 1);
-      cache[static_cast<std::size_t>(id)].computed_at =
-          lr.required_integer("computed_at", 0, std::numeric_limits<std::int64_t>::max());
-      cache[static_cast<std::size_t>(id)].unbound = lr.required_number("unbound", Interval{0, kInf, true, true});
+      LayerCache& c = cache[static_cast<std::size_t>(id)];
+      c.computed_at = lr.required_integer("computed_at", -1, std::numeric_limits<std::int64_t>::max());
+      c.unbound = lr.required_number("unbound", Interval{0, kInf, true, true});
+      safety.restore_layer(static_cast<int>(id), read_phi(lr, entry),
+                           lr.integer("clean_steps", 0, 0, c_.recover_every - 1));
     }
     if (user_) user_->restore_controller_state(state.at("controller"));
-    phi_ = phi;
-    clean_steps_ = clean;
+    safety.restore_loss(phi, clean);
+    safety_ = std::move(safety);
     last_loss_scale_ = last;
+    loss_floor_ = floor;
     cache_ = std::move(cache);
   }
 
@@ -243,9 +289,9 @@ class AdaptiveScaler final : public Scaler, public LayerController {
   ScaleBounds bounds_;
   std::vector<LayerCache> cache_;
   std::int64_t step_ = 0;
-  double phi_ = 1;
-  std::int64_t clean_steps_ = 0;
-  double last_loss_scale_ = 1;
+  LocalSafety safety_;          // φ of the loss scale and φ_l per layer (SPEC §6.5)
+  double last_loss_scale_ = 1;  // S0 of the last iteration
+  double loss_floor_ = 0;       // its floor (SPEC §6.5): 0 before the first iteration
 };
 
 // The scales and bounds in float32's range (scale_range.h), and a u_min or u_max given alone checked

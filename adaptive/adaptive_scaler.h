@@ -1,7 +1,7 @@
 // Policy `adaptive`: the paper's per-layer loss scaling (SPEC §6) behind the controller contract of
 // lib/scaler/controller.h. One object plays both roles: the loss-level policy (S0 = φ·init_scale, or
-// chosen every step from the loss gradient with init_scale "auto"; skip on found_inf; the safety
-// factor φ of §6.4) and the per-layer controller (a Method computes the unbound s, recomputed every
+// chosen every step from the loss gradient with init_scale "auto", never below its floor; the local
+// safety of §6.5) and the per-layer controller (a Method computes the unbound s, recomputed every
 // update_every steps per layer and cached between; the bounds of §6.1 and the power of two follow).
 #pragma once
 
@@ -24,15 +24,21 @@ namespace gradscale::adaptive {
 //   init_scale         > 0 | "auto" S0 before φ                                        (1)
 //   cast_form          no_weight | lognormal | measured: how "auto" chooses S0 from the   (no_weight)
 //                      fp32 loss gradient (measured: SPEC §6.3's rule on its exact values)
-//   recover_every      >= 1         clean steps before φ doubles back (≤ 1)            (200)
+//   recover_every      >= 1         clean steps before a safety factor doubles back (≤ 1) (50)
 //   fixed_scale        > 0          fixed: the local scale                             (1)
 //   margin             [0, 64]      measured: bits of headroom below u_max             (4)
 //   u_min, u_max       > 0          representable range (default: the gradient format's min subnormal, max finite)
 //   controller         a name       a registered LayerController decides the local scales instead of
 //                                   `method` (register_controller); then the method's keys are refused
 //   controller_config  object       what that controller's factory gets                  ({})
-// State: {"phi", "clean_steps", "last_loss_scale", "layers": [{"id", "computed_at", "unbound"}, ...]},
-// and "controller": the controller's own state when one is configured.
+// Safety (SPEC §6.5, adaptive/local_safety.h): overflows are charged where they happened — a layer's φ_l
+// multiplies its s after the bounds, the loss scale's φ multiplies S0 — and S0 never goes below its floor
+// (§6.3's rule on the exact fp32 loss gradient); weight gradients are stored at their own factor r
+// (LayerController::weight_grad_scale, u_max the bound); a step is skipped only when a stored value is
+// not finite. A registered controller runs under the same safety.
+// State: {"phi", "clean_steps" (the loss scale's factor), "last_loss_scale", "loss_floor", "layers":
+// [{"id", "computed_at", "unbound", and "phi", "clean_steps" where φ_l < 1}, ...]}, and "controller":
+// the controller's own state when one is configured.
 std::unique_ptr<Scaler> make_adaptive_scaler(const nlohmann::json& config, Format format);
 
 }  // namespace gradscale::adaptive

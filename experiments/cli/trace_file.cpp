@@ -315,6 +315,10 @@ void check_step(const Where& w0, const json& st, const std::vector<LayerRow>& ta
       if (!row.has_parameters) lw.fail("key 'wgrad' on a layer without parameters");
       check_stats(lw, l, "wgrad", with_binades);
     }
+    if (l.contains("wgrad_scale")) {
+      if (!row.has_parameters) lw.fail("key 'wgrad_scale' on a layer without parameters");
+      need_positive(lw, l, "", "wgrad_scale");
+    }
   }
 }
 

@@ -161,7 +161,7 @@ void CudaBackend::enter_measurements(StepMonitor& monitor) {
     if (monitor.record) store_gradient_statistics(monitor, e.site, e.node, s);
     // max|d| as lib/instrument's max_abs: infinite when something is not finite.
     const float m = s.nonfinite > 0 ? std::numeric_limits<float>::infinity() : static_cast<float>(s.max_abs);
-    check_rounded_max(monitor, e.node, m, e.quantized, e.precision);
+    check_rounded_max(monitor, e.site, e.node, m, e.quantized, e.precision);
     if (e.site == GradSite::upstream) monitor.record_of(e.node).sent_max_abs = m;
     if (e.site == GradSite::loss) monitor.loss_grad_max_abs = m;
   }

@@ -102,6 +102,13 @@ class CudaBackend final : public Backend {
   // gradient: on the host or in the scale table) into param.grad.
   void accumulate_weight_grad(Tensor& g, const ScaledGrad& at, Parameter& param, int layer_id, const Precision& p,
                               StepMonitor& monitor);
+  // SPEC §4 step 3 with §6.5 for one layer (the twin of lib/layers/layer.h's accumulate_weight_grads):
+  // `grads` hold its parameters' fp32 gradients at the scale of `at`. Under a per-layer policy a factor
+  // r for each — decided on the device when the controller gives the bound of its rule
+  // (LayerController::device_weight_grad_bound) and device decisions are on, else by the host from its
+  // maximum (one wait) — multiplies it before its rounding, and it is unscaled by r·S.
+  void accumulate_weight_grads(const Layer& layer, std::initializer_list<WeightGrad> grads, const ScaledGrad& at,
+                               BackwardContext& ctx);
   // g's scale on the host: g.scale, or its entry in the scale table, which waits for the device
   // (enter_measurements) when the table has not been copied since the entry was made.
   double host_scale(const ScaledGrad& g, StepMonitor& monitor);
@@ -193,6 +200,7 @@ class CudaBackend final : public Backend {
   int scales_used_ = 0, scales_on_host_ = 0;
   std::vector<PendingDecision> decisions_;
   std::vector<PendingNote> notes_;
+  std::vector<PendingNote> weight_grad_scales_;  // r decided on the device: the layer record's weight_grad_scale
   bool device_decisions_ = true;
   DeviceBuffer<DeviceStats> query_stats_;  // a device decision's statistics (g, W, upstream)
   DeviceBuffer<DeviceStats> join_stats_;   // a device join's parts

@@ -3,6 +3,7 @@
 // weight gradients' unscale.
 #include "lib/cuda/backend.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <limits>
@@ -10,6 +11,7 @@
 #include "lib/cuda/elementwise.h"
 #include "lib/cuda/quantize.h"
 #include "lib/cuda/unscale.h"
+#include "lib/scaler/scale_range.h"
 #include "lib/scaler/scaler.h"
 
 namespace gradscale::cuda {
@@ -155,6 +157,54 @@ void CudaBackend::accumulate_weight_grad(Tensor& g, const ScaledGrad& at, Parame
   UnscaleJob job{g.data(), param.grad.data(), n, at.scale};
   if (at.device_scale >= 0) job.scale_on_device = &scale_at(at.device_scale)->scale;
   unscale_accumulate(&job, 1, found_inf_.data(), ctx_.stream());
+}
+
+void CudaBackend::accumulate_weight_grads(const Layer& layer, std::initializer_list<WeightGrad> grads,
+                                          const ScaledGrad& at, BackwardContext& ctx) {
+  LayerController* controller = ctx.scaler.layer_controller();
+  const Precision& p = ctx.precision;
+  LayerRecord& record = ctx.monitor.record_of(layer.id());
+  record.weight_grad_scale = 1;
+  if (controller == nullptr || !controller->scales_weight_grads() || !p.quantize_weight_grads) {  // r = 1
+    for (const WeightGrad& w : grads) accumulate_weight_grad(*w.grad, at, *w.param, layer.id(), p, ctx.monitor);
+    return;
+  }
+  const std::optional<double> bound = controller->device_weight_grad_bound(layer.id());
+  bool first = true;
+  for (const WeightGrad& w : grads) {
+    const auto n = static_cast<std::size_t>(w.grad->size());
+    const StatsJob job = job_of(w.grad->data(), w.grad->size(), p.gradient_format(), p.round);
+    if (bound && device_decisions_) {  // r on the device, from the maximum the stats kernel leaves there
+      tensor_stats(ctx_, &job, 1, query_stats_.data());
+      const DeviceScale* in = scale_entry(at);
+      const int e = new_scale_entry();
+      decide_weight_grad_scale(query_stats_.data(), 1, *bound, in, scale_at(e), ctx_.stream());
+      weight_grad_scales_.push_back(PendingNote{e, layer.id()});  // resolve_scales keeps the smallest r
+      apply_local_scale(w.grad->data(), n, scale_at(e), ctx_.stream());
+      round_gradient(w.grad->data(), n, 1.0f, GradSite::weight, layer.id(), p, ctx.monitor);
+      UnscaleJob unscale{w.grad->data(), w.param->grad.data(), n, 1.0};
+      unscale.scale_on_device = &scale_at(e)->scale;
+      unscale_accumulate(&unscale, 1, found_inf_.data(), ctx_.stream());
+      continue;
+    }
+    // The host decides: the maximum now (one wait), S_in on the host.
+    const auto t0 = std::chrono::steady_clock::now();
+    const TensorStats s = statistics_now({job}).at(0);
+    const float m = s.nonfinite > 0 ? std::numeric_limits<float>::infinity() : static_cast<float>(s.max_abs);
+    const double scale_in = host_scale(at, ctx.monitor);
+    const double r = choose_weight_grad_scale(layer, m, scale_in, ctx);
+    ctx.monitor.scaler_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    record.weight_grad_scale = first ? r : std::min(record.weight_grad_scale, r);
+    first = false;
+    round_gradient(w.grad->data(), n, static_cast<float>(r), GradSite::weight, layer.id(), p, ctx.monitor);
+    // As the CPU's accumulate_weight_grad: a scale outside float32's range cannot be divided out.
+    if (!scale_in_float_range(r * scale_in)) {
+      ctx.monitor.note_nonfinite(layer.id());
+      continue;
+    }
+    UnscaleJob unscale{w.grad->data(), w.param->grad.data(), n, r * scale_in};
+    unscale_accumulate(&unscale, 1, found_inf_.data(), ctx_.stream());
+  }
 }
 
 }  // namespace gradscale::cuda

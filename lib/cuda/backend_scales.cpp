@@ -2,6 +2,7 @@
 // copy to the host, and the records and controller calls that wait for them.
 #include "lib/cuda/backend.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace gradscale::cuda {
@@ -50,6 +51,16 @@ void CudaBackend::resolve_scales(StepMonitor& monitor) {
     r.scale_in = r.scale_out = on_host(n.entry).scale;
   }
   notes_.clear();
+  // r decided on the device, one entry per weight gradient: the layer's record keeps the smallest.
+  std::vector<int> seen;
+  for (const PendingNote& n : weight_grad_scales_) {
+    LayerRecord& r = monitor.record_of(n.layer);
+    const double got = on_host(n.entry).local;
+    const bool first = std::find(seen.begin(), seen.end(), n.layer) == seen.end();
+    r.weight_grad_scale = first ? got : std::min(r.weight_grad_scale, got);
+    if (first) seen.push_back(n.layer);
+  }
+  weight_grad_scales_.clear();
   std::vector<PendingDecision> decisions;
   decisions.swap(decisions_);
   for (const PendingDecision& d : decisions) {

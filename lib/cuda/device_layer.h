@@ -111,9 +111,10 @@ class ParametricLayer : public DeviceLayer {
   }
   // SPEC §5 step 3 for grad_w_ (and grad_b_): rounded, unscaled by S into the master gradients.
   void accumulate_parameter_grads(const ScaledGrad& grad_output, BackwardContext& ctx) {
-    backend_.accumulate_weight_grad(grad_w_, grad_output, *params_[0], id_, ctx.precision, ctx.monitor);
     if (has_bias_)
-      backend_.accumulate_weight_grad(grad_b_, grad_output, *params_[1], id_, ctx.precision, ctx.monitor);
+      backend_.accumulate_weight_grads(*this, {{&grad_w_, params_[0]}, {&grad_b_, params_[1]}}, grad_output, ctx);
+    else
+      backend_.accumulate_weight_grads(*this, {{&grad_w_, params_[0]}}, grad_output, ctx);
   }
 
   bool has_bias_ = false;

@@ -78,8 +78,7 @@ class CudaBatchNorm final : public DeviceLayer {
       backend_.round_activation_grad(gx->g, id_, ctx.precision, ctx.monitor);
       pass_scale(*gx, grad_output);
     }
-    backend_.accumulate_weight_grad(grad_gamma_, grad_output, *params_[0], id_, ctx.precision, ctx.monitor);
-    backend_.accumulate_weight_grad(grad_beta_, grad_output, *params_[1], id_, ctx.precision, ctx.monitor);
+    backend_.accumulate_weight_grads(*this, {{&grad_gamma_, params_[0]}, {&grad_beta_, params_[1]}}, grad_output, ctx);
   }
 
  private:

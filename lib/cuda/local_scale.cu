@@ -33,6 +33,14 @@ __global__ void decide_kernel(ScaleRule rule, const DeviceStats* grad, const Dev
   *out = DeviceScale{d.s * inputs.scale_in, d.s, d.unbound};
 }
 
+__global__ void weight_grad_kernel(const DeviceStats* stats, int count, double u_max, const DeviceScale* in,
+                                   DeviceScale* out) {
+  double m = 0;
+  for (int i = 0; i < count; ++i) m = stats[i].nonfinite > 0 ? INFINITY : rule_max(m, stats[i].max_abs);
+  const double r = weight_grad_range_scale(m, u_max, in->scale);
+  *out = DeviceScale{r * in->scale, r, r};
+}
+
 __global__ void apply_kernel(float* d, std::size_t n, const DeviceScale* entry) {
   const float s = static_cast<float>(entry->local);
   if (s == 1.0f) return;  // as cuda::quantize's multiplier: 1 leaves every value as it is
@@ -57,6 +65,14 @@ void decide_local_scale(const ScaleRule& rule, const DeviceStats* grad, const De
   GS_CHECK(!rule_reads_upstream(rule.formula) || upstream != nullptr,
            "cuda::decide_local_scale: formula " << rule.formula << " reads the upstream statistics");
   decide_kernel<<<1, 1, 0, stream>>>(rule, grad, weight, upstream, in, out);
+  GS_CUDA_CHECK_LAUNCH();
+}
+
+void decide_weight_grad_scale(const DeviceStats* stats, int count, double u_max, const DeviceScale* in,
+                              DeviceScale* out, cudaStream_t stream) {
+  GS_CHECK(stats != nullptr && count > 0 && in != nullptr && out != nullptr,
+           "cuda::decide_weight_grad_scale got a null pointer or no statistics");
+  weight_grad_kernel<<<1, 1, 0, stream>>>(stats, count, u_max, in, out);
   GS_CUDA_CHECK_LAUNCH();
 }
 

@@ -35,6 +35,12 @@ void set_scale(DeviceScale* entry, double value, cudaStream_t stream);
 void decide_local_scale(const ScaleRule& rule, const DeviceStats* grad, const DeviceStats* weight,
                         const DeviceStats* upstream, const DeviceScale* in, DeviceScale* out, cudaStream_t stream);
 
+// *out ← {r·S_in, r, r}: SPEC §6.5's weight-gradient factor r = weight_grad_range_scale(m, u_max, S_in)
+// (lib/scaler/scale_rule.h) with m the largest max_abs of `count` statistics (infinite when one of them
+// counted a non-finite value) and S_in = in->scale. One thread, queued on `stream`.
+void decide_weight_grad_scale(const DeviceStats* stats, int count, double u_max, const DeviceScale* in,
+                              DeviceScale* out, cudaStream_t stream);
+
 // d[i] ← d[i]·float(entry->local) for i < n: the decided s on the fp32 upstream product, before its one
 // rounding (the CPU's round_gradient multiplier). Queued on `stream`.
 void apply_local_scale(float* d, std::size_t n, const DeviceScale* entry, cudaStream_t stream);

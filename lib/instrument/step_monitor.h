@@ -11,6 +11,10 @@
 
 namespace gradscale {
 
+// Where a gradient is rounded: the gradient a layer sends upstream, a joined gradient at a fork, a weight
+// or bias gradient, or the loss gradient. Each site has its own slot in the monitor's records.
+enum class GradSite : std::uint8_t { upstream, join, weight, loss };
+
 struct LayerRecord {
   int layer_id = -1;
   bool ran = false;             // the layer's backward ran this iteration
@@ -25,12 +29,28 @@ struct LayerRecord {
   // and the gradient joined at this layer's output when it feeds several layers.
   TensorStats activation_grad, weight_grad, joined_grad;
   bool has_activation_grad = false, has_weight_grad = false, has_joined_grad = false;
+  // The factor r its weight and bias gradients were stored at (SPEC §6.5: rounded as r·xᵀg at scale
+  // r·S_in, unscaled by r·S_in); 1 under a global policy.
+  double weight_grad_scale = 1.0;
+  // Overflows at this layer (SPEC §4's found_inf, by site): of the gradient it sent upstream, of its
+  // weight gradients, of the gradient joined at its output; and the largest fp32 magnitude before
+  // rounding among them (inf when one was not finite). Always kept.
+  bool overflow_upstream = false, overflow_weight = false, overflow_join = false;
+  float overflow_max_abs = 0;
 };
 
 // Collects found_inf and per-layer records during one iteration. Passed explicitly.
 struct StepMonitor {
   bool found_inf = false;
   int first_nonfinite_layer = -1;  // in backward order: the first layer that produced a non-finite value
+  // Whether a value the update would use is not finite: a stored gradient that is inf or NaN (an
+  // overflow that a saturating format clamped to its largest finite value is found_inf but not this), or
+  // a scale that cannot be divided out. The per-layer policies skip on this (SPEC §6.5), the global
+  // ones on found_inf.
+  bool nonfinite_stored = false;
+  // An overflow of the loss gradient (rounded at S0): charged to S0, not to a layer.
+  bool loss_overflow = false;
+  float loss_overflow_max_abs = 0;
   bool record = false;             // take full tensor_stats (trace steps, statistics-driven scalers)
   double gradient_edge = 0.0;      // > 0: count weight gradients about this edge (popart_als)
   std::uint64_t grad_below_edge = 0, grad_above_edge = 0;
@@ -47,7 +67,12 @@ struct StepMonitor {
 
   // Clears everything for an iteration of a model with `num_layers` layers.
   void reset(int num_layers, bool record_stats, double edge);
+  // found_inf from `layer_id` (the first one is kept), with nothing known of where: also marks the
+  // step's stored values non-finite (a scale that cannot be divided out, an outside engine's report).
   void note_nonfinite(int layer_id);
+  // An overflow at a rounding site of `node`: found_inf, the layer's record (or the loss's, whatever
+  // `node`), and whether the stored value is not finite.
+  void note_overflow(GradSite site, int node, float max_abs_before, bool stored_nonfinite);
   LayerRecord& record_of(int layer_id);
 };
 

@@ -13,6 +13,7 @@
 
 #include <chrono>
 #include <functional>
+#include <initializer_list>
 #include <optional>
 
 #include "lib/instrument/histogram.h"
@@ -126,9 +127,6 @@ struct LayerPlacement {
 
 // Shared steps of the precision model, used by every layer (one implementation).
 
-// Where a gradient is rounded: the gradient a layer sends upstream, a joined gradient at a fork, a weight
-// or bias gradient, or the loss gradient. Each site has its own slot in the monitor's records.
-enum class GradSite : std::uint8_t { upstream, join, weight, loss };
 
 // The one rounding of a gradient (SPEC §4–§5): d[0..n) ← quantize(multiplier · d, gradient format), with
 // the multiplier (a local scale or S0) applied in fp32 before the one rounding. When the monitor
@@ -143,7 +141,8 @@ float round_gradient(float* d, std::size_t n, float multiplier, GradSite site, i
 // merge over weight and bias), and the found_inf check from max|d| before rounding (`quantized`: the
 // values are rounded to the gradient format, i.e. not a weight gradient kept in fp32).
 void store_gradient_statistics(StepMonitor& monitor, GradSite site, int node, const TensorStats& stats);
-void check_rounded_max(StepMonitor& monitor, int node, float max_abs_before, bool quantized, const Precision& p);
+void check_rounded_max(StepMonitor& monitor, GradSite site, int node, float max_abs_before, bool quantized,
+                       const Precision& p);
 // Rounds `t` (an fp32 activation gradient a non-parametric layer sends upstream, at an unchanged scale)
 // in place to the gradient format: round_gradient at the upstream site with multiplier 1.
 void round_activation_grad(Tensor& t, int layer_id, const Precision& p, StepMonitor& monitor);
@@ -163,11 +162,26 @@ LocalScaleQuery upstream_query(const Layer& layer, const ScaledGrad& grad_output
                                const Tensor& upstream, const BackwardContext& ctx);
 LocalScale checked_decision(LayerController& controller, const LocalScaleQuery& q, const Layer& layer,
                             BackwardContext& ctx, std::chrono::steady_clock::time_point start);
-// Weight-gradient step (SPEC §4): `g` is the fp32 gradient at scale S; it is rounded to the gradient
-// format (unless the precision keeps weight gradients in fp32), checked for non-finite values, counted
-// about the monitor's edge, and g/S is added to `param.grad`.
+// Weight-gradient step (SPEC §4, §6.5): `g` is the fp32 gradient at scale S; it is multiplied by
+// `factor` (r, a power of two), rounded to the gradient format (unless the precision keeps weight
+// gradients in fp32), checked for non-finite values, counted about the monitor's edge, and g/(r·S) is
+// added to `param.grad`.
 void accumulate_weight_grad(Tensor& g, double scale, Parameter& param, int layer_id, const Precision& p,
-                            StepMonitor& monitor);
+                            StepMonitor& monitor, double factor = 1.0);
+// The weight-gradient step of one layer: `grads` are its parameters' fp32 gradients at the scale S it
+// received. Under a per-layer policy (and weight gradients rounded), its controller chooses a factor r
+// for each of them from its largest magnitude (LayerController::weight_grad_scale; 1 otherwise), and
+// each goes through accumulate_weight_grad at its r; the layer's record keeps the smallest r.
+struct WeightGrad {
+  Tensor* grad;
+  Parameter* param;
+};
+void accumulate_weight_grads(const Layer& layer, std::initializer_list<WeightGrad> grads, double scale,
+                             BackwardContext& ctx);
+// r for a layer whose weight gradients' largest fp32 magnitude at scale S is `max_abs` (the controller's
+// weight_grad_scale, checked: a finite power of two > 0); 1 under a global policy, a controller that
+// does not scale weight gradients, or fp32 weight gradients.
+double choose_weight_grad_scale(const Layer& layer, float max_abs, double scale_in, BackwardContext& ctx);
 // The statistics a controller asked for (StatNeeds), computed once with lib/instrument on the query's raw
 // views; attach() computes them and points the query at them (this object must outlive the query's use).
 struct QueryStatistics {

@@ -75,14 +75,19 @@ void store_gradient_statistics(StepMonitor& monitor, GradSite site, int node, co
     *slot = s;
 }
 
-void check_rounded_max(StepMonitor& monitor, int node, float max_abs_before, bool quantized, const Precision& p) {
+void check_rounded_max(StepMonitor& monitor, GradSite site, int node, float max_abs_before, bool quantized,
+                       const Precision& p) {
   // found_inf from the largest magnitude before rounding: rounding is monotone, so the result holds a
   // non-finite value exactly when that maximum is not finite or rounds to the overflow class — which
   // also catches a saturating format (fp8_e4m3) clamping an overflow to a finite value (SPEC §4), at
   // the same threshold tensor_stats counts as overflow.
-  if (!std::isfinite(max_abs_before) ||
-      (quantized && classify_rounding(max_abs_before, p.gradient_format(), p.round) == RoundClass::overflow))
-    monitor.note_nonfinite(node);
+  const Format f = quantized ? p.gradient_format() : Format::fp32;
+  if (std::isfinite(max_abs_before) && (!quantized || classify_rounding(max_abs_before, f, p.round) != RoundClass::overflow))
+    return;
+  // What is stored: the rounded maximum (a saturating format keeps it finite); anything not finite
+  // before rounding counts as stored so (a NaN survives every format).
+  const bool stored_nonfinite = !std::isfinite(max_abs_before) || !std::isfinite(quantize(max_abs_before, f, p.round));
+  monitor.note_overflow(site, node, max_abs_before, stored_nonfinite);
 }
 
 float round_gradient(float* d, std::size_t n, float multiplier, GradSite site, int node, const Precision& p,
@@ -99,7 +104,7 @@ float round_gradient(float* d, std::size_t n, float multiplier, GradSite site, i
     monitor.grad_above_edge += c.above;
   }
   const float m = max_abs(d, n);
-  check_rounded_max(monitor, node, m, quantized, p);
+  check_rounded_max(monitor, site, node, m, quantized, p);
   if (quantized) round_in_place(d, n, f, p.round);
   return m;
 }
@@ -214,23 +219,61 @@ void scale_upstream_grad(const Layer& layer, const ScaledGrad& grad_output, cons
 }
 
 void accumulate_weight_grad(Tensor& g, double scale, Parameter& param, int layer_id, const Precision& p,
-                            StepMonitor& monitor) {
+                            StepMonitor& monitor, double factor) {
   GS_CHECK_SHAPE(g.size() == param.grad.size(),
                  "gradient of " << param.name << " has shape " << shape_string(g.shape())
                                 << ", parameter has " << shape_string(param.grad.shape()));
   const auto n = static_cast<std::size_t>(g.size());
-  round_gradient(g.data(), n, 1.0f, GradSite::weight, layer_id, p, monitor);
+  round_gradient(g.data(), n, static_cast<float>(factor), GradSite::weight, layer_id, p, monitor);
   // An accumulated scale outside float32's range cannot be divided out (0·inf, or a gradient wiped to
   // 0): the step counts as non-finite, so the scaler skips it and nothing of it is applied.
-  if (!scale_in_float_range(scale)) {
+  const double stored_at = factor * scale;
+  if (!scale_in_float_range(stored_at)) {
     monitor.note_nonfinite(layer_id);
     return;
   }
-  // Unscale in fp32 (SPEC §4): master grad += g / S (exact for power-of-two S).
-  const auto s = static_cast<float>(scale);
+  // Unscale in fp32 (SPEC §4): master grad += g / (r·S) (exact for power-of-two r and S).
+  const auto s = static_cast<float>(stored_at);
   float* dst = param.grad.data();
   const float* src = g.data();
   for (std::size_t i = 0; i < n; ++i) dst[i] += src[i] / s;
+}
+
+double choose_weight_grad_scale(const Layer& layer, float max_abs, double scale_in, BackwardContext& ctx) {
+  LayerController* controller = ctx.scaler.layer_controller();
+  if (controller == nullptr || !controller->scales_weight_grads() || !ctx.precision.quantize_weight_grads)
+    return 1.0;
+  WeightGradQuery q;
+  q.layer_id = layer.id();
+  q.layer_name = layer.name();
+  q.step = ctx.step;
+  q.format = ctx.precision.gradient_format();
+  q.scale_in = scale_in;
+  q.max_abs = max_abs;
+  const double r = controller->weight_grad_scale(q);
+  int e = 0;
+  GS_CHECK_NUMERIC(std::isfinite(r) && r > 0 && std::frexp(r, &e) == 0.5,
+                   "the controller of policy '" << ctx.scaler.policy() << "' chose weight-gradient scale " << r
+                                                << " at layer '" << layer.name()
+                                                << "' (must be a finite power of two > 0)");
+  return r;
+}
+
+void accumulate_weight_grads(const Layer& layer, std::initializer_list<WeightGrad> grads, double scale,
+                             BackwardContext& ctx) {
+  LayerController* controller = ctx.scaler.layer_controller();
+  const bool own_factor = controller != nullptr && controller->scales_weight_grads();
+  double smallest = 1.0;
+  bool first = true;
+  for (const WeightGrad& w : grads) {
+    const double r = own_factor ? choose_weight_grad_scale(layer, max_abs(w.grad->data(), static_cast<std::size_t>(w.grad->size())),
+                                                           scale, ctx)
+                                : 1.0;
+    smallest = first ? r : std::min(smallest, r);
+    first = false;
+    accumulate_weight_grad(*w.grad, scale, *w.param, layer.id(), ctx.precision, ctx.monitor, r);
+  }
+  ctx.monitor.record_of(layer.id()).weight_grad_scale = smallest;
 }
 
 }  // namespace gradscale

@@ -238,6 +238,7 @@ std::vector<LayerInfo> Model::layer_infos() const {
     info.parametric = info.reduction > 0;
     const std::vector<Parameter*> ps = l.parameters();
     if (info.parametric && !ps.empty()) info.weight_shape = ps[0]->value.shape();
+    info.inputs = nodes_[i].inputs;
     infos.push_back(std::move(info));
   }
   return infos;

@@ -32,6 +32,9 @@ struct LayerInfo {
   bool parametric = false;   // Linear / Conv2d: asks for a local scale
   std::int64_t reduction = 0;  // K of SPEC §6.1 (0 for other layers)
   Shape weight_shape;          // empty for layers without a weight
+  // The ids of the layers whose outputs it reads (-1: the model's input); empty where the engine does not
+  // know its graph (an outside engine). The last layer's output is the one the loss reads.
+  std::vector<int> inputs = {};
 };
 
 // Statistics a controller may ask for at a layer (bit set). Each is computed once per query by the
@@ -77,6 +80,18 @@ struct LocalScale {
   double unbound = 1.0;
 };
 
+// A layer's weight-gradient step (SPEC §6.5): the largest magnitude of its weight and bias gradients in
+// fp32 at the scale it received, before rounding, from which the controller chooses the factor r they
+// are stored at.
+struct WeightGradQuery {
+  int layer_id = -1;
+  std::string_view layer_name;
+  std::int64_t step = 0;
+  Format format = Format::fp32;  // the gradient format they are rounded to
+  double scale_in = 1.0;         // S_in
+  double max_abs = 0;            // inf when a value is not finite
+};
+
 struct StepBegin {
   std::int64_t step = 0;  // iteration index, from 0
   double phi = 1.0;       // overflow safety factor of SPEC §6.4 (1 when the policy has none)
@@ -100,6 +115,18 @@ class LayerController {
   virtual std::optional<ScaleRule> device_rule(int /*layer_id*/) const { return std::nullopt; }
   // The decision a device made at `layer_id` from device_rule: take it as decide() would have.
   virtual void accept(int /*layer_id*/, const LocalScale& /*decision*/) {}
+  // Optional (SPEC §6.5): whether the controller chooses a factor r (a power of two) for each layer's
+  // weight and bias gradients, stored as r·xᵀg and unscaled by r·S_in. Default: no — they are stored at
+  // the scale the layer received (SPEC §5 step 3), and weight_grad_scale is never asked.
+  virtual bool scales_weight_grads() const { return false; }
+  // r, when scales_weight_grads(). Default: the largest power of two that keeps max|r·xᵀg| within the
+  // format's largest finite value (weight_grad_range_scale), so a weight gradient never overflows where
+  // the activation gradient's scale is right, and small ones keep the format's whole range.
+  virtual double weight_grad_scale(const WeightGradQuery& q);
+  // Optional: u_max when weight_grad_scale at `layer_id` is weight_grad_range_scale(max_abs, u_max, S_in)
+  // (lib/scaler/scale_rule.h), so a device backend evaluates it where the maxima are, without the host
+  // waiting. Default: none (the host decides from the maxima).
+  virtual std::optional<double> device_weight_grad_bound(int /*layer_id*/) const { return std::nullopt; }
   // After backward: what every layer did and observed (records indexed by layer id; full statistics
   // only on recording steps, s/S and max|g| always), and whether the iteration overflowed.
   virtual void end_step(const StepMonitor& monitor) = 0;

@@ -51,6 +51,7 @@ struct ScaleRule {
   double reduction = 1;  // K of the upstream GEMM: filled in by the backend from the layer
   ScaleRuleParams params;
   ScaleBounds bounds;
+  double factor = 1;  // multiplies the bounded s last: the layer's safety factor φ_l (SPEC §6.5), a power of two
 };
 
 // Which statistics a formula reads (the StatNeeds bits of lib/scaler/controller.h).
@@ -142,6 +143,18 @@ GS_HOST_DEVICE inline double bounded_scale(double unbound, double scale_in, cons
   return s;
 }
 
+// SPEC §6.5's weight-gradient factor r: the largest power of two with max|r·g| ≤ u_max, for weight
+// gradients whose largest fp32 magnitude at scale S is `max_abs`; kept so that r·S stays a float32
+// normal number (the unscale divides by float(r·S)). 1 for an all-zero or non-finite gradient.
+GS_HOST_DEVICE inline double weight_grad_range_scale(double max_abs, double u_max, double scale_in) {
+  if (!(max_abs > 0) || !(max_abs < INFINITY) || !(scale_in > 0)) return 1.0;
+  double r = rule_power_of_two_floor(u_max / max_abs);
+  if (r * max_abs > u_max) r *= 0.5;  // the quotient rounded up onto a power of two
+  const double top = ldexp(1.0, 126) / scale_in;
+  if (top > 0 && top < INFINITY) r = rule_min(r, rule_power_of_two_floor(top));
+  return r;
+}
+
 // What a rule reads, wherever the statistics were computed (null where the formula reads nothing).
 struct RuleInputs {
   RuleMoments grad, weight;          // kApproxRange, kAbsRange
@@ -166,7 +179,7 @@ GS_HOST_DEVICE inline RuleDecision evaluate_rule(const ScaleRule& r, const RuleI
       break;
     default: break;  // kKept
   }
-  return RuleDecision{bounded_scale(unbound, in.scale_in, r.bounds), unbound};
+  return RuleDecision{bounded_scale(unbound, in.scale_in, r.bounds) * r.factor, unbound};
 }
 
 }  // namespace gradscale

@@ -18,6 +18,10 @@ void LayerController::restore_controller_state(const nlohmann::json& state) {
                                        << json_excerpt(state));
 }
 
+double LayerController::weight_grad_scale(const WeightGradQuery& q) {
+  return weight_grad_range_scale(q.max_abs, format_info(q.format).max_finite, q.scale_in);
+}
+
 double Scaler::choose_loss_scale(const LocalScaleQuery& /*loss_grad*/) {
   return loss_scale();
 }

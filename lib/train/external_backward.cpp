@@ -24,11 +24,11 @@ std::unique_ptr<Scaler> scaler_from(const nlohmann::json& config, const Precisio
 void round_unrecorded(float* d, std::size_t n, float multiplier, GradSite site, const Precision& p,
                       StepMonitor& monitor, int layer) {
   StepMonitor scratch;
-  scratch.gradient_edge = monitor.gradient_edge;            // popart_als counts every weight gradient
-  round_gradient(d, n, multiplier, site, 0, p, scratch);  // record is off: layer 0 is never read
+  scratch.gradient_edge = monitor.gradient_edge;                     // popart_als counts every weight gradient
+  const float m = round_gradient(d, n, multiplier, site, 0, p, scratch);  // record is off: layer 0 is never read
   monitor.grad_below_edge += scratch.grad_below_edge;
   monitor.grad_above_edge += scratch.grad_above_edge;
-  if (scratch.found_inf) monitor.note_nonfinite(layer);
+  if (scratch.found_inf) monitor.note_overflow(site, layer, m, scratch.nonfinite_stored);
 }
 
 }  // namespace
@@ -68,6 +68,7 @@ void ExternalBackward::check_layer(int layer, bool allow_none, const char* call)
 
 void ExternalBackward::begin_step(bool record_statistics) {
   monitor_.reset(static_cast<int>(layers_.size()), record_statistics, scaler_->gradient_edge());
+  wgrad_seen_.assign(layers_.size(), 0);
   const auto t0 = std::chrono::steady_clock::now();
   scaler_->begin_step(steps_);
   monitor_.scaler_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -178,18 +179,39 @@ void ExternalBackward::weight_gradient(int layer, float* g, std::int64_t n, doub
   check_layer(layer, true, "weight_gradient");
   GS_CHECK_NUMERIC(std::isfinite(scale) && scale > 0, "ExternalBackward::weight_gradient: scale " << scale);
   const auto count = static_cast<std::size_t>(n);
+  // SPEC §6.5: a per-layer policy stores the part at its own factor r, chosen from its fp32 maximum.
+  double r = 1.0;
+  LayerController* controller = scaler_->layer_controller();
+  if (layer >= 0 && controller != nullptr && controller->scales_weight_grads() && precision_.quantize_weight_grads) {
+    WeightGradQuery q;
+    q.layer_id = layer;
+    q.layer_name = layers_[static_cast<std::size_t>(layer)].name;
+    q.step = steps_;
+    q.format = precision_.gradient_format();
+    q.scale_in = scale;
+    q.max_abs = max_abs(g, count);
+    r = controller->weight_grad_scale(q);
+    int e = 0;
+    GS_CHECK_NUMERIC(std::isfinite(r) && r > 0 && std::frexp(r, &e) == 0.5,
+                     "the controller of policy '" << scaler_->policy() << "' chose weight-gradient scale " << r
+                                                  << " at layer '" << q.layer_name << "' (must be a finite power of two > 0)");
+    // The record keeps the smallest r among the layer's parts this step, as accumulate_weight_grads does.
+    LayerRecord& record = monitor_.record_of(layer);
+    record.weight_grad_scale = wgrad_seen_[static_cast<std::size_t>(layer)] ? std::min(record.weight_grad_scale, r) : r;
+    wgrad_seen_[static_cast<std::size_t>(layer)] = 1;
+  }
   if (layer < 0)
     round_unrecorded(g, count, 1.0f, GradSite::weight, precision_, monitor_, -1);
   else
-    round_gradient(g, count, 1.0f, GradSite::weight, layer, precision_, monitor_);
+    round_gradient(g, count, static_cast<float>(r), GradSite::weight, layer, precision_, monitor_);
   // As accumulate_weight_grad: a scale outside float32's range cannot be divided out, so the step
   // counts as non-finite (the scaler skips it).
-  if (!scale_in_float_range(scale)) {
+  if (!scale_in_float_range(r * scale)) {
     monitor_.note_nonfinite(layer);
     return;
   }
-  // Unscale in fp32 (SPEC §4), as accumulate_weight_grad does: g / S, exact for a power-of-two S.
-  const auto s = static_cast<float>(scale);
+  // Unscale in fp32 (SPEC §4), as accumulate_weight_grad does: g / (r·S), exact for powers of two.
+  const auto s = static_cast<float>(r * scale);
   for (std::size_t i = 0; i < count; ++i) g[i] /= s;
 }
 
@@ -222,6 +244,46 @@ void ExternalBackward::agree(const std::vector<double>& summed) {
       monitor_.first_nonfinite_layer = static_cast<int>(i);
       break;
     }
+}
+
+namespace {
+constexpr std::size_t kOverflowHead = 3, kOverflowPerLayer = 4;  // overflow_buffer's layout
+}  // namespace
+
+std::vector<double> ExternalBackward::overflow_buffer() const {
+  // [a stored value not finite, loss overflow, its max; per layer: overflow upstream, weight, join, max]
+  std::vector<double> b(kOverflowHead + kOverflowPerLayer * layers_.size(), 0.0);
+  b[0] = monitor_.nonfinite_stored ? 1 : 0;
+  b[1] = monitor_.loss_overflow ? 1 : 0;
+  b[2] = monitor_.loss_overflow_max_abs;
+  for (std::size_t i = 0; i < layers_.size(); ++i) {
+    const LayerRecord& r = monitor_.records[i];
+    double* l = b.data() + kOverflowHead + kOverflowPerLayer * i;
+    l[0] = r.overflow_upstream ? 1 : 0;
+    l[1] = r.overflow_weight ? 1 : 0;
+    l[2] = r.overflow_join ? 1 : 0;
+    l[3] = r.overflow_max_abs;
+  }
+  return b;
+}
+
+void ExternalBackward::agree_overflows(const std::vector<double>& summed) {
+  check_layer(-1, true, "agree_overflows");
+  const std::size_t expected = kOverflowHead + kOverflowPerLayer * layers_.size();
+  GS_CHECK_SHAPE(summed.size() == expected, "ExternalBackward::agree_overflows: a buffer of "
+                                                << summed.size() << " values, expected " << expected
+                                                << " (overflow_buffer())");
+  monitor_.nonfinite_stored = summed[0] > 0;
+  monitor_.loss_overflow = summed[1] > 0;
+  monitor_.loss_overflow_max_abs = static_cast<float>(summed[2]);
+  for (std::size_t i = 0; i < layers_.size(); ++i) {
+    const double* l = summed.data() + kOverflowHead + kOverflowPerLayer * i;
+    LayerRecord& r = monitor_.records[i];
+    r.overflow_upstream = l[0] > 0;
+    r.overflow_weight = l[1] > 0;
+    r.overflow_join = l[2] > 0;
+    r.overflow_max_abs = static_cast<float>(l[3]);
+  }
 }
 
 StepResult ExternalBackward::finish_step(double loss) {

@@ -58,8 +58,9 @@ class ExternalBackward {
   // passed through fp32 operations that are no layer since it was last rounded): found_inf is checked
   // and charged to the layer; no statistics (they were taken where it was rounded before).
   void round_received(int layer, float* g, std::int64_t n);
-  // A weight-gradient part of `layer` (fp32, at scale `scale`), in place → quantize(g) / scale in fp32:
-  // the true gradient, ready to be added to the master gradient (SPEC §4). layer -1: a parameter of no
+  // A weight-gradient part of `layer` (fp32, at scale `scale`), in place → quantize(r·g) / (r·scale) in
+  // fp32: the true gradient, ready to be added to the master gradient (SPEC §4), with r the controller's
+  // weight_grad_scale for the part (SPEC §6.5; 1 under a global policy; the record keeps the smallest). layer -1: a parameter of no
   // layer (rounded and unscaled, found_inf checked, no statistics).
   void weight_gradient(int layer, float* g, std::int64_t n, double scale);
   // Records that `layer` ran backward on a gradient at scale `scale_in` (its record's S_in).
@@ -73,6 +74,13 @@ class ExternalBackward {
   // local scales differ.
   std::vector<double> agreement_buffer() const;
   void agree(const std::vector<double>& summed);
+  // The same for where the step overflowed (SPEC §6.5's charges and skip rule), 3 + 4 per layer values:
+  // whether a stored value was not finite, the loss gradient's overflow and each layer's sites, with
+  // their maxima. After the sum every rank has every rank's overflow sites, and as each maximum the sum
+  // of the ranks' (at least the largest: a back-off sized from it is no smaller than any rank's, and
+  // the same on every rank).
+  std::vector<double> overflow_buffer() const;
+  void agree_overflows(const std::vector<double>& summed);
   // The verdict: the controller's end_step, then scaler.update. `loss` is reported in the result.
   StepResult finish_step(double loss = 0);
 
@@ -96,6 +104,7 @@ class ExternalBackward {
   Precision precision_;
   std::unique_ptr<Scaler> scaler_;
   StepMonitor monitor_;
+  std::vector<char> wgrad_seen_;  // per layer: a weight-gradient part was stored this step
   std::int64_t steps_ = 0;
   double loss_scale_;
   bool in_step_ = false;

@@ -103,6 +103,7 @@ bool TraceWriter::write_step(const TraceStep& s, const StepMonitor& m) {
                       {"phi", s.phi},
                       {"skipped", s.skipped},
                       {"found_inf", m.found_inf},
+                      {"nonfinite", m.nonfinite_stored},
                       {"first_nonfinite_layer",
                        m.found_inf ? nlohmann::json(m.first_nonfinite_layer) : nlohmann::json(nullptr)},
                       {"why", why},
@@ -122,6 +123,14 @@ bool TraceWriter::write_step(const TraceStep& s, const StepMonitor& m) {
       if (id < rate_sum_.size()) note_rate(id, r.activation_grad.underflow_rate());
     }
     if (r.has_weight_grad) l["wgrad"] = stats_to_json(r.weight_grad, histograms_);
+    if (r.weight_grad_scale != 1.0) l["wgrad_scale"] = r.weight_grad_scale;  // SPEC §6.5's r (absent: 1)
+    if (r.overflow_upstream || r.overflow_weight || r.overflow_join) {
+      nlohmann::json sites = nlohmann::json::array();
+      if (r.overflow_upstream) sites.push_back("upstream");
+      if (r.overflow_weight) sites.push_back("weight");
+      if (r.overflow_join) sites.push_back("join");
+      l["overflow"] = {{"sites", sites}, {"max_abs", number(r.overflow_max_abs)}};
+    }
     if (r.has_joined_grad) l["join"] = stats_to_json(r.joined_grad, histograms_);
     layers.push_back(std::move(l));
   }

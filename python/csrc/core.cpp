@@ -213,6 +213,8 @@ PYBIND11_MODULE(_core, m) {
       .def("note_layer", &ExternalBackward::note_layer)
       .def("agreement_buffer", &ExternalBackward::agreement_buffer)
       .def("agree", &ExternalBackward::agree)
+      .def("overflow_buffer", &ExternalBackward::overflow_buffer)
+      .def("agree_overflows", &ExternalBackward::agree_overflows)
       .def("finish_step", [](ExternalBackward& e, double loss) { return step_dict(e.finish_step(loss)); })
       .def_property_readonly("steps", &ExternalBackward::steps)
       .def("layer_scales", [](const ExternalBackward& e) { return layer_rows(e.layer_scales(), e.monitor()); })

@@ -287,10 +287,15 @@ class Scaler:
         group = self._group()
         if group is not None:
             # One all-reduce per step (docs/pytorch.md, "Data-parallel"): every rank takes the verdict
-            # of the group, so no rank applies a step another skips.
-            buf = torch.tensor(self._core.agreement_buffer(), dtype=torch.float64)
+            # of the group, so no rank applies a step another skips, and every rank charges the same
+            # overflows to the same layers (SPEC §6.5).
+            verdict = self._core.agreement_buffer()
+            overflows = self._core.overflow_buffer()
+            buf = torch.tensor(verdict + overflows, dtype=torch.float64)
             torch.distributed.all_reduce(buf, group=group)
-            self._core.agree(buf.tolist())
+            summed = buf.tolist()
+            self._core.agree(summed[:len(verdict)])
+            self._core.agree_overflows(summed[len(verdict):])
         result = self._core.finish_step(self._loss_value)
         self._scaler_seconds += result["scaler_seconds"]
         if self._trace is not None:
