@@ -35,7 +35,8 @@ namespace gradscale::adaptive {
 // multiplies its s after the bounds, the loss scale's φ multiplies S0 — and S0 never goes below its floor
 // (§6.3's rule on the exact fp32 loss gradient); weight gradients are stored at their own factor r
 // (LayerController::weight_grad_scale, u_max the bound); a step is skipped only when a stored value is
-// not finite. A registered controller runs under the same safety.
+// not finite. Under a registered controller the policy keeps SPEC §6.4 (skip on found_inf, φ halves,
+// passed to the controller in begin_step) and the S0 floor; φ_l and r are the built-in methods'.
 // State: {"phi", "clean_steps" (the loss scale's factor), "last_loss_scale", "loss_floor", "layers":
 // [{"id", "computed_at", "unbound", and "phi", "clean_steps" where φ_l < 1}, ...]}, and "controller":
 // the controller's own state when one is configured.
