@@ -154,6 +154,12 @@ void CudaBackend::accumulate_weight_grad(Tensor& g, const ScaledGrad& at, Parame
                                 << ", parameter has " << shape_string(param.grad.shape()));
   const auto n = static_cast<std::size_t>(g.size());
   round_gradient(g.data(), n, 1.0f, GradSite::weight, layer_id, p, monitor);
+  // As the CPU's accumulate_weight_grad: a host scale outside float32's range cannot be divided out, so
+  // the step counts as non-finite (the scaler skips it) instead of failing.
+  if (at.device_scale < 0 && !scale_in_float_range(at.scale)) {
+    monitor.note_nonfinite(layer_id);
+    return;
+  }
   UnscaleJob job{g.data(), param.grad.data(), n, at.scale};
   if (at.device_scale >= 0) job.scale_on_device = &scale_at(at.device_scale)->scale;
   unscale_accumulate(&job, 1, found_inf_.data(), ctx_.stream());

@@ -112,9 +112,9 @@ class ParametricLayer : public DeviceLayer {
   // SPEC §5 step 3 for grad_w_ (and grad_b_): rounded, unscaled by S into the master gradients.
   void accumulate_parameter_grads(const ScaledGrad& grad_output, BackwardContext& ctx) {
     if (has_bias_)
-      backend_.accumulate_weight_grads(*this, {{&grad_w_, params_[0]}, {&grad_b_, params_[1]}}, grad_output, ctx);
+      backend_.accumulate_weight_grads(*this, {{&grad_w_, params_[0].get()}, {&grad_b_, params_[1].get()}}, grad_output, ctx);
     else
-      backend_.accumulate_weight_grads(*this, {{&grad_w_, params_[0]}}, grad_output, ctx);
+      backend_.accumulate_weight_grads(*this, {{&grad_w_, params_[0].get()}}, grad_output, ctx);
   }
 
   bool has_bias_ = false;

@@ -78,7 +78,7 @@ class CudaBatchNorm final : public DeviceLayer {
       backend_.round_activation_grad(gx->g, id_, ctx.precision, ctx.monitor);
       pass_scale(*gx, grad_output);
     }
-    backend_.accumulate_weight_grads(*this, {{&grad_gamma_, params_[0]}, {&grad_beta_, params_[1]}}, grad_output, ctx);
+    backend_.accumulate_weight_grads(*this, {{&grad_gamma_, params_[0].get()}, {&grad_beta_, params_[1].get()}}, grad_output, ctx);
   }
 
  private:
