@@ -156,8 +156,8 @@ void BatchNorm::backward(const std::vector<const Tensor*>& inputs, const Tensor&
     round_activation_grad(gx->g, id_, ctx.precision, ctx.monitor);
     gx->scale = scale;
   }
-  accumulate_weight_grad(grad_gamma_, scale, gamma_, id_, ctx.precision, ctx.monitor);
-  accumulate_weight_grad(grad_beta_, scale, beta_, id_, ctx.precision, ctx.monitor);
+  accumulate_weight_grad(grad_gamma_, scale, gamma_, id_, ctx.precision, ctx.monitor, ctx.reducer);
+  accumulate_weight_grad(grad_beta_, scale, beta_, id_, ctx.precision, ctx.monitor, ctx.reducer);
 }
 
 // The layer table lists γ and β under "parameters" (they train, and their gradients are traced as

@@ -324,13 +324,13 @@ void Conv2d::backward(const std::vector<const Tensor*>& inputs, const Tensor& /*
             gw[(o * in_ch_ + c) * kk + q] += wp[(o * kk + q) * in_ch_ + c];
     }
   }
-  accumulate_weight_grad(grad_w_, scale, weight_, id_, ctx.precision, ctx.monitor);
+  accumulate_weight_grad(grad_w_, scale, weight_, id_, ctx.precision, ctx.monitor, ctx.reducer);
   if (has_bias_) {
     grad_b_.resize(bias_.value.shape());
     std::memcpy(grad_b_.data(), thread_grad_b_[0].data(), static_cast<std::size_t>(out_ch_) * sizeof(float));
     for (int t = 1; t < threads; ++t)
       VecMap(grad_b_.data(), out_ch_) += VecMap(thread_grad_b_[static_cast<std::size_t>(t)].data(), out_ch_);
-    accumulate_weight_grad(grad_b_, scale, bias_, id_, ctx.precision, ctx.monitor);
+    accumulate_weight_grad(grad_b_, scale, bias_, id_, ctx.precision, ctx.monitor, ctx.reducer);
   }
 }
 

@@ -17,6 +17,7 @@
 
 #include "lib/instrument/histogram.h"
 #include "lib/instrument/product_range.h"
+#include "lib/instrument/statistics_reducer.h"
 #include "lib/instrument/step_monitor.h"
 #include "lib/scaler/controller.h"
 #include "lib/numeric/quantize.h"
@@ -66,6 +67,9 @@ struct BackwardContext {
   Scaler& scaler;  // the loss-level policy; its layer_controller() chooses local scales
   StepMonitor& monitor;
   std::int64_t step = 0;  // iteration index, for the controller's queries
+  // Data-parallel training (lib/dist): reduces each statistic a decision depends on over the ranks
+  // (lib/instrument/statistics_reducer.h). Null in one process.
+  StatisticsReducer* reducer = nullptr;
 };
 
 class Layer {
@@ -165,9 +169,10 @@ LocalScale checked_decision(LayerController& controller, const LocalScaleQuery& 
                             BackwardContext& ctx, std::chrono::steady_clock::time_point start);
 // Weight-gradient step (SPEC §4): `g` is the fp32 gradient at scale S; it is rounded to the gradient
 // format (unless the precision keeps weight gradients in fp32), checked for non-finite values, counted
-// about the monitor's edge, and g/S is added to `param.grad`.
+// about the monitor's edge, and g/S is added to `param.grad`. With a `reducer` (data-parallel), g is
+// first summed over the ranks, so the whole batch's gradient is what is rounded, checked and applied.
 void accumulate_weight_grad(Tensor& g, double scale, Parameter& param, int layer_id, const Precision& p,
-                            StepMonitor& monitor);
+                            StepMonitor& monitor, StatisticsReducer* reducer = nullptr);
 // The statistics a controller asked for (StatNeeds), computed once with lib/instrument on the query's raw
 // views; attach() computes them and points the query at them (this object must outlive the query's use).
 struct QueryStatistics {
@@ -176,6 +181,10 @@ struct QueryStatistics {
   LogMoments grad_log_moments;
   void attach(StatNeeds needs, LocalScaleQuery& q, RoundOptions round,
               const std::function<ProductRange()>& product_range = nullptr);
+  // Data-parallel training: reduces what attach() computed over the ranks (the weight's moments are
+  // the same on every rank), and withdraws the raw views of this rank's rows (grad, upstream), which
+  // are not the whole batch's: a controller decides from the reduced statistics only.
+  void reduce(StatisticsReducer& reducer, LocalScaleQuery& q);
 };
 // Marks the start of a layer's backward in the monitor: it ran, and received a gradient at scale S_in.
 void note_backward(int layer_id, double scale_in, StepMonitor& monitor);

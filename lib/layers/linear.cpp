@@ -70,11 +70,11 @@ void Linear::backward(const std::vector<const Tensor*>& inputs, const Tensor& /*
   // Weight gradients at scale S (step 3).
   grad_w_.resize(weight_.value.shape());
   grad_w_.matrix(out_, in_).noalias() = g.transpose() * x.matrix(n, in_);
-  accumulate_weight_grad(grad_w_, scale, weight_, id_, ctx.precision, ctx.monitor);
+  accumulate_weight_grad(grad_w_, scale, weight_, id_, ctx.precision, ctx.monitor, ctx.reducer);
   if (has_bias_) {
     grad_b_.resize(bias_.value.shape());
     grad_b_.matrix(1, out_).noalias() = g.colwise().sum();
-    accumulate_weight_grad(grad_b_, scale, bias_, id_, ctx.precision, ctx.monitor);
+    accumulate_weight_grad(grad_b_, scale, bias_, id_, ctx.precision, ctx.monitor, ctx.reducer);
   }
 }
 

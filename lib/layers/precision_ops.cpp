@@ -199,6 +199,7 @@ void scale_upstream_grad(const Layer& layer, const ScaledGrad& grad_output, cons
     LocalScaleQuery q = upstream_query(layer, grad_output, product, gx.g, ctx);
     QueryStatistics stats;
     stats.attach(controller->needs(layer.id()), q, ctx.precision.round, product.product_range);
+    if (ctx.reducer) stats.reduce(*ctx.reducer, q);
     decision = checked_decision(*controller, q, layer, ctx, t0);
   }
   // s multiplies the fp32 accumulator before the one rounding, so s·g itself never overflows.
@@ -214,11 +215,12 @@ void scale_upstream_grad(const Layer& layer, const ScaledGrad& grad_output, cons
 }
 
 void accumulate_weight_grad(Tensor& g, double scale, Parameter& param, int layer_id, const Precision& p,
-                            StepMonitor& monitor) {
+                            StepMonitor& monitor, StatisticsReducer* reducer) {
   GS_CHECK_SHAPE(g.size() == param.grad.size(),
                  "gradient of " << param.name << " has shape " << shape_string(g.shape())
                                 << ", parameter has " << shape_string(param.grad.shape()));
   const auto n = static_cast<std::size_t>(g.size());
+  if (reducer) reducer->reduce_sum(g.data(), n);  // data-parallel: the whole batch's, rounded once below
   round_gradient(g.data(), n, 1.0f, GradSite::weight, layer_id, p, monitor);
   // An accumulated scale outside float32's range cannot be divided out (0·inf, or a gradient wiped to
   // 0): the step counts as non-finite, so the scaler skips it and nothing of it is applied.
