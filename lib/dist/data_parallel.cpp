@@ -1,6 +1,7 @@
 // Data-parallel reductions (see data_parallel.h).
 #include "lib/dist/data_parallel.h"
 
+#include <chrono>
 #include <cmath>
 #include <limits>
 #include <sstream>
@@ -11,6 +12,19 @@ namespace gradscale {
 namespace {
 
 constexpr double kNone = -std::numeric_limits<double>::infinity();  // "no value" under max
+
+// Adds the wall time of its scope to `total`.
+class Timed {
+ public:
+  explicit Timed(double& total) : total_(total), start_(std::chrono::steady_clock::now()) {}
+  ~Timed() { total_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count(); }
+  Timed(const Timed&) = delete;
+  Timed& operator=(const Timed&) = delete;
+
+ private:
+  double& total_;
+  std::chrono::steady_clock::time_point start_;
+};
 
 // NaN counts as +inf (nothing fits a non-finite value), as lib/instrument's max|v| does.
 double no_nan(double v) {
@@ -80,11 +94,13 @@ void DataParallel::reduce_all(const std::vector<TensorStats*>& stats) {
 }
 
 void DataParallel::reduce(TensorStats& s) {
+  const Timed t(counts_.statistics_seconds);
   reduce_all({&s});
 }
 
 void DataParallel::reduce(LogMoments& m) {
   if (comm_.size() == 1) return;
+  const Timed t(counts_.statistics_seconds);
   // Back to sums (count·mean, count·(stddev² + mean²)): not the one process's bits, which summed the
   // logarithms in one pass (docs/distributed.md: what is not bit-exact).
   const auto c = static_cast<double>(m.count);
@@ -104,6 +120,7 @@ void DataParallel::reduce(LogMoments& m) {
 
 void DataParallel::reduce(ProductRange& r) {
   if (comm_.size() == 1) return;
+  const Timed t(counts_.statistics_seconds);
   double v[2] = {r.max_abs, r.empty() ? kNone : -r.min_abs};
   comm_.all_reduce_max(v, 2);
   count_statistics(1, 16);
@@ -113,6 +130,7 @@ void DataParallel::reduce(ProductRange& r) {
 
 void DataParallel::reduce_max(double* values, std::size_t n) {
   if (comm_.size() == 1) return;
+  const Timed t(counts_.statistics_seconds);
   for (std::size_t i = 0; i < n; ++i) values[i] = no_nan(values[i]);
   comm_.all_reduce_max(values, n);
   count_statistics(1, 8 * n);
@@ -120,6 +138,7 @@ void DataParallel::reduce_max(double* values, std::size_t n) {
 
 std::int64_t DataParallel::total(std::int64_t local) {
   if (comm_.size() == 1) return local;
+  const Timed t(counts_.statistics_seconds);
   std::uint64_t n = static_cast<std::uint64_t>(local);
   comm_.all_reduce_sum(&n, 1);
   count_statistics(1, 8);
@@ -128,6 +147,7 @@ std::int64_t DataParallel::total(std::int64_t local) {
 
 void DataParallel::reduce_step(StepMonitor& m) {
   if (comm_.size() == 1) return;
+  const Timed t(counts_.statistics_seconds);
   // Integers: found_inf and the correct count. (The weight gradients were summed before they were
   // rounded, so their statistics and popart_als's edge counts of them are already the whole batch's,
   // the same on every rank.)
@@ -170,6 +190,7 @@ void DataParallel::reduce_step(StepMonitor& m) {
 
 void DataParallel::reduce_sum(float* values, std::size_t n) {
   if (comm_.size() == 1) return;
+  const Timed t(counts_.gradient_seconds);
   comm_.all_reduce_sum(values, n);
   counts_.gradient_collectives += 1;
   counts_.gradient_bytes += 4 * n;

@@ -29,7 +29,9 @@ namespace gradscale {
 // What the reductions of a run cost, per rank (the benchmark's figures).
 struct ReductionCounts {
   std::uint64_t statistics_collectives = 0, statistics_bytes = 0;  // in backward and the step summary
-  std::uint64_t gradient_collectives = 0, gradient_bytes = 0;      // the master gradients
+  std::uint64_t gradient_collectives = 0, gradient_bytes = 0;      // the weight gradients
+  // Wall time in those collectives, waiting for the other ranks included.
+  double statistics_seconds = 0, gradient_seconds = 0;
 };
 
 class DataParallel final : public StatisticsReducer {

@@ -87,11 +87,12 @@ class MpiCommunicator final : public Communicator {
     return static_cast<int>(n);
   }
 
-  // MPI_Test until the request completes; polls busily for the first millisecond (collectives of a
-  // step take microseconds), then sleeps between polls so a rank that waits does not burn a core.
+  // MPI_Test until the request completes. A non-blocking collective progresses only inside MPI calls,
+  // so for the first second it is tested back to back (yielding the core between tests, for a rank
+  // that shares it); after that a rank waits for a stuck peer, and sleeps 1 ms between tests.
   void wait(MPI_Request& req, const char* what, std::size_t n, const char* unit) {
     const auto start = std::chrono::steady_clock::now();
-    for (long polls = 0;; ++polls) {
+    for (;;) {
       int done = 0;
       GS_MPI_CHECK(MPI_Test(&req, &done, MPI_STATUS_IGNORE));
       if (done) return;
@@ -103,7 +104,10 @@ class MpiCommunicator final : public Communicator {
             << "config (--dist-timeout sets the limit)";
         throw DistributedError(msg.str());
       }
-      if (waited > 1e-3) std::this_thread::sleep_for(std::chrono::microseconds(polls < 2000 ? 20 : 1000));
+      if (waited < 1.0)
+        std::this_thread::yield();
+      else
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
   }
 

@@ -365,7 +365,8 @@ nlohmann::json ScaledTraining::trace_header(const nlohmann::json& config) const 
 
 void ScaledTraining::distribute(Communicator& comm) {
   GS_CHECK_AS(Error, phase_ == Phase::idle, "ScaledTraining::distribute is called inside an iteration");
-  GS_CHECK_CONFIG(comm.size() == 1 || model_.device() == Device::cpu,
+  if (comm.size() == 1) return;  // one process: nothing to reduce
+  GS_CHECK_CONFIG(model_.device() == Device::cpu,
                   "data-parallel training runs on the CPU backend only in this version (the model is on "
                       << device_name(model_.device()) << ")");
   parallel_ = std::make_unique<DataParallel>(comm);

@@ -109,7 +109,8 @@ class ScaledTraining {
   // gradients are summed before the optimizer step. Checks first that every rank built the same model,
   // formats and scaler (DistributedError naming the ranks and the key). CPU backend only. With a loss
   // of your own (backward()), give each rank's rows of the whole batch's loss gradient and its share of
-  // the loss. Dropout masks are drawn per rank. Save from one rank; load on every rank (any N).
+  // the loss. Dropout masks are drawn per rank. Save from one rank; load on every rank (any N). A
+  // communicator of one rank changes nothing.
   void distribute(Communicator& comm);
   // The reductions (null unless distribute() was called): rank, size and what they moved.
   const DataParallel* data_parallel() const { return parallel_.get(); }

@@ -245,7 +245,9 @@ nlohmann::json Trainer::run() {
                                {"statistics_collectives", n.statistics_collectives},
                                {"statistics_bytes", n.statistics_bytes},
                                {"gradient_collectives", n.gradient_collectives},
-                               {"gradient_bytes", n.gradient_bytes}};
+                               {"gradient_bytes", n.gradient_bytes},
+                               {"statistics_seconds", n.statistics_seconds},
+                               {"gradient_seconds", n.gradient_seconds}};
   }
   if (trace_) {
     // "skipped" and "overflows": the writer counts them from the step records (a resumed run's too).
