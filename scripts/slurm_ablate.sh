@@ -48,7 +48,6 @@ gradscale=$(realpath "$gradscale")
 q() { printf '%q' "$1"; }
 common=(--parsable --cpus-per-task="$cpus" --time="$time_limit")
 [ -z "$partition" ] || common+=(--partition="$partition")
-mkdir -p "$out.slurm"
 array_cmd="$(q "$gradscale") ablate $(q "$file") --out $(q "$out") --shard \${SLURM_ARRAY_TASK_ID}/$shards --jobs $jobs"
 array=(sbatch "${common[@]}" --job-name=gradscale-ablate --array="1-$shards"
        --output="$out.slurm/shard-%a.log" "${extra[@]}" --wrap="$array_cmd")
@@ -59,6 +58,7 @@ if [ "$dry_run" = 1 ]; then
   exit 0
 fi
 command -v sbatch >/dev/null 2>&1 || die "sbatch not found: run this on a Slurm login node (or use --dry-run)"
+mkdir -p "$out.slurm"
 array_id=$("${array[@]}")
 array_id="${array_id%%;*}"
 [[ "$array_id" =~ ^[0-9]+$ ]] || die "sbatch did not return a job id (got '$array_id')"

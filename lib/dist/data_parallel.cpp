@@ -145,6 +145,8 @@ std::int64_t DataParallel::total(std::int64_t local) {
   return static_cast<std::int64_t>(n);
 }
 
+// Every field of StepMonitor / LayerRecord that a scaler or controller reads after backward must be
+// made the whole batch's here (a per-layer overflow flag: max), or the ranks may decide differently.
 void DataParallel::reduce_step(StepMonitor& m) {
   if (comm_.size() == 1) return;
   const Timed t(counts_.statistics_seconds);
