@@ -183,6 +183,34 @@ TEST_CASE("mpirun -np 2: the decisions and statistics of one process with the wh
   CHECK(max_w > 0.01);
 }
 
+TEST_CASE("mpirun -np 2: the same skips as one process", "[dist][cli]") {
+  const std::string mpi = mpirun(2);
+  TempDir tmp;
+  // fp16 gradients under torch's scaler from 65536, growing every 3 steps: some steps overflow and are
+  // skipped, the others train; the ranks must skip exactly those.
+  std::string run = kRun + "--scaler '{\"policy\":\"torch\",\"init_scale\":65536,\"growth_interval\":3}' "
+                           "--max-steps 32 ";
+  run.replace(run.find("fp8_e5m2"), 8, "fp16");
+  run.replace(run.find("synthetic:1024"), 14, "synthetic:2048");
+  REQUIRE(run_shell("\"$GS\" " + run + "--trace '" + (tmp / "one") + "'").status == 0);
+  const auto two = run_shell(mpi + "\"$GS\" " + run + "--trace '" + (tmp / "two") + "'");
+  INFO(joined(two.lines));
+  REQUIRE(two.status == 0);
+  const auto a = trace_steps(tmp / "one.jsonl"), b = trace_steps(tmp / "two.jsonl");
+  REQUIRE(a.size() == 32);
+  REQUIRE(b.size() == 32);
+  int skipped = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    INFO("step " << a[i]["step"]);
+    CHECK(a[i]["skipped"] == b[i]["skipped"]);
+    CHECK(a[i]["found_inf"] == b[i]["found_inf"]);
+    CHECK(a[i]["S0"] == b[i]["S0"]);
+    skipped += a[i]["skipped"].get<bool>();
+  }
+  CHECK(skipped > 0);   // some steps were skipped …
+  CHECK(skipped < 16);  // … and most were not
+}
+
 TEST_CASE("mpirun: a checkpoint of 2 ranks resumes in 1, and one of 1 in 2", "[dist][cli]") {
   const std::string mpi = mpirun(2);
   TempDir tmp;
