@@ -67,6 +67,13 @@ Trainer::Trainer(TrainConfig config, std::ostream* log, Communicator* comm)
                                                  << config_.device << "'");
     GS_CHECK_CONFIG(config_.batch >= comm_->size(), "--batch " << config_.batch << " is smaller than the "
                                                                << comm_->size() << " ranks: each needs a row");
+    const std::int64_t last = data_.train.images.dim(0) % config_.batch;  // an epoch's partial batch
+    GS_CHECK_CONFIG(last == 0 || last >= comm_->size(),
+                    "the last batch of each epoch has " << last << " samples (" << data_.train.images.dim(0)
+                                                        << " % --batch " << config_.batch << "), fewer than the "
+                                                        << comm_->size()
+                                                        << " ranks: choose a batch that leaves none or at least "
+                                                           "one sample per rank");
     training_->distribute(*comm_);  // checks the model, formats and scaler agree
     DataParallel(*comm_).check_same_config(config_.to_json());
     if (log_) *log_ << "data-parallel: " << comm_->size() << " ranks (" << comm_->backend() << "), "
