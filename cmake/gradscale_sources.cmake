@@ -5,3 +5,5 @@ file(GLOB_RECURSE GS_LIB_SOURCES CONFIGURE_DEPENDS
      ${GS_SOURCE_ROOT}/lib/*.cpp ${GS_SOURCE_ROOT}/adaptive/*.cpp ${GS_SOURCE_ROOT}/baselines/*.cpp
      ${GS_SOURCE_ROOT}/policies/*.cpp)
 list(FILTER GS_LIB_SOURCES EXCLUDE REGEX ".*/lib/cuda/.*")
+# The MPI backend of the communicator is its own library (gradscale_mpi), built when MPI is found.
+list(FILTER GS_LIB_SOURCES EXCLUDE REGEX ".*/lib/dist/mpi_.*")

@@ -9,6 +9,9 @@ set -euo pipefail
 
 packages=(cmake g++ make pkg-config zlib1g-dev libeigen3-dev libboost-program-options-dev
           nlohmann-json3-dev catch2 dataset-fashion-mnist python3 python3-matplotlib)
+# MPI for data-parallel training (`mpirun -np N build/gradscale train`, docs/distributed.md) and its
+# CI test; the build still works without it (one process, no MPI at run time).
+packages+=(libopenmpi-dev openmpi-bin)
 # With clang present the build adds the fuzz targets (tests/fuzz, docs/fuzzing.md), which need clang's
 # libFuzzer and sanitizer runtimes and its OpenMP.
 if command -v clang++ >/dev/null 2>&1; then

@@ -1,11 +1,13 @@
 // Tests of `gradscale ablate` (experiments/ablate): expansion of ablation files (product of axes,
 // variants, seeds, scaler.* keys) and the errors that name the bad key or value before anything runs;
 // resume (a finished run is skipped, a half-written one runs again); the table's mean ± std, checked
-// by hand on synthetic run files and on tiny real runs; and plot_ablation.py on a tiny table.
+// by hand on synthetic run files and on tiny real runs; plot_ablation.py on a tiny table; and shards
+// (--shard K/N, run locks, scripts/slurm_ablate.sh).
 #include <catch2/catch.hpp>
 
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -20,8 +22,10 @@
 #include <nlohmann/json.hpp>
 
 #include "experiments/ablate/ablation.h"
+#include "experiments/ablate/out_dir.h"
 #include "experiments/ablate/plots.h"
 #include "experiments/ablate/runner.h"
+#include "experiments/ablate/shard.h"
 #include "experiments/ablate/table.h"
 #include "lib/core/error.h"
 #include "tests/cli_run.h"
@@ -541,4 +545,123 @@ TEST_CASE("plot_ablation.py draws a tiny table", "[ablate][plot]") {
   CHECK(bad.status == 1);
   CHECK(contains(joined(bad.lines), "not a gradscale ablation table"));
   CHECK_FALSE(fs::exists(tmp / "b.png"));
+}
+
+TEST_CASE("ablate --shard: K/N parsed and checked, the shards partition the runs", "[ablate][shard]") {
+  CHECK(parse_shard("2/8").index == 2);
+  CHECK(parse_shard("2/8").count == 8);
+  CHECK(parse_shard("1/1").all());
+  CHECK_THROWS_WITH(parse_shard("0/2"), Catch::Contains("K must be in [1, 2]"));
+  CHECK_THROWS_WITH(parse_shard("3/2"), Catch::Contains("K must be in [1, 2]"));
+  CHECK_THROWS_WITH(parse_shard("1/0"), Catch::Contains("N must be in [1, 100000]"));
+  CHECK_THROWS_WITH(parse_shard("x/2"), Catch::Contains("expected K/N"));
+  CHECK_THROWS_WITH(parse_shard("2"), Catch::Contains("expected K/N"));
+  CHECK_THROWS_WITH(parse_shard("-1/2"), Catch::Contains("expected K/N"));
+  for (int n : {1, 2, 3, 7}) {
+    std::vector<int> owners(20, 0);
+    for (int k = 1; k <= n; ++k)
+      for (std::size_t i = 0; i < owners.size(); ++i) owners[i] += parse_shard(std::to_string(k) + "/" + std::to_string(n)).holds(i);
+    for (int o : owners) CHECK(o == 1);  // every run in exactly one shard
+  }
+}
+
+TEST_CASE("ablate --shard: two shards at once in one --out run every run once, --table-only merges",
+          "[ablate][shard][cli]") {
+  TempDir tmp;
+  const std::string file = tmp / "a.json", out = tmp / "out";
+  write_text(file, std::string("{") + kTinyBase + R"(, "axes": {"scaler": ["none", "torch", "static:8"]}, "seeds": [0, 1]})");
+  const std::string cmd = "\"$GS\" ablate '" + file + "' --out '" + out + "' --no-plots --progress-seconds 0";
+  const auto bad = gradscale::test::run_cli("ablate '" + file + "' --out '" + out + "' --shard 3/2");
+  CHECK(bad.status == 2);
+  CHECK(contains(joined(bad.lines), "--shard '3/2': K must be in [1, 2]"));
+  const auto both = gradscale::test::run_cli("ablate '" + file + "' --out '" + out + "' --shard 1/2 --table-only");
+  CHECK(both.status == 2);
+  CHECK(contains(joined(both.lines), "--shard and --table-only together"));
+  CHECK_FALSE(fs::exists(out));
+
+  // Both shards started together, into one directory that neither has created yet.
+  const auto r = gradscale::test::run_shell("(" + cmd + " --shard 1/2 > '" + (tmp / "s1.log") + "' 2>&1; echo $? > '" +
+                                            (tmp / "s1.rc") + "') & (" + cmd + " --shard 2/2 > '" + (tmp / "s2.log") +
+                                            "' 2>&1; echo $? > '" + (tmp / "s2.rc") + "') & wait");
+  const std::string log1 = read_text(tmp / "s1.log"), log2 = read_text(tmp / "s2.log");
+  INFO(log1 << "\n----\n" << log2);
+  REQUIRE(r.status == 0);
+  CHECK(read_text(tmp / "s1.rc") == "0\n");
+  CHECK(read_text(tmp / "s2.rc") == "0\n");
+  CHECK(contains(log1, "shard 1/2 (3 of 6 runs)"));
+  CHECK(contains(log2, "shard 2/2 (3 of 6 runs)"));
+  const Ablation ab = load_ablation(file);
+  REQUIRE(ab.runs.size() == 6);
+  for (std::size_t i = 0; i < ab.runs.size(); ++i) {
+    const std::string done = ab.runs[i].name + ": done";
+    CHECK(run_state(run_paths(out, ab.runs[i].name)) == RunState::done);
+    // Run i by shard i mod 2 + 1, and by that shard only.
+    CHECK(contains(i % 2 == 0 ? log1 : log2, done));
+    CHECK_FALSE(contains(i % 2 == 0 ? log2 : log1, done));
+  }
+  CHECK_FALSE(fs::exists(out + "/table.md"));  // shards leave the tables to the merge
+  const auto merged = gradscale::test::run_cli("ablate '" + file + "' --out '" + out + "' --no-plots --table-only");
+  INFO(joined(merged.lines));
+  REQUIRE(merged.status == 0);
+  CHECK_FALSE(contains(joined(merged.lines), "not run"));
+  CHECK(contains(read_text(out + "/table.md"), "| none | 2 |"));  // both seeds, from both shards
+
+  // A shard's second copy at once is refused, naming the holder; so is an ablation without --shard.
+  {
+    const OutDirLock held(out, /*create=*/true, parse_shard("2/2"));
+    const auto twice = gradscale::test::run_cli("ablate '" + file + "' --out '" + out + "' --shard 2/2");
+    CHECK(twice.status == 2);
+    CHECK(contains(joined(twice.lines), "shard 2/2 is already running there (pid " + std::to_string(::getpid())));
+    const auto whole = gradscale::test::run_cli("ablate '" + file + "' --out '" + out + "' --no-plots");
+    CHECK(whole.status == 2);
+    CHECK(contains(joined(whole.lines), "is in use by another gradscale ablate"));
+    CHECK(gradscale::test::run_cli("ablate '" + file + "' --out '" + out + "' --shard 1/2").status == 0);
+  }
+}
+
+TEST_CASE("ablate: a run another process holds is left to it (run locks)", "[ablate][shard][cli]") {
+  TempDir tmp;
+  const std::string file = tmp / "a.json", out = tmp / "out";
+  write_text(file, std::string("{") + kTinyBase + R"(, "axes": {"scaler": ["none", "torch"]}})");
+  fs::create_directories(out);
+  RunLock held(out, "torch_seed0");  // as a shard of another N running it would
+  REQUIRE(held.held());
+  const auto r = gradscale::test::run_cli("ablate '" + file + "' --out '" + out + "' --no-plots --shard 1/1");
+  INFO(joined(r.lines));
+  REQUIRE(r.status == 0);
+  CHECK(contains(joined(r.lines), "torch_seed0: run by another process (pid " + std::to_string(::getpid()) + "): left to it"));
+  CHECK(run_state(run_paths(out, "none_seed0")) == RunState::done);
+  CHECK(run_state(run_paths(out, "torch_seed0")) == RunState::pending);
+  const RunLock second(out, "torch_seed0");  // and in-process: one holder at a time
+  CHECK_FALSE(second.held());
+  CHECK(second.holder() == std::to_string(::getpid()));
+}
+
+TEST_CASE("scripts/slurm_ablate.sh submits a job array of shards and a merge after it", "[ablate][shard][cli]") {
+  TempDir tmp;
+  const std::string file = tmp / "a.json", out = tmp / "out";
+  write_text(file, std::string("{") + kTinyBase + R"(, "axes": {"scaler": ["none", "torch", "static:8"]}})");
+  // A stand-in for sbatch: records its arguments, answers job ids as `sbatch --parsable` does.
+  write_text(tmp / "bin/sbatch", "#!/bin/sh\nprintf '%s\\n' \"$@\" >> '" + (tmp / "sbatch.args") +
+                                     "'\necho ---- >> '" + (tmp / "sbatch.args") + "'\necho 4242\n");
+  ::chmod((tmp / "bin/sbatch").c_str(), 0755);
+  const std::string script = std::string(GRADSCALE_SOURCE_DIR) + "/scripts/slurm_ablate.sh";
+  const std::string env = "PATH='" + (tmp / "bin") + "':\"$PATH\" bash '" + script + "' ";
+  const auto r = gradscale::test::run_shell(env + "'" + file + "' --out '" + out + "' --shards 3 --jobs 2 --gradscale \"$GS\"");
+  INFO(joined(r.lines));
+  REQUIRE(r.status == 0);
+  const std::string args = read_text(tmp / "sbatch.args");
+  INFO(args);
+  CHECK(contains(args, "--array=1-3\n"));
+  CHECK(contains(args, "--cpus-per-task=2\n"));
+  CHECK(contains(args, "--shard ${SLURM_ARRAY_TASK_ID}/3 --jobs 2"));
+  CHECK(contains(args, "--dependency=afterany:4242\n"));
+  CHECK(contains(args, "--table-only"));
+  CHECK(contains(joined(r.lines), "job array 4242"));
+  // Bad input stops before anything is submitted.
+  fs::remove(tmp / "sbatch.args");
+  const auto bad = gradscale::test::run_shell(env + "'" + file + "' --out '" + out + "' --shards 0 --gradscale \"$GS\"");
+  CHECK(bad.status == 2);
+  CHECK(contains(joined(bad.lines), "--shards must be a whole number >= 1, got '0'"));
+  CHECK_FALSE(fs::exists(tmp / "sbatch.args"));
 }

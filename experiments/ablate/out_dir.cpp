@@ -24,7 +24,7 @@ bool empty_but_ours(const fs::path& dir) {
   std::error_code ec;
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
     const std::string name = it->path().filename().string();
-    if (name != kMarkerFile && name != kLockFile) return false;
+    if (name.rfind(kMarkerFile, 0) != 0) return false;  // the marker, the locks
   }
   return !ec;
 }
@@ -38,9 +38,17 @@ std::string holder_pid(int fd) {
   return pid.empty() || pid.find_first_not_of("0123456789") != std::string::npos ? "?" : pid;
 }
 
+// Writes this process's pid into a lock file it holds (for the message of a second process).
+void write_pid(int fd) {
+  const std::string pid = std::to_string(::getpid()) + "\n";
+  const bool written = ::ftruncate(fd, 0) == 0 &&
+                       ::pwrite(fd, pid.data(), pid.size(), 0) == static_cast<ssize_t>(pid.size());
+  (void)written;  // the pid is only for the message of a second process
+}
+
 }  // namespace
 
-OutDirLock::OutDirLock(const std::string& dir, bool create) {
+OutDirLock::OutDirLock(const std::string& dir, bool create, const Shard& shard) {
   GS_CHECK_CONFIG(!dir.empty(), "--out: the path is empty: give the ablation's directory");
   const fs::path d(dir);
   const fs::path marker = d / kMarkerFile;
@@ -65,24 +73,62 @@ OutDirLock::OutDirLock(const std::string& dir, bool create) {
   const std::string lock = (d / kLockFile).string();
   fd_ = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
   GS_CHECK_CONFIG(fd_ >= 0, "--out '" << dir << "': cannot open '" << lock << "': " << std::strerror(errno));
-  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+  if (::flock(fd_, (shard.all() ? LOCK_EX : LOCK_SH) | LOCK_NB) != 0) {
     const int err = errno;
     const std::string pid = holder_pid(fd_);
     ::close(fd_);
     fd_ = -1;
     GS_CHECK_CONFIG(err != EWOULDBLOCK, "--out '" << dir << "' is in use by another gradscale ablate (pid "
-                                                  << pid << "): wait for it to end");
+                                                  << pid << (shard.all() ? "" : ", without --shard")
+                                                  << "): wait for it to end");
     throw ConfigError("--out '" + dir + "': cannot lock '" + lock + "': " + std::strerror(err));
   }
-  const std::string pid = std::to_string(::getpid()) + "\n";
-  const bool written = ::ftruncate(fd_, 0) == 0 &&
-                       ::pwrite(fd_, pid.data(), pid.size(), 0) == static_cast<ssize_t>(pid.size());
-  (void)written;  // the pid is only for the message of a second process
+  if (!shard.all()) {
+    // The shard's own lock: the same K/N twice at once would run the same runs (one after the other,
+    // through the run locks, but pointlessly): refused.
+    const std::string own = (d / (std::string(kMarkerFile) + ".shard-" + std::to_string(shard.index) + "-of-" +
+                                  std::to_string(shard.count) + ".lock"))
+                                .string();
+    shard_fd_ = ::open(own.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+    GS_CHECK_CONFIG(shard_fd_ >= 0, "--out '" << dir << "': cannot open '" << own << "': " << std::strerror(errno));
+    if (::flock(shard_fd_, LOCK_EX | LOCK_NB) != 0) {
+      const std::string pid = holder_pid(shard_fd_);
+      ::close(shard_fd_);
+      shard_fd_ = -1;
+      ::close(fd_);
+      fd_ = -1;
+      throw ConfigError("--out '" + dir + "': shard " + shard.label() +
+                        " is already running there (pid " + pid + "): wait for it to end");
+    }
+    write_pid(shard_fd_);
+  }
+  write_pid(fd_);
   if (!marked) write_file_atomic(marker.string(), "gradscale ablation directory (gradscale ablate --out)\n");
 }
 
 OutDirLock::~OutDirLock() {
+  if (shard_fd_ >= 0) ::close(shard_fd_);
   if (fd_ >= 0) ::close(fd_);  // releases the lock
+}
+
+RunLock::RunLock(const std::string& out_dir, const std::string& run_name) {
+  const fs::path dir = fs::path(out_dir) / kRunLockDir;
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  const std::string path = (dir / (run_name + ".lock")).string();
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+  GS_CHECK_DATA(fd >= 0, "cannot open the run lock '" << path << "': " << std::strerror(errno));
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    holder_ = holder_pid(fd);
+    ::close(fd);
+    return;
+  }
+  write_pid(fd);
+  fd_ = fd;
+}
+
+RunLock::~RunLock() {
+  if (fd_ >= 0) ::close(fd_);
 }
 
 void check_input_outside(const std::string& file, const std::string& dir) {

@@ -21,6 +21,7 @@
 #include <thread>
 
 #include "experiments/ablate/files.h"
+#include "experiments/ablate/out_dir.h"
 #include "lib/core/error.h"
 #include "lib/core/clock.h"
 #include "lib/core/json_read.h"
@@ -225,11 +226,12 @@ RunnerSummary run_ablation(const Ablation& ablation, const RunnerOptions& option
   }
 
   RunnerSummary summary;
-  summary.total = static_cast<int>(ablation.runs.size());
   std::vector<std::size_t> queue;
   int half_written = 0, retried = 0;
   std::map<std::string, std::pair<double, int>> cost;  // cost key → (sum of seconds, runs)
   for (std::size_t i = 0; i < ablation.runs.size(); ++i) {
+    if (!options.shard.holds(i)) continue;
+    ++summary.total;
     const RunPaths p = run_paths(options.out_dir, ablation.runs[i].name);
     const RunState s = run_state(p);
     const bool run = s == RunState::pending || s == RunState::half_written ||
@@ -249,7 +251,10 @@ RunnerSummary run_ablation(const Ablation& ablation, const RunnerOptions& option
     }
   }
   const int threads = threads_per_run(options);
-  log << "ablate: " << summary.total << " runs; " << summary.skipped << " already finished, " << queue.size()
+  log << "ablate: ";
+  if (!options.shard.all())
+    log << "shard " << options.shard.label() << " (" << summary.total << " of " << ablation.runs.size() << " runs): ";
+  log << summary.total << " runs; " << summary.skipped << " already finished, " << queue.size()
       << " to run";
   if (half_written) log << " (" << half_written << " half-written, run again)";
   if (retried) log << " (" << retried << " failed, run again)";
@@ -258,6 +263,7 @@ RunnerSummary run_ablation(const Ablation& ablation, const RunnerOptions& option
 
   const double t0 = now_seconds();
   std::vector<Child> running;
+  std::map<std::size_t, RunLock> run_locks;  // run index → its lock, while it runs
   std::size_t next = 0;
   int finished = summary.skipped;
   double last_progress = t0;
@@ -300,6 +306,26 @@ RunnerSummary run_ablation(const Ablation& ablation, const RunnerOptions& option
       const std::size_t i = queue[next++];
       const AblationRun& r = ablation.runs[i];
       const RunPaths p = run_paths(options.out_dir, r.name);
+      // Another process in this directory (a shard of another N, or one started by hand) may run or
+      // have run it since the queue was made: its lock, then its state again, decide.
+      const auto lock = run_locks.try_emplace(i, options.out_dir, r.name).first;
+      if (!lock->second.held()) {
+        log << "ablate: " << r.name << ": run by another process (pid " << lock->second.holder()
+            << "): left to it" << std::endl;
+        run_locks.erase(lock);
+        ++finished;
+        continue;
+      }
+      const RunState now_state = run_state(p);
+      if (now_state == RunState::done || now_state == RunState::diverged ||
+          (now_state == RunState::failed && !options.retry_failed)) {
+        log << "ablate: " << r.name << ": finished by another process meanwhile (" << state_name(now_state)
+            << ")" << std::endl;
+        run_locks.erase(lock);
+        ++summary.skipped;
+        ++finished;
+        continue;
+      }
       fs::remove_all(p.dir);  // a half-written or failed run starts from nothing
       fs::create_directories(p.dir);
       write_file_atomic(p.config, r.config.dump(2) + "\n");
@@ -335,6 +361,7 @@ RunnerSummary run_ablation(const Ablation& ablation, const RunnerOptions& option
       const RunState s = run_state(p);
       if (s != RunState::done) st["last_line"] = last_log_line(p.log);
       write_file_atomic(p.status, st.dump(2) + "\n");
+      run_locks.erase(c.run);  // its outcome is on disk
       const RunState after = run_state(p);
       ++summary.ran;
       ++finished;

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "experiments/ablate/ablation.h"
+#include "experiments/ablate/shard.h"
 
 namespace gradscale::ablate {
 
@@ -46,6 +47,7 @@ struct RunnerOptions {
   bool retry_failed = false;
   double progress_seconds = 10;               // a progress line at least this often while runs go on
   std::string executable = "/proc/self/exe";  // the gradscale binary each run executes
+  Shard shard;  // only the runs of this shard (shard.h); every run by default
 };
 
 // Threads per run: options.threads, else max(1, hardware threads / jobs).
@@ -62,8 +64,9 @@ struct RunnerSummary {
   double seconds = 0;
 };
 
-// Runs every run that has not finished (see RunState), `jobs` at a time, writing progress lines to
-// `log`. Interrupts end the children too (they share the process group; and each child is sent
+// Runs every run of options.shard that has not finished (see RunState), `jobs` at a time, writing
+// progress lines to `log`. Each run is locked while it runs (out_dir.h RunLock): a run another process
+// holds is left to it, and a run another process finished meanwhile is not run again. Interrupts end the children too (they share the process group; and each child is sent
 // SIGTERM when the runner dies). Writes DIR/ablation.json (the expansion) first.
 RunnerSummary run_ablation(const Ablation& ablation, const RunnerOptions& options, std::ostream& log);
 

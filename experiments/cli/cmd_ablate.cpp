@@ -1,6 +1,7 @@
 // `gradscale ablate`: runs a paper-style ablation (docs/ablations.md) from one JSON file: expands and
 // validates every run first, runs them as child `gradscale train` processes N at a time (resuming an
-// interrupted ablation), then writes the tables and plots.
+// interrupted ablation), then writes the tables and plots. With --shard K/N it runs only the K-th of N
+// disjoint subsets of the runs (experiments/ablate/shard.h) and leaves the tables to --table-only.
 #include <cmath>
 #include <iomanip>
 #include <iostream>
@@ -11,6 +12,7 @@
 #include "experiments/ablate/out_dir.h"
 #include "experiments/ablate/plots.h"
 #include "experiments/ablate/runner.h"
+#include "experiments/ablate/shard.h"
 #include "experiments/ablate/table.h"
 #include "experiments/cli/command.h"
 #include "experiments/cli/parse.h"
@@ -21,12 +23,15 @@ namespace {
 
 using namespace gradscale::ablate;
 
-void print_dry_run(const Ablation& ab, const std::string& out_dir, std::ostream& os) {
+void print_dry_run(const Ablation& ab, const std::string& out_dir, const Shard& shard, std::ostream& os) {
   if (!ab.description.empty()) os << ab.description << "\n\n";
   std::size_t width = 4;
   for (const AblationRun& r : ab.runs) width = std::max(width, r.name.size());
-  int to_run = 0;
-  for (const AblationRun& r : ab.runs) {
+  int to_run = 0, in_shard = 0;
+  for (std::size_t i = 0; i < ab.runs.size(); ++i) {
+    if (!shard.holds(i)) continue;
+    ++in_shard;
+    const AblationRun& r = ab.runs[i];
     os << std::left << std::setw(static_cast<int>(width)) << r.name << "  ";
     if (!out_dir.empty()) {
       const RunState s = run_state(run_paths(out_dir, r.name));
@@ -39,6 +44,7 @@ void print_dry_run(const Ablation& ab, const std::string& out_dir, std::ostream&
     os << "seed=" << r.seed << (settings.empty() ? "" : " ") << settings << "\n";
   }
   os << ab.runs.size() << " runs in " << ab.groups.size() << " configurations";
+  if (!shard.all()) os << "; shard " << shard.label() << " holds " << in_shard << " of them";
   if (!out_dir.empty()) os << "; " << to_run << " to run in " << out_dir;
   os << "\n";
 }
@@ -58,7 +64,10 @@ int run_ablate(const std::vector<std::string>& args) {
       "run nothing: write the tables (and plots) from the runs found in --out")(
       "no-plots", po::bool_switch(), "make no plots")("no-trace-plots", po::bool_switch(),
                                                       "no per-run trace plots (scripts/plot_trace.py)")(
-      "progress-seconds", po::value<double>()->default_value(10.0), "seconds between progress lines");
+      "progress-seconds", po::value<double>()->default_value(10.0), "seconds between progress lines")(
+      "shard", po::value<std::string>(),
+      "K/N: run only the K-th of N disjoint subsets of the runs (run i is in shard i mod N + 1), beside "
+      "the other shards in the same --out; no tables (--table-only makes them when all have ended)");
   po::positional_options_description pos;
   pos.add("file", 1);
   po::variables_map vm;
@@ -79,15 +88,19 @@ int run_ablate(const std::vector<std::string>& args) {
   const std::string out_dir = vm.count("out") ? vm["out"].as<std::string>() : "";
   GS_CHECK_CONFIG(!vm.count("out") || !out_dir.empty(), "--out: the path is empty: give the ablation's directory");
   if (!out_dir.empty()) check_input_outside(file, out_dir);
+  const Shard shard = vm.count("shard") ? parse_shard(vm["shard"].as<std::string>()) : Shard{};
+  GS_CHECK_CONFIG(!vm.count("shard") || !vm["table-only"].as<bool>(),
+                  "--shard and --table-only together: the tables are made over every run; run --table-only "
+                  "without --shard once all the shards have ended");
 
   // Everything is expanded and validated before anything runs.
   const Ablation ab = load_ablation(file);
   if (dry_run) {
-    print_dry_run(ab, out_dir, std::cout);
+    print_dry_run(ab, out_dir, shard, std::cout);
     return 0;
   }
   // --out is ours from here to the end of the command (out_dir.h).
-  const OutDirLock lock(out_dir, /*create=*/!vm["table-only"].as<bool>());
+  const OutDirLock lock(out_dir, /*create=*/!vm["table-only"].as<bool>(), shard);
 
   RunnerOptions options;
   options.out_dir = out_dir;
@@ -95,11 +108,22 @@ int run_ablate(const std::vector<std::string>& args) {
   options.threads = threads;
   options.retry_failed = vm["retry-failed"].as<bool>();
   options.progress_seconds = progress_seconds;
+  options.shard = shard;
   RunnerSummary s;
   if (!vm["table-only"].as<bool>()) {
     s = run_ablation(ab, options, std::cerr);
   } else {
     check_existing_runs(ab, out_dir);
+  }
+  if (!shard.all()) {
+    // Tables over every run are the merge's job: shards end at different times, and the other shards'
+    // runs are not finished yet.
+    std::cerr << "ablate: shard " << shard.label() << ": " << s.total << " of " << ab.runs.size() << " runs ("
+              << s.ran << " run now in " << std::fixed << std::setprecision(1) << s.seconds << " s, " << s.skipped
+              << " already finished; " << s.diverged << " diverged, " << s.failed
+              << " failed); when every shard has ended: gradscale ablate " << file << " --out " << out_dir
+              << " --table-only" << std::endl;
+    return 0;
   }
 
   const Table table = build_table(ab, out_dir);

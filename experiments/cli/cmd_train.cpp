@@ -1,7 +1,9 @@
 // `gradscale train`: trains a model with a format and a scaler; keys as in docs/config.md, from a
 // config file and/or the command line (which overrides). Output paths are checked before training
 // starts; the result JSON is written atomically. Exit status: 0, or 3 when the run diverged (the
-// result file says so); bad input exits 2 and a bad file 1 (main.cpp, docs/config.md).
+// result file says so); bad input exits 2 and a bad file 1 (main.cpp, docs/config.md). Under
+// `mpirun -np N` it trains data-parallel (docs/distributed.md): rank 0 logs and writes; an error on one
+// rank ends every rank (MPI_Abort) after printing it.
 #include <iostream>
 #include <sstream>
 #include <string>
@@ -10,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "experiments/cli/command.h"
+#include "experiments/cli/dist_launch.h"
 #include "experiments/cli/train_options.h"
 #include "lib/core/error.h"
 #include "lib/core/output_path.h"
@@ -30,11 +33,16 @@ std::string shown(const json& v) {
   return os.str();
 }
 
+int train(const TrainConfig& config, const po::variables_map& vm, const std::string& result_path,
+          Communicator& comm);
+
 int run_train(const std::vector<std::string>& args) {
   po::options_description desc("options (config-file keys in brackets; see docs/config.md)");
   add_train_options(desc);
   desc.add_options()("result", po::value<std::string>(), "write the result JSON here (atomically)")(
-      "quiet", po::bool_switch(), "no progress lines");
+      "quiet", po::bool_switch(), "no progress lines")(
+      "dist-timeout", po::value<double>()->default_value(300.0),
+      "under mpirun: seconds a collective waits for the other ranks before this rank gives up");
   po::variables_map vm;
   if (!parse_options("gradscale train [options]", desc, args, vm)) return 0;
 
@@ -55,8 +63,28 @@ int run_train(const std::vector<std::string>& args) {
       check_output_file(config.trace_path + ext, "--trace", input_files(vm));
   train_files(vm, config, result_path).check();
 
-  Trainer trainer(config, vm["quiet"].as<bool>() ? nullptr : &std::cerr);
+  const double timeout = vm["dist-timeout"].as<double>();
+  GS_CHECK_CONFIG(timeout > 0 && timeout <= 1e6, "--dist-timeout must be in (0, 1e6] seconds, got " << timeout);
+  const std::unique_ptr<Communicator> comm = make_communicator(timeout);
+  if (comm->size() > 1) {
+    // One rank's error must end the others, which may be waiting in a collective: print it, then abort.
+    try {
+      return train(config, vm, result_path, *comm);
+    } catch (const std::exception& e) {
+      std::cerr << "gradscale train: rank " << comm->rank() << " of " << comm->size() << ": " << e.what()
+                << std::endl;
+      comm->abort(dynamic_cast<const ConfigError*>(&e) ? 2 : 1);
+    }
+  }
+  return train(config, vm, result_path, *comm);
+}
+
+int train(const TrainConfig& config, const po::variables_map& vm, const std::string& result_path,
+          Communicator& comm) {
+  const bool rank0 = comm.rank() == 0;
+  Trainer trainer(config, vm["quiet"].as<bool>() || !rank0 ? nullptr : &std::cerr, &comm);
   const json result = trainer.run();
+  if (!rank0) return result["diverged"].get<bool>() ? kExitDiverged : 0;
   if (!result["diverged"].get<bool>())
     std::cout << "test_accuracy " << shown(result["test_accuracy"]) << "  test_loss "
               << shown(result["test_loss"]) << "  steps " << result["steps"] << "  skipped "

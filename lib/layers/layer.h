@@ -18,6 +18,7 @@
 
 #include "lib/instrument/histogram.h"
 #include "lib/instrument/product_range.h"
+#include "lib/instrument/statistics_reducer.h"
 #include "lib/instrument/step_monitor.h"
 #include "lib/scaler/controller.h"
 #include "lib/numeric/quantize.h"
@@ -67,6 +68,9 @@ struct BackwardContext {
   Scaler& scaler;  // the loss-level policy; its layer_controller() chooses local scales
   StepMonitor& monitor;
   std::int64_t step = 0;  // iteration index, for the controller's queries
+  // Data-parallel training (lib/dist): reduces each statistic a decision depends on over the ranks
+  // (lib/instrument/statistics_reducer.h). Null in one process.
+  StatisticsReducer* reducer = nullptr;
 };
 
 class Layer {
@@ -166,10 +170,12 @@ LocalScale checked_decision(LayerController& controller, const LocalScaleQuery& 
 // `factor` (r, a power of two), rounded to the gradient format (unless the precision keeps weight
 // gradients in fp32), checked for non-finite values, counted about the monitor's edge, and g/(r·S) is
 // added to `param.grad`.
+// With a `reducer` (data-parallel), g is first summed over the ranks, so the whole batch's gradient is
+// what is rounded, checked and applied.
 void accumulate_weight_grad(Tensor& g, double scale, Parameter& param, int layer_id, const Precision& p,
-                            StepMonitor& monitor, double factor = 1.0);
+                            StepMonitor& monitor, double factor = 1.0, StatisticsReducer* reducer = nullptr);
 // The weight-gradient step of one layer: `grads` are its parameters' fp32 gradients at the scale S it
-// received. Under a per-layer policy (and weight gradients rounded), its controller chooses a factor r
+// received (summed over the ranks first, with the context's reducer). Under a per-layer policy (and weight gradients rounded), its controller chooses a factor r
 // for each of them from its largest magnitude (LayerController::weight_grad_scale; 1 otherwise), and
 // each goes through accumulate_weight_grad at its r; the layer's record keeps the smallest r.
 struct WeightGrad {
@@ -190,6 +196,10 @@ struct QueryStatistics {
   LogMoments grad_log_moments;
   void attach(StatNeeds needs, LocalScaleQuery& q, RoundOptions round,
               const std::function<ProductRange()>& product_range = nullptr);
+  // Data-parallel training: reduces what attach() computed over the ranks (the weight's moments are
+  // the same on every rank), and withdraws the raw views of this rank's rows (grad, upstream), which
+  // are not the whole batch's: a controller decides from the reduced statistics only.
+  void reduce(StatisticsReducer& reducer, LocalScaleQuery& q);
 };
 // Marks the start of a layer's backward in the monitor: it ran, and received a gradient at scale S_in.
 void note_backward(int layer_id, double scale_in, StepMonitor& monitor);

@@ -204,6 +204,7 @@ void scale_upstream_grad(const Layer& layer, const ScaledGrad& grad_output, cons
     LocalScaleQuery q = upstream_query(layer, grad_output, product, gx.g, ctx);
     QueryStatistics stats;
     stats.attach(controller->needs(layer.id()), q, ctx.precision.round, product.product_range);
+    if (ctx.reducer) stats.reduce(*ctx.reducer, q);
     decision = checked_decision(*controller, q, layer, ctx, t0);
   }
   // s multiplies the fp32 accumulator before the one rounding, so s·g itself never overflows.
@@ -219,11 +220,12 @@ void scale_upstream_grad(const Layer& layer, const ScaledGrad& grad_output, cons
 }
 
 void accumulate_weight_grad(Tensor& g, double scale, Parameter& param, int layer_id, const Precision& p,
-                            StepMonitor& monitor, double factor) {
+                            StepMonitor& monitor, double factor, StatisticsReducer* reducer) {
   GS_CHECK_SHAPE(g.size() == param.grad.size(),
                  "gradient of " << param.name << " has shape " << shape_string(g.shape())
                                 << ", parameter has " << shape_string(param.grad.shape()));
   const auto n = static_cast<std::size_t>(g.size());
+  if (reducer) reducer->reduce_sum(g.data(), n);  // data-parallel: the whole batch's, rounded once below
   round_gradient(g.data(), n, static_cast<float>(factor), GradSite::weight, layer_id, p, monitor);
   // An accumulated scale outside float32's range cannot be divided out (0·inf, or a gradient wiped to
   // 0): the step counts as non-finite, so the scaler skips it and nothing of it is applied.
@@ -266,6 +268,8 @@ void accumulate_weight_grads(const Layer& layer, std::initializer_list<WeightGra
   double smallest = 1.0;
   bool first = true;
   for (const WeightGrad& w : grads) {
+    // Data-parallel: the whole batch's gradient, so every rank takes the same r from the same maximum.
+    if (ctx.reducer) ctx.reducer->reduce_sum(w.grad->data(), static_cast<std::size_t>(w.grad->size()));
     const double r = own_factor ? choose_weight_grad_scale(layer, max_abs(w.grad->data(), static_cast<std::size_t>(w.grad->size())),
                                                            scale, ctx)
                                 : 1.0;

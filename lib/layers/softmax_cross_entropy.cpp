@@ -6,12 +6,13 @@
 namespace gradscale {
 
 LossResult softmax_cross_entropy_fp32(const Tensor& logits, const std::int32_t* labels, double loss_scale,
-                                      Tensor* grad) {
+                                      Tensor* grad, std::int64_t mean_over) {
   GS_CHECK_SHAPE(logits.rank() == 2, "logits must be [N, classes], got " << shape_string(logits.shape()));
   const std::int64_t n = logits.dim(0), c = logits.dim(1);
   LossResult r;
   if (grad) grad->resize(logits.shape());
-  const auto scale_over_n = static_cast<float>(loss_scale / static_cast<double>(n));
+  const std::int64_t over = mean_over > 0 ? mean_over : n;
+  const auto scale_over_n = static_cast<float>(loss_scale / static_cast<double>(over));
   for (std::int64_t i = 0; i < n; ++i) {
     const float* z = logits.data() + i * c;
     const std::int32_t y = labels[i];
@@ -33,13 +34,14 @@ LossResult softmax_cross_entropy_fp32(const Tensor& logits, const std::int32_t* 
       }
     }
   }
-  r.loss /= static_cast<double>(n);
+  r.loss /= static_cast<double>(over);
   return r;
 }
 
 LossResult softmax_cross_entropy(const Tensor& logits, const std::int32_t* labels, double loss_scale,
-                                 const Precision& p, ScaledGrad* grad, StepMonitor* monitor, int layer_id) {
-  const LossResult r = softmax_cross_entropy_fp32(logits, labels, loss_scale, grad ? &grad->g : nullptr);
+                                 const Precision& p, ScaledGrad* grad, StepMonitor* monitor, int layer_id,
+                                 std::int64_t mean_over) {
+  const LossResult r = softmax_cross_entropy_fp32(logits, labels, loss_scale, grad ? &grad->g : nullptr, mean_over);
   if (grad) {
     grad->scale = loss_scale;
     StepMonitor unused;  // callers without a monitor still round the same way

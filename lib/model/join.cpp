@@ -15,7 +15,7 @@ double join_target_scale(const std::vector<double>& max_abs, const std::vector<d
 }
 
 void join_scaled_grads(const std::vector<const ScaledGrad*>& parts, ScaledGrad& out, const Precision& p,
-                       StepMonitor& monitor, int node_id) {
+                       StepMonitor& monitor, int node_id, StatisticsReducer* reducer) {
   GS_CHECK(!parts.empty(), "join of no gradients");
   std::vector<double> max_abs_parts, scales;
   for (const ScaledGrad* part : parts) {
@@ -26,6 +26,7 @@ void join_scaled_grads(const std::vector<const ScaledGrad*>& parts, ScaledGrad& 
     max_abs_parts.push_back(max_abs(part->g.data(), static_cast<std::size_t>(part->g.size())));
     scales.push_back(part->scale);
   }
+  if (reducer) reducer->reduce_max(max_abs_parts.data(), max_abs_parts.size());
   const double target = join_target_scale(max_abs_parts, scales, p.gradient_format());
   out.g.resize(parts[0]->g.shape());
   out.g.fill(0.0f);

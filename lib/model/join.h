@@ -4,6 +4,7 @@
 
 #include <vector>
 
+#include "lib/instrument/statistics_reducer.h"
 #include "lib/layers/layer.h"
 
 namespace gradscale {
@@ -14,8 +15,9 @@ double join_target_scale(const std::vector<double>& max_abs, const std::vector<d
 
 // out = quantize(Σ g_i · T/S_i, F) at scale T; the sum is in fp32 and rounded once (round_gradient at the
 // join site of `node_id`: statistics when recording, non-finite results reported). All parts must have
-// the same shape.
+// the same shape. With a `reducer` (data-parallel training), the parts' max|g_i| are max-reduced over
+// the ranks first, so every rank picks the T one process with the whole batch would.
 void join_scaled_grads(const std::vector<const ScaledGrad*>& parts, ScaledGrad& out, const Precision& p,
-                       StepMonitor& monitor, int node_id);
+                       StepMonitor& monitor, int node_id, StatisticsReducer* reducer = nullptr);
 
 }  // namespace gradscale

@@ -5,6 +5,7 @@
 #include <chrono>
 
 #include "lib/backend/backend.h"
+#include "lib/model/join.h"
 
 namespace gradscale {
 
@@ -174,7 +175,10 @@ void Model::backward(const ScaledGrad& grad_output, BackwardContext& ctx) {
       } else {
         parts.clear();
         for (const ScaledGrad& p : pending_[k]) parts.push_back(&p);
-        backend_->join(parts, joined_[k], ctx.precision, ctx.monitor, static_cast<int>(k));
+        if (ctx.reducer)  // data-parallel (CPU only): the join's maxima over the ranks
+          join_scaled_grads(parts, joined_[k], ctx.precision, ctx.monitor, static_cast<int>(k), ctx.reducer);
+        else
+          backend_->join(parts, joined_[k], ctx.precision, ctx.monitor, static_cast<int>(k));
         g = &joined_[k];
       }
     }

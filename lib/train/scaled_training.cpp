@@ -112,6 +112,7 @@ void ScaledTraining::begin_step(bool record_statistics) {
   const auto t0 = std::chrono::steady_clock::now();
   scaler_->begin_step(steps_);
   current_.scaler_seconds = seconds_since(t0);
+  batch_total_ = -1;
   phase_ = Phase::begun;
 }
 
@@ -130,14 +131,19 @@ double ScaledTraining::loss_scale(const Tensor& logits, const std::vector<std::i
       logits.rank() == 2 && logits.dim(0) == static_cast<std::int64_t>(labels.size()),
       "loss_scale: logits " << shape_string(logits.shape()) << " and " << labels.size() << " labels");
   // A policy that chooses S0 from the loss gradient sees that gradient in fp32 at scale 1 first.
-  if (scaler_->loss_needs()) model_.backend().loss_gradient_fp32(logits, labels, loss_fp32_);
+  if (parallel_) {  // this rank's rows of the whole batch's gradient
+    const std::int64_t total = batch_total(static_cast<std::int64_t>(labels.size()));
+    if (scaler_->loss_needs()) softmax_cross_entropy_fp32(logits, labels.data(), 1.0, &loss_fp32_, total);
+  } else if (scaler_->loss_needs()) {
+    model_.backend().loss_gradient_fp32(logits, labels, loss_fp32_);
+  }
   return choose_loss_scale(loss_fp32_);
 }
 
 double ScaledTraining::choose_loss_scale(const Tensor& loss_grad_fp32) {
   const auto t0 = std::chrono::steady_clock::now();
   const double s0 = gradscale::choose_loss_scale(*scaler_, loss_grad_fp32.data(), loss_grad_fp32.shape(), steps_,
-                                                 precision_);
+                                                 precision_, parallel_.get());
   current_.scaler_seconds += seconds_since(t0);
   return s0;
 }
@@ -170,9 +176,13 @@ void ScaledTraining::backward(const Tensor& loss_grad, double loss_scale, double
   monitor_.loss = loss;
   monitor_.correct = 0;
   model_.zero_grads();
-  BackwardContext ctx{precision_, *scaler_, monitor_, steps_};
+  BackwardContext ctx{precision_, *scaler_, monitor_, steps_, parallel_.get()};
   model_.backward(loss_grad_, ctx);
   model_.backend().finish_backward(monitor_);
+  if (parallel_) {
+    parallel_->reduce_step(monitor_);
+    loss = monitor_.loss;
+  }
   current_.loss = loss;
   current_.correct = 0;
   current_.loss_scale = loss_scale;
@@ -188,11 +198,20 @@ LossResult ScaledTraining::loss_backward(const Tensor& logits, const std::vector
       logits.rank() == 2 && logits.dim(0) == static_cast<std::int64_t>(labels.size()),
       "loss_backward: logits " << shape_string(logits.shape()) << " and " << labels.size() << " labels");
   Backend& backend = model_.backend();
-  backend.loss_backward(logits, labels, loss_scale, precision_, loss_grad_, monitor_, model_.num_layers() - 1);
+  if (parallel_) {  // the mean over the whole batch: this rank's rows of its gradient, its share of the loss
+    const LossResult r =
+        softmax_cross_entropy(logits, labels.data(), loss_scale, precision_, &loss_grad_, &monitor_,
+                              model_.num_layers() - 1, batch_total(static_cast<std::int64_t>(labels.size())));
+    monitor_.loss = r.loss;
+    monitor_.correct = r.correct;
+  } else {
+    backend.loss_backward(logits, labels, loss_scale, precision_, loss_grad_, monitor_, model_.num_layers() - 1);
+  }
   model_.zero_grads();
-  BackwardContext ctx{precision_, *scaler_, monitor_, steps_};
+  BackwardContext ctx{precision_, *scaler_, monitor_, steps_, parallel_.get()};
   model_.backward(loss_grad_, ctx);
   backend.finish_backward(monitor_);  // also the loss: a device's comes with its measurements
+  if (parallel_) parallel_->reduce_step(monitor_);  // found_inf, max|g|, loss, statistics: the whole batch's
   const LossResult loss{monitor_.loss, monitor_.correct};
   current_.loss = loss.loss;
   current_.correct = loss.correct;
@@ -320,6 +339,7 @@ nlohmann::json ScaledTraining::load(const std::string& dir) {
   read_checkpoint_tensors(dir, meta, tensors);
   for (auto& [device_tensor, host] : staged) device_tensor->copy_from(host);
   rng_ = rng;
+  mix_rank_into_rng();  // every rank resumes the saved stream, each mixed with its rank
   steps_ = steps;
   return meta;
 }
@@ -341,6 +361,28 @@ nlohmann::json ScaledTraining::trace_header(const nlohmann::json& config) const 
           {"scaler", scaler_->config()},
           {"seed", seed_},
           {"layers", model_.layer_table()}};
+}
+
+void ScaledTraining::distribute(Communicator& comm) {
+  GS_CHECK_AS(Error, phase_ == Phase::idle, "ScaledTraining::distribute is called inside an iteration");
+  if (comm.size() == 1) return;  // one process: nothing to reduce
+  GS_CHECK_CONFIG(model_.device() == Device::cpu,
+                  "data-parallel training runs on the CPU backend only in this version (the model is on "
+                      << device_name(model_.device()) << ")");
+  parallel_ = std::make_unique<DataParallel>(comm);
+  parallel_->check_same_config(identity());
+  mix_rank_into_rng();
+}
+
+std::int64_t ScaledTraining::batch_total(std::int64_t local) {
+  if (batch_total_ < 0) batch_total_ = parallel_ ? parallel_->total(local) : local;
+  return batch_total_;
+}
+
+void ScaledTraining::mix_rank_into_rng() {
+  if (!parallel_ || parallel_->rank() == 0) return;
+  const std::uint64_t mixed = rng_() ^ (0xD1B54A32D192ED03ull * static_cast<std::uint64_t>(parallel_->rank()));
+  rng_.seed(mixed);
 }
 
 }  // namespace gradscale

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "lib/core/random.h"
+#include "lib/dist/data_parallel.h"
 #include "lib/instrument/step_monitor.h"
 #include "lib/layers/layer.h"
 #include "lib/layers/softmax_cross_entropy.h"
@@ -99,6 +100,21 @@ class ScaledTraining {
   // with learning rate `lr` unless the verdict is to skip. Returns what happened, skipped included.
   StepResult step(double lr);
 
+  // ---- data-parallel: one of N ranks (docs/distributed.md) ------------------------------------------
+  // From now on this object is one rank of `comm` (borrowed; it must outlive this object): each rank
+  // runs every iteration with its own rows of the batch, the same calls in the same order. The loss is
+  // the mean over the whole batch (the ranks' row counts are summed), the statistics every decision
+  // depends on — S0, each layer's s, the join targets, found_inf, φ and the skip — are reduced over the
+  // ranks so every rank takes the decisions one process with the whole batch takes, and the master
+  // gradients are summed before the optimizer step. Checks first that every rank built the same model,
+  // formats and scaler (DistributedError naming the ranks and the key). CPU backend only. With a loss
+  // of your own (backward()), give each rank's rows of the whole batch's loss gradient and its share of
+  // the loss. Dropout masks are drawn per rank. Save from one rank; load on every rank (any N). A
+  // communicator of one rank changes nothing.
+  void distribute(Communicator& comm);
+  // The reductions (null unless distribute() was called): rank, size and what they moved.
+  const DataParallel* data_parallel() const { return parallel_.get(); }
+
   // Inference between iterations: working weights in F, forward in evaluation mode (no dropout,
   // BatchNorm on its running statistics). Returns the logits [N, classes], owned by the model and valid
   // until the next forward. Changes no training state.
@@ -141,6 +157,10 @@ class ScaledTraining {
   std::size_t state_tensor_count() const;
   // S0 from an fp32 loss gradient at scale 1 (host), as the scaler chooses it.
   double choose_loss_scale(const Tensor& loss_grad_fp32);
+  // The whole batch's sample count (this rank's `local` in one process), once per iteration.
+  std::int64_t batch_total(std::int64_t local);
+  // A rank's own dropout stream: the generator's state mixed with the rank (rank 0 keeps it).
+  void mix_rank_into_rng();
   void check_outside_loss_grad(const Tensor& loss_grad, const char* call) const;
   nlohmann::json identity() const;
 
@@ -158,6 +178,8 @@ class ScaledTraining {
   Phase phase_ = Phase::idle;
   std::int64_t steps_ = 0;
   StepResult current_;  // filled while the iteration runs
+  std::unique_ptr<DataParallel> parallel_;  // data-parallel: this rank's reductions (distribute())
+  std::int64_t batch_total_ = -1;           // the whole batch's count in this iteration (-1: not yet)
 };
 
 }  // namespace gradscale

@@ -17,7 +17,9 @@
 
 namespace gradscale {
 
-Trainer::Trainer(TrainConfig config, std::ostream* log) : config_(std::move(config)), log_(log) {
+Trainer::Trainer(TrainConfig config, std::ostream* log, Communicator* comm)
+    : config_(std::move(config)), log_(log), comm_(comm && comm->size() > 1 ? comm : nullptr) {
+  writes_ = comm_ == nullptr || comm_->rank() == 0;
   if (config_.threads > 0) {
     omp_set_num_threads(config_.threads);
     Eigen::setNbThreads(config_.threads);
@@ -59,8 +61,26 @@ Trainer::Trainer(TrainConfig config, std::ostream* log) : config_(std::move(conf
   schedule_ = std::make_unique<LrSchedule>(LrSchedule::from_json(sched));
   config_.schedule = schedule_->config();
 
+  if (comm_) {
+    GS_CHECK_CONFIG(config_.device == "cpu", "data-parallel training (" << comm_->size()
+                                                 << " ranks) runs on --device cpu only in this version, got '"
+                                                 << config_.device << "'");
+    GS_CHECK_CONFIG(config_.batch >= comm_->size(), "--batch " << config_.batch << " is smaller than the "
+                                                               << comm_->size() << " ranks: each needs a row");
+    const std::int64_t last = data_.train.images.dim(0) % config_.batch;  // an epoch's partial batch
+    GS_CHECK_CONFIG(last == 0 || last >= comm_->size(),
+                    "the last batch of each epoch has " << last << " samples (" << data_.train.images.dim(0)
+                                                        << " % --batch " << config_.batch << "), fewer than the "
+                                                        << comm_->size()
+                                                        << " ranks: choose a batch that leaves none or at least "
+                                                           "one sample per rank");
+    training_->distribute(*comm_);  // checks the model, formats and scaler agree
+    DataParallel(*comm_).check_same_config(config_.to_json());
+    if (log_) *log_ << "data-parallel: " << comm_->size() << " ranks (" << comm_->backend() << "), "
+                    << config_.batch << " samples per batch split over them\n";
+  }
   if (!config_.resume_dir.empty()) load_checkpoint(config_.resume_dir);
-  if (!config_.trace_path.empty())
+  if (!config_.trace_path.empty() && writes_)
     trace_ = std::make_unique<TraceWriter>(config_.trace_path, training_->trace_header(config_.to_json()),
                                            config_.trace_every, config_.trace_hist,
                                            config_.resume_dir.empty() ? -1 : steps());
@@ -69,9 +89,15 @@ Trainer::Trainer(TrainConfig config, std::ostream* log) : config_(std::move(conf
 Trainer::~Trainer() = default;
 
 // One iteration through the public API, exactly as a user's own loop does it (docs/api.md).
-StepOutcome Trainer::train_step(const Tensor& images, const std::vector<std::int32_t>& labels) {
+StepOutcome Trainer::train_step(const Tensor& batch_images, const std::vector<std::int32_t>& batch_labels) {
   ScaledTraining& t = *training_;
-  t.begin_step(trace_ && trace_->samples(t.steps() + 1));
+  const Tensor& images = comm_ ? rank_rows(batch_images, batch_labels) : batch_images;
+  const std::vector<std::int32_t>& labels = comm_ ? rank_y_ : batch_labels;
+  // Every rank records on the same steps (rank 0 traces them): the statistics are reduced on those.
+  const bool record = comm_ ? config_.trace_every > 0 && !config_.trace_path.empty() &&
+                                  (t.steps() + 1) % config_.trace_every == 0
+                            : trace_ && trace_->samples(t.steps() + 1);
+  t.begin_step(record);
   const Tensor& logits = t.forward(images);
   const double s0 = t.loss_scale(logits, labels);
   t.loss_backward(logits, labels, s0);
@@ -92,6 +118,19 @@ StepOutcome Trainer::train_step(const Tensor& images, const std::vector<std::int
     trace_->write_step(ts, t.monitor());
   }
   return out;
+}
+
+const Tensor& Trainer::rank_rows(const Tensor& images, const std::vector<std::int32_t>& labels) {
+  const auto b = static_cast<std::int64_t>(labels.size());
+  const std::int64_t ranks = comm_->size(), r = comm_->rank();
+  const std::int64_t begin = b * r / ranks, end = b * (r + 1) / ranks;
+  Shape shape = images.shape();
+  shape[0] = end - begin;
+  rank_x_.resize(shape);
+  const std::int64_t row = images.size() / std::max<std::int64_t>(1, b);
+  std::copy(images.data() + begin * row, images.data() + end * row, rank_x_.data());
+  rank_y_.assign(labels.begin() + begin, labels.begin() + end);
+  return rank_x_;
 }
 
 EvalResult Trainer::evaluate(const Dataset& data) {
@@ -203,7 +242,20 @@ nlohmann::json Trainer::run() {
   }
   if (!config_.checkpoint_dir.empty() && config_.save_every > 0 && !divergence_.diverged())
     save_checkpoint(config_.checkpoint_dir);
+  if (comm_) DataParallel(*comm_).check_same_weights(model_->parameters(), "at the end of training");
   nlohmann::json result = result_json();
+  if (comm_) {
+    result["ranks"] = comm_->size();
+    // What the reductions moved, per rank (docs/distributed.md: the cost model these figures check).
+    const ReductionCounts& n = training_->data_parallel()->counts();
+    result["data_parallel"] = {{"backend", comm_->backend()},
+                               {"statistics_collectives", n.statistics_collectives},
+                               {"statistics_bytes", n.statistics_bytes},
+                               {"gradient_collectives", n.gradient_collectives},
+                               {"gradient_bytes", n.gradient_bytes},
+                               {"statistics_seconds", n.statistics_seconds},
+                               {"gradient_seconds", n.gradient_seconds}};
+  }
   if (trace_) {
     // "skipped" and "overflows": the writer counts them from the step records (a resumed run's too).
     trace_->finish({{"steps", steps()},

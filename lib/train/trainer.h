@@ -40,7 +40,11 @@ class Trainer {
  public:
   // Builds data, model, scaler, optimizer from the config (and restores a checkpoint when
   // config.resume_dir is set). `log` receives the data line and the progress lines (may be null).
-  explicit Trainer(TrainConfig config, std::ostream* log = nullptr);
+  // With `comm` of more than one rank (borrowed; outlives the trainer): data-parallel training
+  // (docs/distributed.md) — every rank loads the same data and draws the same batches, trains on its
+  // rows of each (rank r of N: rows [r·b/N, (r+1)·b/N) of a batch of b), and takes the same decisions;
+  // only rank 0 writes the trace and checkpoints (and should be the one to log and write the result).
+  explicit Trainer(TrainConfig config, std::ostream* log = nullptr, Communicator* comm = nullptr);
   ~Trainer();
 
   // Trains for config.epochs (or until max_steps, or until the run diverges); returns the result
@@ -64,6 +68,8 @@ class Trainer {
 
  private:
   void load_checkpoint(const std::string& dir);
+  // Data-parallel: this rank's rows of a batch (into rank_x_, rank_y_).
+  const Tensor& rank_rows(const Tensor& images, const std::vector<std::int32_t>& labels);
   void progress(bool force);
   nlohmann::json result_json();  // evaluates the test set when stopped mid-epoch
 
@@ -76,6 +82,10 @@ class Trainer {
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<ScaledTraining> training_;  // the scaler, the dropout generator, the iteration count
   std::unique_ptr<LrSchedule> schedule_;
+  Communicator* comm_ = nullptr;  // data-parallel: this rank's communicator (null: one process)
+  bool writes_ = true;            // this rank writes the trace and checkpoints (rank 0)
+  Tensor rank_x_;                 // this rank's rows of the batch
+  std::vector<std::int32_t> rank_y_;
   std::unique_ptr<Batcher> batcher_;
   DivergenceCheck divergence_;
   std::unique_ptr<TraceWriter> trace_;

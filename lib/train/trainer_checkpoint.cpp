@@ -13,6 +13,10 @@ namespace gradscale {
 // The model, optimizer, scaler, iteration count and dropout generator are ScaledTraining's to save; the
 // loop's own counters, data order and history go with them as extra keys.
 void Trainer::save_checkpoint(const std::string& dir) {
+  // Data-parallel: the ranks hold the same state (checked); rank 0 writes it, with nothing of N in it,
+  // so any number of ranks resumes it.
+  if (comm_) DataParallel(*comm_).check_same_weights(model_->parameters(), "at step " + std::to_string(steps()));
+  if (!writes_) return;
   nlohmann::json history = nlohmann::json::array();
   for (const EpochSummary& e : history_) history.push_back(epoch_json(e));
   const nlohmann::json extra = {{"config", config_.to_json()},

@@ -6,7 +6,8 @@
 
 namespace gradscale {
 
-double choose_loss_scale(Scaler& scaler, const float* g, const Shape& shape, std::int64_t step, const Precision& p) {
+double choose_loss_scale(Scaler& scaler, const float* g, const Shape& shape, std::int64_t step, const Precision& p,
+                         StatisticsReducer* reducer) {
   LocalScaleQuery query;
   QueryStatistics stats;
   if (const StatNeeds needs = scaler.loss_needs()) {
@@ -22,6 +23,7 @@ double choose_loss_scale(Scaler& scaler, const float* g, const Shape& shape, std
     query.upstream = g;
     query.upstream_size = query.grad_size;
     stats.attach(needs, query, p.round);
+    if (reducer) stats.reduce(*reducer, query);
   }
   const double s0 = scaler.choose_loss_scale(query);
   GS_CHECK_NUMERIC(std::isfinite(s0) && s0 > 0, "scaler '" << scaler.policy() << "' chose loss scale " << s0);

@@ -17,7 +17,10 @@ namespace gradscale {
 // S0 = scaler.choose_loss_scale on the fp32 loss gradient g (n values at scale 1, before rounding),
 // with the statistics the policy asks for (loss_needs(); none: g is not read and may be null).
 // ConfigError-free: a chosen S0 that is not finite and > 0 is a NumericError naming the policy.
-double choose_loss_scale(Scaler& scaler, const float* g, const Shape& shape, std::int64_t step, const Precision& p);
+// With a `reducer` (data-parallel training, g is this rank's rows) the statistics are reduced over the
+// ranks first, so every rank chooses the S0 of the whole batch.
+double choose_loss_scale(Scaler& scaler, const float* g, const Shape& shape, std::int64_t step, const Precision& p,
+                         StatisticsReducer* reducer = nullptr);
 // controller.end_step(monitor), then scaler.update: fills result.report, found_inf,
 // first_nonfinite_layer, skipped and phi (Scaler::phi() after the update), and
 // adds the time spent to result.scaler_seconds (the monitor's statistics time included).

@@ -1,0 +1,79 @@
+// Data-parallel training over a Communicator (docs/distributed.md): each rank holds the whole model
+// and trains on its rows of every batch. What makes N ranks take the decisions one process with the
+// whole batch takes:
+// - inside backward, every statistic a decision depends on is reduced as soon as it is computed
+//   (StatisticsReducer: the controllers' queries, the loss gradient S0 is chosen from, the join maxima);
+// - after backward, one reduction of the step's summary: found_inf, the per-layer max|g| and, on
+//   recording steps, the per-layer statistics (reduce_step);
+// - each weight gradient is summed over the ranks in fp32 before its one rounding to the gradient
+//   format (reduce_sum, inside backward): the whole batch's gradient is rounded, checked and applied;
+//   the loss is the mean over the whole batch (the loss gradient is divided by the whole batch's count).
+// Integer counts and maxima are reduced exactly; sums of doubles are added in rank order (the same
+// bits on every rank and in every run, not the one process's order); fp32 gradient sums are the
+// backend's all-reduce. CPU backend only.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "lib/dist/communicator.h"
+#include "lib/instrument/statistics_reducer.h"
+#include "lib/instrument/step_monitor.h"
+#include "lib/optim/parameter.h"
+
+namespace gradscale {
+
+// What the reductions of a run cost, per rank (the benchmark's figures).
+struct ReductionCounts {
+  std::uint64_t statistics_collectives = 0, statistics_bytes = 0;  // in backward and the step summary
+  std::uint64_t gradient_collectives = 0, gradient_bytes = 0;      // the weight gradients
+  // Wall time in those collectives, waiting for the other ranks included.
+  double statistics_seconds = 0, gradient_seconds = 0;
+};
+
+class DataParallel final : public StatisticsReducer {
+ public:
+  // Borrows `comm` (it must outlive this object).
+  explicit DataParallel(Communicator& comm) : comm_(comm) {}
+
+  Communicator& communicator() { return comm_; }
+  int rank() const { return comm_.rank(); }
+  int ranks() const { return comm_.size(); }
+
+  // StatisticsReducer.
+  void reduce(TensorStats& s) override;
+  void reduce(LogMoments& m) override;
+  void reduce(ProductRange& r) override;
+  void reduce_max(double* values, std::size_t n) override;
+  void reduce_sum(float* values, std::size_t n) override;  // counted as gradient bytes
+
+  // Σ over ranks of `local` (the whole batch's sample count from each rank's rows).
+  std::int64_t total(std::int64_t local);
+  // After backward: found_inf (and the first non-finite layer: backward runs the layers in descending
+  // id order, so the largest of the ranks' first ids), the loss (each rank's share of the mean) and
+  // correct count, every layer's and the loss gradient's max|g|, and on recording steps the statistics
+  // of the gradients each rank holds rows of (activation, joined, loss gradients) merged. The weight
+  // gradients' are already the whole batch's (reduce_sum ran before they were taken). Layer decisions (s, S) are already the same on every rank.
+  void reduce_step(StepMonitor& monitor);
+
+  // DistributedError unless every rank was started with the same `config` (canonical JSON text): the
+  // message names the ranks that differ from rank 0 and, on each of them, the first key that differs.
+  void check_same_config(const nlohmann::json& config);
+  // DistributedError unless every rank holds bit-identical weights (their checksum): after `what`.
+  void check_same_weights(const std::vector<Parameter*>& params, const std::string& what);
+
+  const ReductionCounts& counts() const { return counts_; }
+
+ private:
+  // Several statistics in one go: counts summed, extremes max-reduced, sums in rank order.
+  void reduce_all(const std::vector<TensorStats*>& stats);
+  void count_statistics(std::uint64_t collectives, std::uint64_t bytes);
+
+  Communicator& comm_;
+  ReductionCounts counts_;
+};
+
+}  // namespace gradscale
