@@ -56,7 +56,10 @@ class DataParallel final : public StatisticsReducer {
   // id order, so the largest of the ranks' first ids), the loss (each rank's share of the mean) and
   // correct count, every layer's and the loss gradient's max|g|, and on recording steps the statistics
   // of the gradients each rank holds rows of (activation, joined, loss gradients) merged. The weight
-  // gradients' are already the whole batch's (reduce_sum ran before they were taken). Layer decisions (s, S) are already the same on every rank.
+  // gradients' are already the whole batch's (reduce_sum ran before they were taken), and so are their
+  // factors r. Also where the step overflowed (SPEC §6.5: whether a stored value was not finite, the
+  // loss gradient's and each layer's overflow sites with their largest maxima), max-reduced, so every
+  // rank charges the same back-offs. Layer decisions (s, S) are already the same on every rank.
   void reduce_step(StepMonitor& monitor);
 
   // DistributedError unless every rank was started with the same `config` (canonical JSON text): the
