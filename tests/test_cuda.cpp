@@ -376,6 +376,7 @@ TEST_CASE("Without a CUDA device the backend throws clear CudaErrors and never c
 }
 
 TEST_CASE("bench cuda prints one row per kernel, or one line and exit 0 without a GPU", "[cuda][cli]") {
+  test::require_gpu_hardware("bench cuda is the CLI's, built on the real CUDA runtime, and measures speed");
   const test::CliResult r = test::run_cli("bench cuda --elements 100003 --repeats 2");
   REQUIRE(r.status == 0);
   REQUIRE(!r.lines.empty());
