@@ -33,6 +33,20 @@ inline void require_gpu_hardware(const std::string& why) {
 #endif
 }
 
+// The size a case uses: `on_gpu` on a GPU, `on_cpu_target` on the CPU execution target, where each CUDA
+// thread is a fiber and every barrier or shuffle it crosses costs tens of nanoseconds. Only for a case
+// whose point holds at the smaller size (docs/gpu.md, "The CPU execution target").
+template <class T>
+constexpr T gpu_or_cpu_target(T on_gpu, T on_cpu_target) {
+#ifdef GRADSCALE_CUDA_ON_CPU
+  (void)on_gpu;
+  return on_cpu_target;
+#else
+  (void)on_cpu_target;
+  return on_gpu;
+#endif
+}
+
 inline std::uint32_t bits_of(float x) {
   std::uint32_t b;
   std::memcpy(&b, &x, sizeof b);

@@ -16,6 +16,7 @@
 #include "tests/cuda_on_cpu/memory.h"
 
 #if defined(__SANITIZE_ADDRESS__)
+#include <pthread.h>
 #include <sanitizer/common_interface_defs.h>
 #define GS_EMU_ASAN 1
 #endif
@@ -88,6 +89,7 @@ namespace {
 struct Fiber {
   void* sp = nullptr;  // its saved stack pointer while it is not running
   std::unique_ptr<unsigned char[]> stack;
+  int index = 0;    // in Executor::fibers
   int thread = -1;  // the CUDA thread it runs, -1 when free
   bool fresh = false;  // not entered yet
   void* fake_stack = nullptr;
@@ -108,6 +110,8 @@ struct Executor {
   Fiber* starting = nullptr;  // the fiber fiber_main is entered on
   const void* scheduler_stack = nullptr;
   std::size_t scheduler_stack_size = 0;
+  bool reversed = false;  // this run's order
+  int pass_pos = -1;      // the pass over the block's threads has visited positions up to this one
   int running = -1;  // the CUDA thread on the CPU, -1 in the scheduler
   unsigned done = 0, at_barrier = 0;  // threads of the block that have exited, that wait at a barrier
   std::vector<unsigned> at_warp;       // per warp: its lanes that wait in a warp operation
@@ -129,31 +133,91 @@ void note_fault(const std::string& why) {
   g_exec.fault = os.str();
 }
 
-// Switches from the fiber of the running thread back to the scheduler.
-void yield_to_scheduler(Fiber& f, bool finished) {
+int take_fiber();
+
+// The next thread of the pass that can run (waiting to start, or released), -1 at the pass's end.
+int next_in_pass() {
+  const int n = static_cast<int>(g_exec.threads);
+  while (++g_exec.pass_pos < n) {
+    const int t = g_exec.reversed ? n - 1 - g_exec.pass_pos : g_exec.pass_pos;
+    const State st = g_exec.thread[static_cast<unsigned>(t)].state;
+    if (st == State::ready || st == State::idle) return t;
+  }
+  return -1;
+}
+
+void enter(unsigned t) {
+  g_exec.running = static_cast<int>(t);
+  g_current.thread_idx = g_exec.thread[t].idx;
+}
+
+// Saves the running context in *save_sp and continues thread t (on a fiber of its own, started now if
+// it has not run yet), or the scheduler when t < 0: one switch per arrival at a barrier or warp
+// operation, none between threads that run to their end.
+void switch_to(void** save_sp, void** fake_save, int t) {
+  void* load;
+  const void* bottom;
+  std::size_t size;
+  if (t < 0) {
+    g_exec.running = -1;
+    load = g_exec.scheduler_sp;
+    bottom = g_exec.scheduler_stack;
+    size = g_exec.scheduler_stack_size;
+  } else {
+    Thread& th = g_exec.thread[static_cast<unsigned>(t)];
+    if (th.state == State::idle) {
+      th.fiber = take_fiber();
+      g_exec.fibers[static_cast<std::size_t>(th.fiber)]->thread = t;
+      th.state = State::ready;
+    }
+    Fiber& f = *g_exec.fibers[static_cast<std::size_t>(th.fiber)];
+    if (f.fresh) {
+      f.fresh = false;
+      g_exec.starting = &f;
+    }
+    enter(static_cast<unsigned>(t));
+    load = f.sp;
+    bottom = f.stack.get();
+    size = kStackBytes;
+  }
 #ifdef GS_EMU_ASAN
-  __sanitizer_start_switch_fiber(finished ? nullptr : &f.fake_stack, g_exec.scheduler_stack,
-                                 g_exec.scheduler_stack_size);
+  __sanitizer_start_switch_fiber(fake_save, bottom, size);
 #else
-  (void)finished;
+  (void)fake_save;
+  (void)bottom;
+  (void)size;
 #endif
-  gs_emu_switch(&f.sp, g_exec.scheduler_sp);
+  gs_emu_switch(save_sp, load);
 #ifdef GS_EMU_ASAN
-  __sanitizer_finish_switch_fiber(f.fake_stack, &g_exec.scheduler_stack, &g_exec.scheduler_stack_size);
+  __sanitizer_finish_switch_fiber(*fake_save, nullptr, nullptr);
 #endif
 }
 
-// A fiber's life: run the CUDA thread it was given, report it done, wait for the next.
+// A fiber's life: run the CUDA thread it was given; when it ends, run the pass's next thread that has
+// not started here, without a switch, or park in the free list and switch to the next one that waits.
 [[noreturn]] void fiber_main() {
   Fiber& f = *g_exec.starting;
 #ifdef GS_EMU_ASAN
-  __sanitizer_finish_switch_fiber(nullptr, &g_exec.scheduler_stack, &g_exec.scheduler_stack_size);
+  __sanitizer_finish_switch_fiber(nullptr, nullptr, nullptr);
 #endif
   for (;;) {
     g_exec.body(g_exec.data);
-    g_exec.thread[static_cast<std::size_t>(f.thread)].state = State::done;
+    Thread& th = g_exec.thread[static_cast<unsigned>(f.thread)];
+    th.state = State::done;
+    th.fiber = -1;
     ++g_exec.done;
-    yield_to_scheduler(f, false);
+    const int t = next_in_pass();
+    if (t >= 0 && g_exec.thread[static_cast<unsigned>(t)].state == State::idle) {
+      Thread& next = g_exec.thread[static_cast<unsigned>(t)];
+      next.fiber = f.index;
+      next.state = State::ready;
+      f.thread = t;
+      enter(static_cast<unsigned>(t));
+      continue;
+    }
+    f.thread = -1;
+    g_exec.free_fibers.push_back(f.index);
+    switch_to(&f.sp, &f.fake_stack, t);  // back here when a thread is given to this fiber
   }
 }
 
@@ -174,35 +238,16 @@ int take_fiber() {
   frame[7] = 0;
   f->sp = frame;
   f->fresh = true;
+  f->index = static_cast<int>(g_exec.fibers.size());
   g_exec.fibers.push_back(std::move(f));
   return static_cast<int>(g_exec.fibers.size() - 1);
 }
 
-// Runs CUDA thread t until it waits or ends.
-void resume(unsigned t) {
-  Thread& th = g_exec.thread[t];
+// The running thread waits (its state says where): on to the pass's next thread.
+void wait_here() {
+  Thread& th = g_exec.thread[static_cast<unsigned>(g_exec.running)];
   Fiber& f = *g_exec.fibers[static_cast<std::size_t>(th.fiber)];
-  g_current.thread_idx = th.idx;
-  g_exec.running = static_cast<int>(t);
-  void* fake = nullptr;
-#ifdef GS_EMU_ASAN
-  __sanitizer_start_switch_fiber(&fake, f.stack.get(), kStackBytes);
-#endif
-  if (f.fresh) {
-    f.fresh = false;
-    g_exec.starting = &f;
-  }
-  gs_emu_switch(&g_exec.scheduler_sp, f.sp);
-#ifdef GS_EMU_ASAN
-  __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
-#endif
-  (void)fake;
-  g_exec.running = -1;
-  if (th.state == State::done) {  // its fiber is free for the next thread
-    f.thread = -1;
-    g_exec.free_fibers.push_back(th.fiber);
-    th.fiber = -1;
-  }
+  switch_to(&f.sp, &f.fake_stack, next_in_pass());
 }
 
 // The waiting threads' operation: releases a warp whose lanes have all arrived. Returns whether it did.
@@ -325,7 +370,7 @@ bool release_barrier() {
   return true;
 }
 
-void run_block(bool reversed) {
+void run_block() {
   const unsigned n = g_exec.threads;
   g_exec.thread.assign(n, Thread{});
   for (unsigned t = 0; t < n; ++t) g_exec.thread[t].idx = thread_index(t);
@@ -333,15 +378,12 @@ void run_block(bool reversed) {
   g_exec.at_barrier = 0;
   g_exec.at_warp.assign((n + 31) / 32, 0);
   for (;;) {
-    for (unsigned i = 0; i < n; ++i) {
-      const unsigned t = reversed ? n - 1 - i : i;
-      Thread& th = g_exec.thread[t];
-      if (th.state == State::idle) {
-        th.fiber = take_fiber();
-        g_exec.fibers[static_cast<std::size_t>(th.fiber)]->thread = static_cast<int>(t);
-        th.state = State::ready;
-      }
-      if (th.state == State::ready) resume(t);
+    // A pass: every thread that can run runs, in the run's order, until it waits or ends.
+    g_exec.pass_pos = -1;
+    const int first = next_in_pass();
+    if (first >= 0) {
+      void* fake = nullptr;
+      switch_to(&g_exec.scheduler_sp, &fake, first);
     }
     bool released = false;
     for (unsigned w = 0; w < (n + 31) / 32; ++w)
@@ -360,6 +402,7 @@ void run_block(bool reversed) {
 
 void run_grid(bool reversed) {
   const LaunchConfig& c = *g_exec.config;
+  g_exec.reversed = reversed;
   const std::size_t blocks = static_cast<std::size_t>(c.grid.x) * c.grid.y * c.grid.z;
   g_current.block_dim = c.block;
   g_current.grid_dim = c.grid;
@@ -368,7 +411,7 @@ void run_grid(bool reversed) {
     g_exec.block = uint3{static_cast<unsigned>(b % c.grid.x), static_cast<unsigned>((b / c.grid.x) % c.grid.y),
                          static_cast<unsigned>(b / (static_cast<std::size_t>(c.grid.x) * c.grid.y))};
     g_current.block_idx = g_exec.block;
-    run_block(reversed);
+    run_block();
   }
 }
 
@@ -384,7 +427,7 @@ std::string where(const LaunchConfig& c) {
 // and comparing the whole device memory at each of a training run's thousands of launches would cost
 // more than running them; the sites' first launches cover every kernel at every shape a test gives it.
 bool order_check_due(const LaunchConfig& c) {
-  constexpr unsigned kFirstChecked = 8, kCheckEvery = 64;
+  constexpr unsigned kFirstChecked = 3, kCheckEvery = 64;
   static const bool all = [] {
     const char* v = std::getenv("GS_CUDA_ON_CPU_ORDERS");
     return v != nullptr && std::string(v) == "all";
@@ -404,18 +447,16 @@ ThreadContext& current() {
 int block_barrier(BarrierOp op, int value) {
   if (g_exec.running < 0) return value;  // not in a kernel (never reached by lib/cuda)
   Thread& th = g_exec.thread[static_cast<unsigned>(g_exec.running)];
-  Fiber& f = *g_exec.fibers[static_cast<std::size_t>(th.fiber)];
   th.state = State::at_barrier;
   th.barrier_op = op;
   th.value = static_cast<std::uint64_t>(value);
   ++g_exec.at_barrier;
-  yield_to_scheduler(f, false);
+  wait_here();
   return static_cast<int>(th.result);
 }
 
 std::uint64_t warp_shuffle(ShuffleOp op, unsigned mask, std::uint64_t value, int arg, int width) {
   Thread& th = g_exec.thread[static_cast<unsigned>(g_exec.running)];
-  Fiber& f = *g_exec.fibers[static_cast<std::size_t>(th.fiber)];
   if (width <= 0 || width > 32 || (width & (width - 1)) != 0) {
     note_fault("a warp operation's width " + std::to_string(width) + " is not a power of two in [1, 32]");
     width = 32;
@@ -427,7 +468,7 @@ std::uint64_t warp_shuffle(ShuffleOp op, unsigned mask, std::uint64_t value, int
   th.value = value;
   th.arg = arg;
   th.width = width;
-  yield_to_scheduler(f, false);
+  wait_here();
   return th.result;
 }
 
@@ -468,6 +509,16 @@ void run_kernel(const LaunchConfig& c, void (*body)(void*), void* data) {
     report_fault(cudaErrorIllegalAddress, os.str());
     return;
   }
+#ifdef GS_EMU_ASAN
+  if (g_exec.scheduler_stack == nullptr) {  // the launching thread's stack, for the switches back to it
+    pthread_attr_t attr;
+    void* addr = nullptr;
+    pthread_getattr_np(pthread_self(), &attr);
+    pthread_attr_getstack(&attr, &addr, &g_exec.scheduler_stack_size);
+    pthread_attr_destroy(&attr);
+    g_exec.scheduler_stack = addr;
+  }
+#endif
   g_exec.config = &c;
   g_exec.body = body;
   g_exec.data = data;
