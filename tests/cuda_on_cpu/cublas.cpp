@@ -8,9 +8,9 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -83,10 +83,11 @@ bool on_device(const char* name, const void* p, std::size_t bytes) {
 
 cublasStatus_t gemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
                     const void* alpha_p, const void* A, cudaDataType at, int lda, long long sa, const void* B,
-                    cudaDataType bt, int ldb, long long sb, const void* beta_p, void* C, cudaDataType ct, int ldc,
-                    long long sc, int batch, cublasComputeType_t compute) {
+                    cudaDataType bt, int ldb, long long sb, const void* beta_p, void* C, cudaDataType ct,
+                    int ldc, long long sc, int batch, cublasComputeType_t compute) {
   if (h == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
-  if (m < 0 || n < 0 || k < 0 || batch < 0 || alpha_p == nullptr || beta_p == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
+  if (m < 0 || n < 0 || k < 0 || batch < 0 || alpha_p == nullptr || beta_p == nullptr)
+    return CUBLAS_STATUS_INVALID_VALUE;
   if ((ta != CUBLAS_OP_N && ta != CUBLAS_OP_T) || (tb != CUBLAS_OP_N && tb != CUBLAS_OP_T))
     return CUBLAS_STATUS_INVALID_VALUE;
   if (compute != CUBLAS_COMPUTE_32F || type_bytes(at) == 0 || at != bt || type_bytes(ct) == 0 ||
@@ -132,8 +133,7 @@ cublasStatus_t gemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb
       for (int j = 0; j < n; ++j) {
         const std::size_t ci = co + us(i) + us(j) * us(ldc);
         // beta == 0: C is not read (it may hold anything, NaN included), as cuBLAS documents.
-        const float result =
-            beta == 0.0f ? alpha * acc[us(j)] : alpha * acc[us(j)] + beta * load(C, ct, ci);
+        const float result = beta == 0.0f ? alpha * acc[us(j)] : alpha * acc[us(j)] + beta * load(C, ct, ci);
         store(C, ct, ci, result);
       }
     }
@@ -208,7 +208,8 @@ cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperat
                             const void* alpha, const void* A, cudaDataType at, int lda, const void* B,
                             cudaDataType bt, int ldb, const void* beta, void* C, cudaDataType ct, int ldc,
                             cublasComputeType_t compute, cublasGemmAlgo_t) {
-  return gs_emu::gemm(h, ta, tb, m, n, k, alpha, A, at, lda, 0, B, bt, ldb, 0, beta, C, ct, ldc, 0, 1, compute);
+  return gs_emu::gemm(h, ta, tb, m, n, k, alpha, A, at, lda, 0, B, bt, ldb, 0, beta, C, ct, ldc, 0, 1,
+                      compute);
 }
 
 cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m,

@@ -1,7 +1,9 @@
 // The CPU execution target of lib/cuda: the executor (see executor.h). Each CUDA thread of a block runs
-// on a fiber (its own stack; a switch saves the callee-saved registers and swaps stack pointers); a fiber that reaches __syncthreads or a warp operation switches back to the
-// scheduler, which resumes the other threads in the launch's order until every live thread of the
-// block (or of the warp) has arrived, computes what the operation returns, and releases them.
+// on a fiber (its own stack; a switch saves the callee-saved registers and swaps stack pointers). A pass
+// runs the block's threads in the run's order: a thread that reaches __syncthreads or a warp operation
+// switches straight to the next one, a thread that ends hands its fiber to the next that has not
+// started. After the pass the scheduler releases every warp, or the block, whose threads have all
+// arrived, with what the operation returns, and starts the next pass.
 #include "tests/cuda_on_cpu/executor.h"
 
 #include <algorithm>
@@ -89,8 +91,8 @@ namespace {
 struct Fiber {
   void* sp = nullptr;  // its saved stack pointer while it is not running
   std::unique_ptr<unsigned char[]> stack;
-  int index = 0;    // in Executor::fibers
-  int thread = -1;  // the CUDA thread it runs, -1 when free
+  int index = 0;       // in Executor::fibers
+  int thread = -1;     // the CUDA thread it runs, -1 when free
   bool fresh = false;  // not entered yet
   void* fake_stack = nullptr;
 };
@@ -112,10 +114,10 @@ struct Executor {
   std::size_t scheduler_stack_size = 0;
   bool reversed = false;  // this run's order
   int pass_pos = -1;      // the pass over the block's threads has visited positions up to this one
-  int running = -1;  // the CUDA thread on the CPU, -1 in the scheduler
+  int running = -1;       // the CUDA thread on the CPU, -1 in the scheduler
   unsigned done = 0, at_barrier = 0;  // threads of the block that have exited, that wait at a barrier
-  std::vector<unsigned> at_warp;       // per warp: its lanes that wait in a warp operation
-  std::string fault;  // the first fault of this run
+  std::vector<unsigned> at_warp;      // per warp: its lanes that wait in a warp operation
+  std::string fault;                  // the first fault of this run
 };
 
 Executor g_exec;
@@ -408,8 +410,9 @@ void run_grid(bool reversed) {
   g_current.grid_dim = c.grid;
   for (std::size_t i = 0; i < blocks; ++i) {
     const std::size_t b = reversed ? blocks - 1 - i : i;
-    g_exec.block = uint3{static_cast<unsigned>(b % c.grid.x), static_cast<unsigned>((b / c.grid.x) % c.grid.y),
-                         static_cast<unsigned>(b / (static_cast<std::size_t>(c.grid.x) * c.grid.y))};
+    g_exec.block =
+        uint3{static_cast<unsigned>(b % c.grid.x), static_cast<unsigned>((b / c.grid.x) % c.grid.y),
+              static_cast<unsigned>(b / (static_cast<std::size_t>(c.grid.x) * c.grid.y))};
     g_current.block_idx = g_exec.block;
     run_block();
   }
@@ -562,9 +565,9 @@ void run_kernel(const LaunchConfig& c, void (*body)(void*), void* data) {
       std::ostringstream os;
       os << where(c) << ": threads run in forward and in reversed order write different bytes (a race or "
          << "a missing barrier): first at byte " << i << " of the " << a.size << "-byte "
-         << (a.kind == MemoryKind::device ? "device" : "page-locked host") << " allocation " << static_cast<void*>(a.base)
-         << " (forward 0x" << std::hex << static_cast<int>(forward[at + i]) << ", reversed 0x"
-         << static_cast<int>(a.base[i]) << ")";
+         << (a.kind == MemoryKind::device ? "device" : "page-locked host") << " allocation "
+         << static_cast<void*>(a.base) << " (forward 0x" << std::hex << static_cast<int>(forward[at + i])
+         << ", reversed 0x" << static_cast<int>(a.base[i]) << ")";
       race = os.str();
     }
     if (a.size != 0) std::memcpy(a.base, forward.data() + at, a.size);

@@ -1,10 +1,11 @@
 // The CPU execution target of lib/cuda: the executor that runs a kernel launch on the host (see
 // kernel_shim.h). The blocks of a launch run one after the other; within a block every CUDA thread is
 // a fiber that runs until it reaches a barrier or a warp operation, and the executor resumes the
-// others until all have arrived, so barriers and shuffles have CUDA's semantics. Each launch runs twice
+// others until all have arrived, so barriers and shuffles have CUDA's semantics. A launch runs twice
 // over the same device memory, threads and blocks in forward order and then reversed between the
 // barriers, and fails (cudaErrorLaunchFailure, with a report on stderr) when the two runs write different
-// bytes: a race or a missing barrier.
+// bytes: a race or a missing barrier (every launch with GS_CUDA_ON_CPU_ORDERS=all; otherwise each launch
+// site's first few and one in 64 after them).
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -86,7 +86,8 @@ T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32) {
   return gs_emu_shuffle(::gs_emu::ShuffleOp::bfly, mask, v, lane_mask, width);
 }
 inline unsigned __ballot_sync(unsigned mask, int predicate) {
-  return static_cast<unsigned>(::gs_emu::warp_shuffle(::gs_emu::ShuffleOp::ballot, mask, predicate != 0, 0, 32));
+  return static_cast<unsigned>(
+      ::gs_emu::warp_shuffle(::gs_emu::ShuffleOp::ballot, mask, predicate != 0, 0, 32));
 }
 inline int __any_sync(unsigned mask, int predicate) {
   return __ballot_sync(mask, predicate) != 0;
@@ -188,26 +189,66 @@ inline int __ffs(int x) {
 
 // CUDA's min and max overloads (the device headers give them for each integer and floating type; a
 // mixed signed/unsigned pair compares as unsigned, as there).
-inline int min(int a, int b) { return a < b ? a : b; }
-inline int max(int a, int b) { return a < b ? b : a; }
-inline unsigned min(unsigned a, unsigned b) { return a < b ? a : b; }
-inline unsigned max(unsigned a, unsigned b) { return a < b ? b : a; }
-inline unsigned min(int a, unsigned b) { return min(static_cast<unsigned>(a), b); }
-inline unsigned max(int a, unsigned b) { return max(static_cast<unsigned>(a), b); }
-inline unsigned min(unsigned a, int b) { return min(a, static_cast<unsigned>(b)); }
-inline unsigned max(unsigned a, int b) { return max(a, static_cast<unsigned>(b)); }
-inline long long min(long long a, long long b) { return a < b ? a : b; }
-inline long long max(long long a, long long b) { return a < b ? b : a; }
-inline unsigned long long min(unsigned long long a, unsigned long long b) { return a < b ? a : b; }
-inline unsigned long long max(unsigned long long a, unsigned long long b) { return a < b ? b : a; }
-inline long min(long a, long b) { return a < b ? a : b; }
-inline long max(long a, long b) { return a < b ? b : a; }
-inline unsigned long min(unsigned long a, unsigned long b) { return a < b ? a : b; }
-inline unsigned long max(unsigned long a, unsigned long b) { return a < b ? b : a; }
-inline float min(float a, float b) { return std::fmin(a, b); }
-inline float max(float a, float b) { return std::fmax(a, b); }
-inline double min(double a, double b) { return std::fmin(a, b); }
-inline double max(double a, double b) { return std::fmax(a, b); }
+inline int min(int a, int b) {
+  return a < b ? a : b;
+}
+inline int max(int a, int b) {
+  return a < b ? b : a;
+}
+inline unsigned min(unsigned a, unsigned b) {
+  return a < b ? a : b;
+}
+inline unsigned max(unsigned a, unsigned b) {
+  return a < b ? b : a;
+}
+inline unsigned min(int a, unsigned b) {
+  return min(static_cast<unsigned>(a), b);
+}
+inline unsigned max(int a, unsigned b) {
+  return max(static_cast<unsigned>(a), b);
+}
+inline unsigned min(unsigned a, int b) {
+  return min(a, static_cast<unsigned>(b));
+}
+inline unsigned max(unsigned a, int b) {
+  return max(a, static_cast<unsigned>(b));
+}
+inline long long min(long long a, long long b) {
+  return a < b ? a : b;
+}
+inline long long max(long long a, long long b) {
+  return a < b ? b : a;
+}
+inline unsigned long long min(unsigned long long a, unsigned long long b) {
+  return a < b ? a : b;
+}
+inline unsigned long long max(unsigned long long a, unsigned long long b) {
+  return a < b ? b : a;
+}
+inline long min(long a, long b) {
+  return a < b ? a : b;
+}
+inline long max(long a, long b) {
+  return a < b ? b : a;
+}
+inline unsigned long min(unsigned long a, unsigned long b) {
+  return a < b ? a : b;
+}
+inline unsigned long max(unsigned long a, unsigned long b) {
+  return a < b ? b : a;
+}
+inline float min(float a, float b) {
+  return std::fmin(a, b);
+}
+inline float max(float a, float b) {
+  return std::fmax(a, b);
+}
+inline double min(double a, double b) {
+  return std::fmin(a, b);
+}
+inline double max(double a, double b) {
+  return std::fmax(a, b);
+}
 
 // ---- launches -------------------------------------------------------------------------------------
 namespace gs_emu {

@@ -98,7 +98,8 @@ cudaError_t copy(const char* call, void* dst, const void* src, std::size_t count
                  cudaStream_t stream) {
   if (!stream_ok(stream)) return fail(cudaErrorInvalidResourceHandle, std::string(call) + ": unknown stream");
   if (count == 0) return cudaSuccess;
-  if (dst == nullptr || src == nullptr) return fail(cudaErrorInvalidValue, std::string(call) + ": null pointer");
+  if (dst == nullptr || src == nullptr)
+    return fail(cudaErrorInvalidValue, std::string(call) + ": null pointer");
   bool dst_device = false, src_device = false;
   switch (kind) {
     case cudaMemcpyHostToDevice:
@@ -116,7 +117,8 @@ cudaError_t copy(const char* call, void* dst, const void* src, std::size_t count
   }
   std::string bad = check_side("destination", dst, count, dst_device);
   if (bad.empty()) bad = check_side("source", src, count, src_device);
-  if (!bad.empty()) return fail(cudaErrorInvalidValue, std::string(call) + " with " + kind_name(kind) + ": " + bad);
+  if (!bad.empty())
+    return fail(cudaErrorInvalidValue, std::string(call) + " with " + kind_name(kind) + ": " + bad);
   std::memmove(dst, src, count);
   return cudaSuccess;
 }
