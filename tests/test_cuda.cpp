@@ -247,8 +247,9 @@ std::vector<std::vector<float>> stats_tensors() {
     return v;
   };
   t.push_back(mixed(257));
-  t.push_back(mixed(1000003));
-  t.push_back(mixed((std::size_t{1} << 22) + 17));  // more than one grid-stride pass per thread
+  t.push_back(mixed(test::gpu_or_cpu_target<std::size_t>(1000003, 100003)));
+  // More than one grid-stride pass per thread (the GPU's size also reaches the grids' caps of blocks).
+  t.push_back(mixed(test::gpu_or_cpu_target<std::size_t>((std::size_t{1} << 22) + 17, (std::size_t{1} << 18) + 17)));
   // Around every format's thresholds: log-uniform over [min_subnormal/8, 4·min_normal] and
   // [max_finite/4, 4·max_finite].
   std::vector<float> edges;
@@ -376,6 +377,7 @@ TEST_CASE("Without a CUDA device the backend throws clear CudaErrors and never c
 }
 
 TEST_CASE("bench cuda prints one row per kernel, or one line and exit 0 without a GPU", "[cuda][cli]") {
+  test::require_gpu_hardware("bench cuda is the CLI's, built on the real CUDA runtime, and measures speed");
   const test::CliResult r = test::run_cli("bench cuda --elements 100003 --repeats 2");
   REQUIRE(r.status == 0);
   REQUIRE(!r.lines.empty());

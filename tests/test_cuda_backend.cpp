@@ -358,12 +358,18 @@ TEST_CASE("CUDA backend: training on the GPU tracks the CPU emulation step by st
   };
   for (const Case& k : cases) {
     INFO(k.model << " " << format_name(k.format) << " " << k.scaler.dump());
-    Trainer cpu(config_for(k.model, k.format, k.scaler, "cpu"));
-    Trainer gpu(config_for(k.model, k.format, k.scaler, "cuda"));
-    Batcher batches(cpu.data().train, 64, 5);
+    // A smaller batch on the CPU target (each step is slow there); the comparison is the same.
+    const int batch = test::gpu_or_cpu_target(64, 16);
+    TrainConfig cpu_config = config_for(k.model, k.format, k.scaler, "cpu");
+    TrainConfig gpu_config = config_for(k.model, k.format, k.scaler, "cuda");
+    cpu_config.batch = gpu_config.batch = batch;
+    Trainer cpu(cpu_config);
+    Trainer gpu(gpu_config);
+    Batcher batches(cpu.data().train, batch, 5);
     Tensor x;
     std::vector<std::int32_t> y;
-    for (int step = 0; step < 8; ++step) {
+    // Fewer steps on the CPU target (each is slow there); the tolerances hold from the first step on.
+    for (int step = 0; step < test::gpu_or_cpu_target(8, 3); ++step) {
       REQUIRE(batches.next(x, y));
       const StepOutcome a = cpu.train_step(x, y);
       const StepOutcome b = gpu.train_step(x, y);
@@ -422,7 +428,7 @@ TEST_CASE("CUDA backend: a step waits for the device twice, under a global or an
     Tensor x;
     std::vector<std::int32_t> y;
     int applied = 0;
-    for (int step = 0; step < 6; ++step) {
+    for (int step = 0; step < test::gpu_or_cpu_target(6, 3); ++step) {  // step 1 sizes the buffers
       REQUIRE(batches.next(x, y));
       const std::int64_t before = gpu.model().backend().host_waits();
       const StepOutcome r = gpu.train_step(x, y);
@@ -456,13 +462,13 @@ TEST_CASE("CUDA backend: scales decided on the device equal the host's decisions
   for (const Case& k : cases) {
     INFO(k.model << " " << k.scaler.dump());
     TrainConfig c = config_for(k.model, Format::fp16, k.scaler, "cuda");
-    c.batch = 16;
+    c.batch = test::gpu_or_cpu_target(16, 8);
     Trainer on_device(c), on_host(c);
     dynamic_cast<cuda::CudaBackend&>(on_host.model().backend()).set_device_decisions(false);
-    Batcher batches(on_device.data().train, 16, 5);
+    Batcher batches(on_device.data().train, c.batch, 5);
     Tensor x;
     std::vector<std::int32_t> y;
-    for (int step = 0; step < 6; ++step) {
+    for (int step = 0; step < test::gpu_or_cpu_target(6, 3); ++step) {
       INFO("step " << step + 1);
       REQUIRE(batches.next(x, y));
       const StepOutcome a = on_device.train_step(x, y);
