@@ -393,7 +393,10 @@ TEST_CASE("CUDA backend: a step waits for the device twice, under a global or an
   // Once for the step's measurements (one copy: statistics, loss, edge counts and the scales decided on
   // the device), once for the divergence check (one index per parameter) when the step was applied;
   // nothing per layer: an adaptive controller's rule is evaluated on the device, and a join's T is
-  // chosen there. With device decisions off the host decides: one wait more per controller query (every
+  // chosen there. The adaptive policy waits once more, for S0: since round 3 it reads the exact fp32
+  // loss gradient every step for S0's floor (SPEC §6.5), as init_scale "auto" always did; with device
+  // decisions off it also decides each weight gradient's factor r on the host: one wait per weight or
+  // bias tensor (6 in mlp, 8 in cnn). With device decisions off the host decides: one wait more per controller query (every
   // weight layer that sends a gradient upstream: all but the first) and per join (three in
   // resnet-mini). The count does not depend on the batch: a small one.
   struct Case {
@@ -409,13 +412,13 @@ TEST_CASE("CUDA backend: a step waits for the device twice, under a global or an
       {"mlp", {{"policy", "popart_als"}}, true, 2},
       {"deep-mlp", {{"policy", "static"}, {"scale", 1024}}, true, 2},
       {"cnn", {{"policy", "torch"}}, true, 2},
-      {"mlp", approx_range, true, 2},
-      {"deep-mlp", approx_range, true, 2},
-      {"cnn", measured, true, 2},
+      {"mlp", approx_range, true, 2 + 1},
+      {"deep-mlp", approx_range, true, 2 + 1},
+      {"cnn", measured, true, 2 + 1},
       {"resnet-mini", {{"policy", "static"}, {"scale", 1}}, true, 2},
-      {"resnet-mini", measured, true, 2},
-      {"mlp", approx_range, false, 2 + 2},
-      {"cnn", measured, false, 2 + 3},
+      {"resnet-mini", measured, true, 2 + 1},
+      {"mlp", approx_range, false, 2 + 1 + 2 + 6},
+      {"cnn", measured, false, 2 + 1 + 3 + 8},
       {"resnet-mini", {{"policy", "static"}, {"scale", 1}}, false, 2 + 3},
   };
   for (const Case& k : cases) {
