@@ -264,7 +264,9 @@ double choose_weight_grad_scale(const Layer& layer, float max_abs, double scale_
 void accumulate_weight_grads(const Layer& layer, std::initializer_list<WeightGrad> grads, double scale,
                              BackwardContext& ctx) {
   LayerController* controller = ctx.scaler.layer_controller();
-  const bool own_factor = controller != nullptr && controller->scales_weight_grads();
+  // r needs each gradient's maximum: taken only when a controller chooses r for rounded weight gradients.
+  const bool own_factor =
+      controller != nullptr && controller->scales_weight_grads() && ctx.precision.quantize_weight_grads;
   double smallest = 1.0;
   bool first = true;
   for (const WeightGrad& w : grads) {
