@@ -3,6 +3,7 @@
 #include "experiments/ablate/limits.h"
 
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -85,6 +86,22 @@ void check_data_spec(const std::string& spec) {
                     "' (allowed: fashion-mnist, mnist:DIR, synthetic, synthetic:N)");
 }
 
+// Labels and keys are shown in tables, file names and on the terminal: a control character (a byte
+// below 0x20, or 0x7f) in one is refused here, so no output has to guess how to show it.
+void check_printable(const std::string& text, const std::string& what) {
+  for (const char ch : text) {
+    const auto b = static_cast<unsigned char>(ch);
+    if (b >= 0x20 && b != 0x7f) continue;
+    char hex[8];
+    std::snprintf(hex, sizeof hex, "0x%02x", b);
+    std::string shown_text;
+    for (const char c : text_excerpt(text, 60))
+      shown_text += static_cast<unsigned char>(c) < 0x20 || c == 0x7f ? std::string("?") : std::string(1, c);
+    throw ConfigError(what + " '" + shown_text + "' contains a control character (byte " + hex +
+                      "); labels and keys are shown in tables, file names and on the terminal");
+  }
+}
+
 // Checks a key an axis or a variant sets, and (for plain keys) the value on its own.
 void check_setting(const std::string& key, const json& value, const std::string& what) {
   GS_CHECK_CONFIG(!key.empty(), what << ": empty key");
@@ -122,6 +139,7 @@ std::vector<std::pair<std::string, json>> read_settings(const ordered_json& obj,
       *label = value.get<std::string>();
       continue;
     }
+    check_printable(key, what + ": key");
     const json j = to_json(value);
     GS_CHECK_CONFIG(key != "seed", what << " sets 'seed': list seeds in \"seeds\"");
     check_setting(key, j, what + " key '" + key + "'");
@@ -141,6 +159,7 @@ std::string settings_label(const std::vector<std::pair<std::string, json>>& sett
 // An axis: {"key": [V, {"label": L, "value": V}, {"label": L, "set": {"key": V, ...}}, ...]}. A value
 // with "set" sets several keys at once; the axis key is then only the column's name.
 Dimension read_axis(const std::string& key, const ordered_json& values, const std::string& where) {
+  check_printable(key, where + ": axis");
   const std::string what = where + ": axis '" + key + "'";
   GS_CHECK_CONFIG(values.is_array() && !values.empty(),
                   what << " must be a non-empty array of values, got " << shown(to_json(values)));
@@ -183,6 +202,7 @@ Dimension read_axis(const std::string& key, const ordered_json& values, const st
           value.is_string() || value.is_object() || labelled_value ? c.label : short_key(key) + "=" + c.label;
       c.settings.emplace_back(key, std::move(value));
     }
+    check_printable(c.label, what + ": label");
     GS_CHECK_CONFIG(labels.insert(c.label).second,
                     what << ": two values have the label '" << c.label
                          << "' (each value needs its own; name them with {\"label\": ..., \"value\": ...})");
@@ -205,6 +225,7 @@ Dimension read_variants(const ordered_json& doc, const std::string& where) {
     c.settings = read_settings(doc[i], what, &c.label);
     if (c.label.empty()) c.label = c.settings.empty() ? "base" : settings_label(c.settings);
     c.name_part = c.label;
+    check_printable(c.label, what + ": label");
     c.source = what + " ('" + c.label + "')";
     GS_CHECK_CONFIG(labels.insert(c.label).second, what << ": another variant has the label '" << c.label
                                                         << "' (give each a distinct \"label\")");
@@ -307,9 +328,10 @@ void validate_config(const json& config) {
     const auto model = build_model(c.model_spec, rng);
     // Every data spec has the synthetic set's 10 classes (Fashion-MNIST, MNIST): refused here, not
     // when the first batch's labels reach the loss.
-    GS_CHECK_CONFIG(model->classes() == kSyntheticClasses,
-                    "model_spec: the model outputs " << model->classes() << " classes (its last layer), the data has "
-                                                     << kSyntheticClasses);
+    GS_CHECK_CONFIG(model->classes() == kSyntheticClasses, "model_spec: the model outputs "
+                                                               << model->classes()
+                                                               << " classes (its last layer), the data has "
+                                                               << kSyntheticClasses);
   }
   make_optimizer(c.optimizer);
   json sched = c.schedule;

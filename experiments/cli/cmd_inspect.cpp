@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <iostream>
 #include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -46,24 +47,35 @@ stdout. --check only validates: "ok: N steps, L layers" (N step records) or the 
 Exit status: 0 ok; 1 the trace cannot be read or does not follow the schema (the message names the
 file, the line or step, the layer and the key); 2 a bad command line.)";
 
-// One row of the table: a layer (or the loss gradient) over the traced records it appears in.
-struct Row {
+// Mean, min and max of log2 of a scale over the records it was seen in.
+struct Log2Range {
   std::size_t records = 0;
-  double log2_sum = 0;
-  double log2_min = std::numeric_limits<double>::infinity();
-  double log2_max = -std::numeric_limits<double>::infinity();
+  double sum = 0;
+  double min = std::numeric_limits<double>::infinity();
+  double max = -std::numeric_limits<double>::infinity();
+
+  void add(double scale) {
+    ++records;
+    const double l = std::log2(scale);
+    sum += l;
+    min = std::min(min, l);
+    max = std::max(max, l);
+  }
+};
+
+// One row of the table: a layer (or the loss gradient) over the traced records it appears in. Both
+// S and S_in are followed: which one the row shows (record_scale) is known only after the last step.
+struct Row {
+  Log2Range by_S, by_S_in;
   std::size_t rated = 0;  // records with an activation gradient
   double rate_sum = 0;
   double rate_max = 0;
   std::size_t with_stats = 0;  // records with statistics (act or wgrad) to look for overflows in
   std::size_t overflow_events = 0;
 
-  void add(double scale, const json* grad, const json* wgrad) {
-    ++records;
-    const double l = std::log2(scale);
-    log2_sum += l;
-    log2_min = std::min(log2_min, l);
-    log2_max = std::max(log2_max, l);
+  void add(double scale, double scale_in, const json* grad, const json* wgrad) {
+    by_S.add(scale);
+    by_S_in.add(scale_in);
     if (grad) {
       const double r = stats_underflow_rate(*grad);
       ++rated;
@@ -84,30 +96,6 @@ bool has_statistics(const json& step) {
   return step.value("stats", true);
 }
 
-// Per layer: whether it sends an activation gradient upstream, i.e. has "act" in a record of a step
-// with statistics. A layer without any such record counts as sending one (S is then the scale shown).
-std::vector<bool> layers_sending_act(const Trace& t) {
-  const std::size_t n = t.header["layers"].size();
-  std::vector<bool> measured(n, false), sends(n, false);
-  for (const json& st : t.steps) {
-    if (!has_statistics(st)) continue;
-    for (const json& l : st["layers"]) {
-      const auto id = l["id"].get<std::size_t>();
-      measured[id] = true;
-      if (l.contains("act")) sends[id] = true;
-    }
-  }
-  for (std::size_t i = 0; i < n; ++i)
-    if (!measured[i]) sends[i] = true;
-  return sends;
-}
-
-// The scale that goes with a layer record: S, the scale of the gradient it sends upstream, or S_in for
-// a layer that sends none (the scale its weight gradient is at).
-double record_scale(const json& l, const std::vector<bool>& sends_act) {
-  return sends_act[l["id"].get<std::size_t>()] ? l["S"].get<double>() : l["S_in"].get<double>();
-}
-
 std::uint64_t overflow_values(const json* stats) {
   return stats ? stats->at("overflow").get<std::uint64_t>() + stats->at("nonfinite").get<std::uint64_t>() : 0;
 }
@@ -117,148 +105,174 @@ json overflow_values(const json* a, const json* b) {
   return a || b ? json(overflow_values(a) + overflow_values(b)) : json();
 }
 
-struct Summary {
-  std::vector<Row> layers;
-  Row loss;
-};
+// What inspect shows, gathered in one pass over the trace (trace_file.h): per-layer rows, the loss
+// row, the step nearest to --at, and the parts of the header and summary it prints. It keeps no step
+// record but that one, so its memory does not grow with the trace.
+class Gathered : public TraceVisitor {
+ public:
+  Gathered(const std::string& path, std::optional<std::uint64_t> at) : path_(path), at_(at) {}
 
-Summary summarise(const Trace& t) {
-  Summary s;
-  s.layers.resize(t.header["layers"].size());
-  const std::vector<bool> sends_act = layers_sending_act(t);
-  for (const json& st : t.steps) {
-    s.loss.add(st["S0"].get<double>(), find_stats(st, "loss_grad"), nullptr);
-    for (const json& l : st["layers"])
-      s.layers[l["id"].get<std::size_t>()].add(record_scale(l, sends_act), find_stats(l, "act"),
-                                               find_stats(l, "wgrad"));
+  void header(const json& h) override {
+    header_ = h;
+    const std::size_t n = h["layers"].size();
+    rows_.resize(n);
+    measured_.assign(n, false);
+    sends_.assign(n, false);
   }
-  return s;
-}
 
-json row_json(const Row& r) {
-  json j = {{"records", r.records}};
-  j["log2_S"] = r.records ? json{{"mean", r.log2_sum / static_cast<double>(r.records)},
-                                 {"min", r.log2_min},
-                                 {"max", r.log2_max}}
-                          : json();
-  j["underflow_rate"] =
-      r.rated ? json{{"mean", r.rate_sum / static_cast<double>(r.rated)}, {"max", r.rate_max}} : json();
-  j["overflow_events"] = r.with_stats ? json(r.overflow_events) : json();
-  return j;
-}
-
-std::string model_name(const json& header) {
-  const json& config = header["config"];
-  const auto m = config.find("model");
-  return m != config.end() && m->is_string() ? m->get<std::string>() : "-";
-}
-
-bool finished(const Trace& t) {
-  return !t.summary.is_null();
-}
-
-std::uint64_t count_records(const Trace& t, const char* flag) {
-  std::uint64_t n = 0;
-  for (const json& st : t.steps) n += st[flag].get<bool>() ? 1 : 0;
-  return n;
-}
-
-// The header and the run totals, shared by the text and JSON outputs.
-json run_json(const Trace& t) {
-  const json& h = t.header;
-  json j = {{"file", t.path},
-            {"schema", h["schema"]},
-            {"model", model_name(h)},
-            {"format", h["format"]},
-            {"grad_format", h["grad_format"]},
-            {"policy", h["scaler"]["policy"]},
-            {"finished", finished(t)},
-            {"traced_steps", t.steps.size()},
-            {"last_traced_step", t.steps.empty() ? json() : t.steps.back()["step"]}};
-  if (finished(t)) {
-    const json& s = t.summary;
-    j["steps"] = s["steps"];
-    for (const char* k : {"skipped", "overflows", "train_loss", "train_accuracy", "test_loss",
-                          "test_accuracy", "wall_seconds", "scaler_seconds"})
-      j[k] = s[k];
-  } else {
-    // Every skipped or found_inf iteration is traced, so the records count them up to the last one.
-    j["steps"] = json();
-    j["skipped"] = count_records(t, "skipped");
-    j["overflows"] = count_records(t, "found_inf");
-    for (const char* k :
-         {"train_loss", "train_accuracy", "test_loss", "test_accuracy", "wall_seconds", "scaler_seconds"})
-      j[k] = json();
-  }
-  j["warnings"] = t.warnings;
-  return j;
-}
-
-json layer_identity(const json& layer) {
-  return {{"id", layer["id"]}, {"name", layer["name"]}, {"kind", layer["kind"]}};
-}
-
-json table_json(const Trace& t, const Summary& s) {
-  json layers = json::array();
-  for (std::size_t i = 0; i < s.layers.size(); ++i) {
-    json row = layer_identity(t.header["layers"][i]);
-    row.update(row_json(s.layers[i]));
-    layers.push_back(std::move(row));
-  }
-  json loss = {{"name", "loss"}};
-  loss.update(row_json(s.loss));
-  return {{"layers", std::move(layers)}, {"loss", std::move(loss)}};
-}
-
-// The traced step nearest to `target` (the earlier on a tie).
-const json& nearest_step(const Trace& t, std::uint64_t target) {
-  GS_CHECK_DATA(!t.steps.empty(), t.path << ": the trace has no step records, so --at has nothing to show");
-  const json* best = &t.steps.front();
-  std::uint64_t best_distance = std::numeric_limits<std::uint64_t>::max();
-  for (const json& st : t.steps) {
-    const std::uint64_t k = st["step"].get<std::uint64_t>();
-    const std::uint64_t d = k > target ? k - target : target - k;
-    if (d < best_distance) {
-      best_distance = d;
-      best = &st;
-    }
-  }
-  return *best;
-}
-
-json at_json(const Trace& t, const json& st, std::uint64_t target) {
-  json at = {{"requested", target}};
-  for (const char* k :
-       {"step", "epoch", "loss", "S0", "phi", "skipped", "found_inf", "first_nonfinite_layer", "why"})
-    at[k] = st[k];
-  const std::vector<bool> sends_act = layers_sending_act(t);
-  json layers = json::array();
-  for (const json& layer : t.header["layers"]) {
-    json row = layer_identity(layer);
-    row["traced"] = false;
+  void step(const json& st) override {
+    loss_.add(st["S0"].get<double>(), st["S0"].get<double>(), find_stats(st, "loss_grad"), nullptr);
     for (const json& l : st["layers"]) {
-      if (l["id"] != layer["id"]) continue;
-      const json* act = find_stats(l, "act");
-      const json* wgrad = find_stats(l, "wgrad");
-      row["traced"] = true;
-      row["s"] = l["s"];
-      row["S"] = record_scale(l, sends_act);
-      row["log2_S"] = std::log2(record_scale(l, sends_act));
-      row["underflow_rate"] = act ? json(stats_underflow_rate(*act)) : json();
-      row["overflow"] = overflow_values(act, wgrad);
+      const auto id = l["id"].get<std::size_t>();
+      rows_[id].add(l["S"].get<double>(), l["S_in"].get<double>(), find_stats(l, "act"),
+                    find_stats(l, "wgrad"));
+      if (!has_statistics(st)) continue;
+      measured_[id] = true;
+      if (l.contains("act")) sends_[id] = true;
     }
-    layers.push_back(std::move(row));
+    if (at_) {
+      const std::uint64_t k = st["step"].get<std::uint64_t>();
+      const std::uint64_t d = k > *at_ ? k - *at_ : *at_ - k;
+      if (d < nearest_distance_) {
+        nearest_distance_ = d;
+        nearest_ = st;
+      }
+    }
   }
-  at["layers"] = std::move(layers);
-  const json* g = find_stats(st, "loss_grad");
-  at["stats"] = has_statistics(st);
-  at["loss_grad"] = {{"name", "loss"},
-                     {"S", st["S0"]},
-                     {"log2_S", std::log2(st["S0"].get<double>())},
-                     {"underflow_rate", g ? json(stats_underflow_rate(*g)) : json()},
-                     {"overflow", overflow_values(g, nullptr)}};
-  return at;
-}
+
+  void summary(const json& s) override { summary_ = s; }
+
+  void warning(const std::string& text) override {
+    std::cerr << "gradscale inspect: warning: " << path_ << ": " << text << "\n";
+    warnings_.push_back(text);
+  }
+
+  // The header and the run totals, shared by the text and JSON outputs.
+  json run_json(const TraceScan& scan) const {
+    const json& h = header_;
+    json j = {{"file", path_},
+              {"schema", h["schema"]},
+              {"model", model_name(h)},
+              {"format", h["format"]},
+              {"grad_format", h["grad_format"]},
+              {"policy", h["scaler"]["policy"]},
+              {"finished", scan.finished},
+              {"traced_steps", scan.tally.records},
+              {"last_traced_step", scan.tally.records ? json(scan.tally.last_step) : json()}};
+    if (scan.finished) {
+      j["steps"] = summary_["steps"];
+      for (const char* k : {"skipped", "overflows", "train_loss", "train_accuracy", "test_loss",
+                            "test_accuracy", "wall_seconds", "scaler_seconds"})
+        j[k] = summary_[k];
+    } else {
+      // Every skipped or found_inf iteration is traced, so the records count them up to the last one.
+      j["steps"] = json();
+      j["skipped"] = scan.tally.skipped;
+      j["overflows"] = scan.tally.overflows;
+      for (const char* k :
+           {"train_loss", "train_accuracy", "test_loss", "test_accuracy", "wall_seconds", "scaler_seconds"})
+        j[k] = json();
+    }
+    j["warnings"] = warnings_;
+    return j;
+  }
+
+  json table_json() const {
+    json layers = json::array();
+    for (std::size_t i = 0; i < rows_.size(); ++i) {
+      json row = layer_identity(header_["layers"][i]);
+      row.update(row_json(rows_[i], sends_act(i)));
+      layers.push_back(std::move(row));
+    }
+    json loss = {{"name", "loss"}};
+    loss.update(row_json(loss_, true));
+    return {{"layers", std::move(layers)}, {"loss", std::move(loss)}};
+  }
+
+  json at_json() const {
+    GS_CHECK_DATA(!nearest_.is_null(),
+                  path_ << ": the trace has no step records, so --at has nothing to show");
+    const json& st = nearest_;
+    json at = {{"requested", *at_}};
+    for (const char* k :
+         {"step", "epoch", "loss", "S0", "phi", "skipped", "found_inf", "first_nonfinite_layer", "why"})
+      at[k] = st[k];
+    json layers = json::array();
+    for (const json& layer : header_["layers"]) {
+      json row = layer_identity(layer);
+      row["traced"] = false;
+      for (const json& l : st["layers"]) {
+        if (l["id"] != layer["id"]) continue;
+        const json* act = find_stats(l, "act");
+        const json* wgrad = find_stats(l, "wgrad");
+        const double scale = record_scale(l);
+        row["traced"] = true;
+        row["s"] = l["s"];
+        row["S"] = scale;
+        row["log2_S"] = std::log2(scale);
+        row["underflow_rate"] = act ? json(stats_underflow_rate(*act)) : json();
+        row["overflow"] = overflow_values(act, wgrad);
+      }
+      layers.push_back(std::move(row));
+    }
+    at["layers"] = std::move(layers);
+    const json* g = find_stats(st, "loss_grad");
+    at["stats"] = has_statistics(st);
+    at["loss_grad"] = {{"name", "loss"},
+                       {"S", st["S0"]},
+                       {"log2_S", std::log2(st["S0"].get<double>())},
+                       {"underflow_rate", g ? json(stats_underflow_rate(*g)) : json()},
+                       {"overflow", overflow_values(g, nullptr)}};
+    return at;
+  }
+
+  std::size_t layer_count() const { return rows_.size(); }
+  const json& summary_json() const { return summary_; }
+
+ private:
+  // Whether a layer sends an activation gradient upstream: it has "act" in a record of a step with
+  // statistics. A layer without any such record counts as sending one (S is then the scale shown).
+  bool sends_act(std::size_t id) const { return !measured_[id] || sends_[id]; }
+
+  // The scale that goes with a layer record: S, the scale of the gradient it sends upstream, or S_in
+  // for a layer that sends none (the scale its weight gradient is at).
+  double record_scale(const json& l) const {
+    return sends_act(l["id"].get<std::size_t>()) ? l["S"].get<double>() : l["S_in"].get<double>();
+  }
+
+  static json row_json(const Row& r, bool by_S) {
+    const Log2Range& l = by_S ? r.by_S : r.by_S_in;
+    json j = {{"records", l.records}};
+    j["log2_S"] = l.records
+                      ? json{{"mean", l.sum / static_cast<double>(l.records)}, {"min", l.min}, {"max", l.max}}
+                      : json();
+    j["underflow_rate"] =
+        r.rated ? json{{"mean", r.rate_sum / static_cast<double>(r.rated)}, {"max", r.rate_max}} : json();
+    j["overflow_events"] = r.with_stats ? json(r.overflow_events) : json();
+    return j;
+  }
+
+  static std::string model_name(const json& header) {
+    const json& config = header["config"];
+    const auto m = config.find("model");
+    return m != config.end() && m->is_string() ? m->get<std::string>() : "-";
+  }
+
+  static json layer_identity(const json& layer) {
+    return {{"id", layer["id"]}, {"name", layer["name"]}, {"kind", layer["kind"]}};
+  }
+
+  const std::string& path_;
+  std::optional<std::uint64_t> at_;
+  json header_;
+  json summary_;
+  std::vector<Row> rows_;
+  Row loss_;
+  std::vector<bool> measured_, sends_;
+  json nearest_;
+  std::uint64_t nearest_distance_ = std::numeric_limits<std::uint64_t>::max();
+  std::vector<std::string> warnings_;
+};
 
 // --- text output --------------------------------------------------------------------------------
 
@@ -281,8 +295,8 @@ std::string text(const json& v) {
 }
 
 void print_header_line(const json& run) {
-  std::cout << terminal_text(run["file"].get<std::string>(), 4096) << ": " << text(run["schema"]) << ", model "
-            << text(run["model"]) << ", format " << text(run["format"]) << ", grad_format "
+  std::cout << terminal_text(run["file"].get<std::string>(), 4096) << ": " << text(run["schema"])
+            << ", model " << text(run["model"]) << ", format " << text(run["format"]) << ", grad_format "
             << text(run["grad_format"]) << ", scaler " << text(run["policy"]) << ", ";
   if (run["finished"].get<bool>())
     std::cout << text(run["steps"]) << " steps";
@@ -406,28 +420,21 @@ int run_inspect(const std::vector<std::string>& args) {
   const bool at = vm.count("at") > 0;
   const std::uint64_t target = at ? parse_step(at_text) : 0;
 
-  Trace t = read_trace(path);
-  auto print_warnings = [&](std::size_t from) {
-    for (std::size_t i = from; i < t.warnings.size(); ++i)
-      std::cerr << "gradscale inspect: warning: " << path << ": " << t.warnings[i] << "\n";
-  };
-  print_warnings(0);  // before validation: a cut last line explains a later error
-  const std::size_t read_warnings = t.warnings.size();
-  validate_trace(t);
-  print_warnings(read_warnings);
+  Gathered g(path, at ? std::optional<std::uint64_t>(target) : std::nullopt);
+  const TraceScan scan = scan_trace(path, g);
 
   if (check) {
-    std::cout << "ok: " << t.steps.size() << " steps, " << t.header["layers"].size() << " layers ("
-              << (finished(t) ? "run of " + t.summary["steps"].dump() + " steps"
-                              : std::string("no summary: the run did not finish"))
+    std::cout << "ok: " << scan.tally.records << " steps, " << g.layer_count() << " layers ("
+              << (scan.finished ? "run of " + g.summary_json()["steps"].dump() + " steps"
+                                : std::string("no summary: the run did not finish"))
               << ")\n";
     return 0;
   }
-  json out = run_json(t);
+  json out = g.run_json(scan);
   if (at) {
-    out["at"] = at_json(t, nearest_step(t, target), target);
+    out["at"] = g.at_json();
   } else {
-    const json table = table_json(t, summarise(t));
+    const json table = g.table_json();
     out["layers"] = table["layers"];
     out["loss"] = table["loss"];
   }

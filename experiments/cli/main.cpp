@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "experiments/cli/command.h"
+#include "experiments/cli/terminal_text.h"
 #include "lib/core/error.h"
 
 namespace gradscale::cli {
@@ -36,7 +37,7 @@ std::string message_of(const std::exception& e) {
   const auto* error = dynamic_cast<const Error*>(&e);
   if (debug != nullptr && *debug != '\0' && error != nullptr && !error->where().empty())
     text += " [" + error->where() + "]";
-  return text;
+  return terminal_message(text);  // a message may quote a file: no control character reaches the terminal
 }
 
 void usage(std::ostream& os) {
@@ -77,7 +78,8 @@ int main(int argc, char** argv) {
     std::cerr << "gradscale " << argv[1] << ": " << cli::message_of(e) << "\n";
     return 2;
   } catch (const boost::program_options::error& e) {
-    std::cerr << "gradscale " << argv[1] << ": " << e.what() << " (see gradscale " << argv[1] << " --help)\n";
+    std::cerr << "gradscale " << argv[1] << ": " << cli::terminal_message(e.what()) << " (see gradscale "
+              << argv[1] << " --help)\n";
     return 2;
   } catch (const std::bad_alloc&) {
     std::cerr << "gradscale " << argv[1] << ": out of memory\n";

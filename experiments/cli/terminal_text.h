@@ -15,4 +15,8 @@ inline constexpr std::size_t kMaxShownName = 48;
 // cut to `max_chars` characters, the cut marked by "...".
 std::string terminal_text(const std::string& text, std::size_t max_chars = kMaxShownName);
 
+// An error message for the terminal: bytes below 0x20 (but the newline) and 0x7f written as \e, \r,
+// \t or \xNN, so text quoted from a file cannot act on the terminal; nothing is cut.
+std::string terminal_message(const std::string& text);
+
 }  // namespace gradscale::cli

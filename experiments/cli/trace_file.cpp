@@ -1,351 +1,25 @@
-// Reading and checking traces (see trace_file.h; the schema is docs/trace.md). Every message names the
-// file, the record, the layer and the key, so a broken writer or a hand-edited trace is easy to fix.
+// Reading traces as a stream (see trace_file.h; the schema's checks are trace_schema.h).
 #include "experiments/cli/trace_file.h"
 
-#include <algorithm>
-#include <cmath>
 #include <cstdint>
-#include <fstream>
-#include <limits>
-#include <set>
-#include <sstream>
+#include <istream>
+#include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "lib/core/error.h"
 #include "lib/core/file_read.h"
 #include "lib/core/json_read.h"
-#include "lib/numeric/format.h"
-#include "lib/train/trace_summary.h"
 
 namespace gradscale::cli {
 namespace {
 
 using nlohmann::json;
 
-// S = s * S_in holds exactly for power-of-two scales; this allows for a writer that rounds otherwise.
-constexpr double kScaleProductTolerance = 1e-9;
-// Sums of counts are checked against this before they are formed: no wrap-around.
-constexpr std::uint64_t kMaxCount = std::numeric_limits<std::uint64_t>::max();
-// "underflow_rate" is a double computed from the counts; it must agree to double rounding.
-constexpr double kRateTolerance = 1e-12;
-
-// Where a check is: the file and the record, for the message.
-struct Where {
-  const std::string& path;
-  std::string record;  // "step 14 (line 4), layer 3 (fc2)" ...
-
-  [[noreturn]] void fail(const std::string& what) const {
-    throw DataError(path + ": " + record + ": " + what);
-  }
-};
-
-std::string shown(const json& v) {
-  std::string s = v.dump();
-  return s.size() > 40 ? s.substr(0, 37) + "..." : s;
-}
-
-const char* type_name(const json& v) {
-  return v.type_name();  // "null", "object", "array", "string", "boolean", "number"
-}
-
-const json& need(const Where& w, const json& obj, const std::string& prefix, const char* key) {
-  const auto it = obj.find(key);
-  if (it == obj.end()) w.fail("missing key '" + prefix + key + "'");
-  return *it;
-}
-
-void wrong_type(const Where& w, const std::string& prefix, const char* key, const char* expected,
-                const json& v) {
-  w.fail("key '" + prefix + key + "' must be " + expected + ", got " + type_name(v) + " " + shown(v));
-}
-
-std::uint64_t need_uint(const Where& w, const json& obj, const std::string& prefix, const char* key) {
-  const json& v = need(w, obj, prefix, key);
-  if (!v.is_number_unsigned()) wrong_type(w, prefix, key, "a non-negative integer", v);
-  return v.get<std::uint64_t>();
-}
-
-std::int64_t need_int(const Where& w, const json& obj, const std::string& prefix, const char* key) {
-  const json& v = need(w, obj, prefix, key);
-  if (!v.is_number_integer()) wrong_type(w, prefix, key, "an integer", v);
-  return v.get<std::int64_t>();
-}
-
-double need_number(const Where& w, const json& obj, const std::string& prefix, const char* key) {
-  const json& v = need(w, obj, prefix, key);
-  if (!v.is_number() || !std::isfinite(v.get<double>())) wrong_type(w, prefix, key, "a finite number", v);
-  return v.get<double>();
-}
-
-double need_positive(const Where& w, const json& obj, const std::string& prefix, const char* key) {
-  const double x = need_number(w, obj, prefix, key);
-  if (!(x > 0)) w.fail("key '" + prefix + key + "' must be > 0, got " + shown(obj[key]));
-  return x;
-}
-
-// Doubles the writer may not have had as finite values: JSON has no inf/NaN, so they come as null.
-void need_number_or_null(const Where& w, const json& obj, const std::string& prefix, const char* key) {
-  const json& v = need(w, obj, prefix, key);
-  if (!v.is_null() && !v.is_number()) wrong_type(w, prefix, key, "a number or null", v);
-}
-
-bool need_bool(const Where& w, const json& obj, const std::string& prefix, const char* key) {
-  const json& v = need(w, obj, prefix, key);
-  if (!v.is_boolean()) wrong_type(w, prefix, key, "true or false", v);
-  return v.get<bool>();
-}
-
-const std::string& need_string(const Where& w, const json& obj, const std::string& prefix, const char* key) {
-  const json& v = need(w, obj, prefix, key);
-  if (!v.is_string()) wrong_type(w, prefix, key, "a string", v);
-  return v.get_ref<const std::string&>();
-}
-
-const json& need_object(const Where& w, const json& obj, const std::string& prefix, const char* key) {
-  const json& v = need(w, obj, prefix, key);
-  if (!v.is_object()) wrong_type(w, prefix, key, "an object", v);
-  return v;
-}
-
-const json& need_array(const Where& w, const json& obj, const std::string& prefix, const char* key) {
-  const json& v = need(w, obj, prefix, key);
-  if (!v.is_array()) wrong_type(w, prefix, key, "an array", v);
-  return v;
-}
-
-void need_type(const Where& w, const json& obj, const char* type) {
-  const std::string& t = need_string(w, obj, "", "type");
-  if (t != type) w.fail("key 'type' is '" + t + "', expected '" + type + "'");
-}
-
-void need_schema(const Where& w, const json& obj) {
-  const std::string& s = need_string(w, obj, "", "schema");
-  if (s != kTraceSchema)
-    w.fail("key 'schema' is '" + s + "', expected '" + kTraceSchema +
-           "' (the only schema this reader knows)");
-}
-
-void need_format(const Where& w, const json& obj, const char* key) {
-  const std::string& name = need_string(w, obj, "", key);
-  try {
-    parse_format(name);
-  } catch (const ConfigError&) {
-    w.fail("key '" + std::string(key) + "' is '" + name + "', not a format (" + format_names() + ")");
-  }
-}
-
-struct LayerRow {
-  std::string name;
-  bool parametric = false;      // asks the controller for a local scale (Linear, Conv2d)
-  bool has_parameters = false;  // trains parameters (also BatchNorm's γ, β): may carry "wgrad"
-};
-
-// The statistics object of lib/instrument (stats_to_json) at `prefix` ("act.", "loss_grad." ...).
-void check_stats(const Where& w, const json& obj, const char* key, bool with_binades) {
-  const json& st = need_object(w, obj, "", key);
-  const std::string p = std::string(key) + ".";
-  const std::uint64_t elements = need_uint(w, st, p, "elements");
-  std::uint64_t classes = 0;
-  for (const char* c : {"zero", "underflow", "subnormal", "normal", "overflow", "nonfinite"}) {
-    const std::uint64_t n = need_uint(w, st, p, c);
-    if (n > kMaxCount - classes)  // the sum would wrap around to a small number
-      w.fail("in '" + std::string(key) + "' the counts zero+underflow+subnormal+normal+overflow+nonfinite " +
-             "add up to more than 2^64 - 1 (at '" + p + c + "' = " + std::to_string(n) + "), not elements = " +
-             std::to_string(elements));
-    classes += n;
-  }
-  if (classes != elements)
-    w.fail("in '" + std::string(key) +
-           "' the counts zero+underflow+subnormal+normal+overflow+nonfinite sum to " +
-           std::to_string(classes) + ", not elements = " + std::to_string(elements));
-  need_uint(w, st, p, "count");
-  for (const char* f : {"sum", "sum_squares", "min", "max", "max_abs", "min_nonzero_abs"})
-    need_number_or_null(w, st, p, f);
-  const double rate = need_number(w, st, p, "underflow_rate");
-  const double expected = stats_underflow_rate(st);
-  if (std::abs(rate - expected) > kRateTolerance * std::max(1.0, expected)) {
-    std::ostringstream os;
-    os.precision(17);
-    os << "key '" << p << "underflow_rate' is " << rate
-       << ", but underflow / (elements - zero - nonfinite) = " << expected;
-    w.fail(os.str());
-  }
-  const auto b = st.find("binades");
-  if (b == st.end()) {
-    if (with_binades) w.fail("missing key '" + p + "binades' (the header says trace_hist is true)");
-    return;
-  }
-  if (!b->is_object()) wrong_type(w, p, "binades", "an object", *b);
-  std::uint64_t binned = 0;
-  for (const auto& [e, count] : b->items()) {
-    char* end = nullptr;
-    const long v = std::strtol(e.c_str(), &end, 10);
-    if (e.empty() || *end != '\0' || v < -150 || v > 128)
-      w.fail("key '" + p + "binades' has the bin '" + e + "', not an exponent in [-150, 128]");
-    if (!count.is_number_unsigned())
-      w.fail("key '" + p + "binades." + e + "' must be a non-negative integer, got " + shown(count));
-    if (count.get<std::uint64_t>() > kMaxCount - binned)  // the sum would wrap around
-      w.fail("key '" + p + "binades' counts more than 2^64 - 1 values, not elements = " + std::to_string(elements));
-    binned += count.get<std::uint64_t>();
-  }
-  const std::uint64_t nonzero_finite =
-      elements - st["zero"].get<std::uint64_t>() - st["nonfinite"].get<std::uint64_t>();
-  if (binned != nonzero_finite)
-    w.fail(
-        "key '" + p + "binades' counts " + std::to_string(binned) +
-        " values, not the non-zero finite elements - zero - nonfinite = " + std::to_string(nonzero_finite));
-}
-
-std::vector<LayerRow> check_header(const Where& w, const json& h) {
-  if (!h.is_object()) w.fail("the header must be an object, got " + std::string(type_name(h)));
-  need_type(w, h, "header");
-  need_schema(w, h);
-  need_string(w, h, "", "version");
-  need_object(w, h, "", "config");
-  need_format(w, h, "format");
-  need_format(w, h, "grad_format");
-  need_string(w, need_object(w, h, "", "scaler"), "scaler.", "policy");
-  need_int(w, h, "", "seed");
-  if (need_uint(w, h, "", "trace_every") < 1) w.fail("key 'trace_every' must be >= 1");
-  need_bool(w, h, "", "trace_hist");
-  const json& layers = need_array(w, h, "", "layers");
-  if (layers.empty()) w.fail("key 'layers' is empty: a model has at least one layer");
-  std::vector<LayerRow> table;
-  for (std::size_t i = 0; i < layers.size(); ++i) {
-    const Where lw{w.path, w.record + ", layers[" + std::to_string(i) + "]"};
-    const json& l = layers[i];
-    if (!l.is_object()) lw.fail("a layer must be an object, got " + std::string(type_name(l)));
-    const std::int64_t id = need_int(lw, l, "", "id");
-    if (id != static_cast<std::int64_t>(i))
-      lw.fail("key 'id' is " + std::to_string(id) + ", expected " + std::to_string(i) +
-              " (ids are 0..L-1 in model order)");
-    LayerRow row;
-    row.name = need_string(lw, l, "", "name");
-    need_string(lw, l, "", "kind");
-    for (const json& in : need_array(lw, l, "", "inputs")) {
-      if (!in.is_number_integer() || in.get<std::int64_t>() < -1 || in.get<std::int64_t>() >= id)
-        lw.fail("key 'inputs' has " + shown(in) + ": inputs are earlier layer ids or -1 (the model input)");
-    }
-    need_uint(lw, l, "", "K");
-    row.parametric = need_bool(lw, l, "", "parametric");
-    const json& params = need_array(lw, l, "", "parameters");
-    for (std::size_t k = 0; k < params.size(); ++k) {
-      const std::string pp = "parameters[" + std::to_string(k) + "].";
-      if (!params[k].is_object()) lw.fail("key '" + pp.substr(0, pp.size() - 1) + "' must be an object");
-      need_string(lw, params[k], pp, "name");
-      for (const json& d : need_array(lw, params[k], pp, "shape"))
-        if (!d.is_number_unsigned()) lw.fail("key '" + pp + "shape' has " + shown(d) + ", not a size");
-    }
-    // A parametric layer (a local scale) has a weight; a layer with parameters need not be parametric.
-    row.has_parameters = !params.empty();
-    if (row.parametric && !row.has_parameters)
-      lw.fail("key 'parametric' is true but the layer has 0 parameters");
-    table.push_back(row);
-  }
-  return table;
-}
-
-const std::set<std::string>& reasons() {
-  static const std::set<std::string> r = {"every", "skip", "overflow", "scale_change"};
-  return r;
-}
-
-// One step record; `previous` is the step number before it (0 for the first).
-void check_step(const Where& w0, const json& st, const std::vector<LayerRow>& table, bool with_binades,
-                std::uint64_t previous) {
-  if (!st.is_object()) w0.fail("a step record must be an object, got " + std::string(type_name(st)));
-  need_type(w0, st, "step");
-  const std::uint64_t step = need_uint(w0, st, "", "step");
-  const Where w{w0.path, "step " + std::to_string(step) + " (" + w0.record + ")"};
-  if (step < 1) w.fail("key 'step' must be >= 1 (iterations count from 1)");
-  if (step <= previous)
-    w.fail("step " + std::to_string(step) + " follows step " + std::to_string(previous) +
-           ": steps must increase");
-  if (need_uint(w, st, "", "epoch") < 1) w.fail("key 'epoch' must be >= 1");
-  need_number_or_null(w, st, "", "loss");
-  need_positive(w, st, "", "S0");
-  need_positive(w, st, "", "phi");
-  need_bool(w, st, "", "skipped");
-  const bool found_inf = need_bool(w, st, "", "found_inf");
-  const json& first = need(w, st, "", "first_nonfinite_layer");
-  if (!first.is_null()) {
-    if (!first.is_number_unsigned() || first.get<std::uint64_t>() >= table.size())
-      w.fail("key 'first_nonfinite_layer' is " + shown(first) + ", not null or a layer id in 0.." +
-             std::to_string(table.size() - 1));
-    if (!found_inf) w.fail("key 'first_nonfinite_layer' is " + shown(first) + " but found_inf is false");
-  }
-  const json& why = need_array(w, st, "", "why");
-  if (why.empty()) w.fail("key 'why' is empty: a record says why it was traced");
-  for (const json& r : why)
-    if (!r.is_string() || !reasons().count(r.get<std::string>()))
-      w.fail("key 'why' has " + shown(r) + " (allowed: every, skip, overflow, scale_change)");
-  // "stats": false marks a notable iteration traced between samples: its scales, but no statistics.
-  const bool with_stats = st.contains("stats") ? need_bool(w, st, "", "stats") : true;
-  if (with_stats || st.contains("loss_grad")) check_stats(w, st, "loss_grad", with_binades);
-
-  const json& layers = need_array(w, st, "", "layers");
-  std::int64_t previous_id = -1;
-  for (std::size_t i = 0; i < layers.size(); ++i) {
-    const json& l = layers[i];
-    const Where li{w.path, w.record + ", layers[" + std::to_string(i) + "]"};
-    if (!l.is_object()) li.fail("a layer entry must be an object, got " + std::string(type_name(l)));
-    const std::int64_t id = need_int(li, l, "", "id");
-    if (id < 0 || id >= static_cast<std::int64_t>(table.size()))
-      li.fail("key 'id' is " + std::to_string(id) + ", outside the header's layer table (ids 0.." +
-              std::to_string(table.size() - 1) + ")");
-    const LayerRow& row = table[static_cast<std::size_t>(id)];
-    const Where lw{w.path, w.record + ", layer " + std::to_string(id) + " (" + row.name + ")"};
-    if (id <= previous_id)
-      lw.fail("layer " + std::to_string(id) + " follows layer " + std::to_string(previous_id) +
-              ": layer ids must ascend within a step");
-    previous_id = id;
-    const double s = need_positive(lw, l, "", "s");
-    need_number_or_null(lw, l, "", "unbound_s");
-    const double s_in = need_positive(lw, l, "", "S_in");
-    const double scale = need_positive(lw, l, "", "S");
-    // Compared as logarithms: s * S_in may overflow a double (1e200 * 1e200), its logarithm cannot.
-    if (std::abs(std::log(scale) - (std::log(s) + std::log(s_in))) > kScaleProductTolerance) {
-      std::ostringstream os;
-      os.precision(17);
-      os << "key 'S' is " << scale << ", but s * S_in = " << s << " * " << s_in << " = " << s * s_in;
-      lw.fail(os.str());
-    }
-    if (l.contains("act")) check_stats(lw, l, "act", with_binades);
-    if (l.contains("wgrad")) {
-      if (!row.has_parameters) lw.fail("key 'wgrad' on a layer without parameters");
-      check_stats(lw, l, "wgrad", with_binades);
-    }
-    if (l.contains("wgrad_scale")) {
-      if (!row.has_parameters) lw.fail("key 'wgrad_scale' on a layer without parameters");
-      need_positive(lw, l, "", "wgrad_scale");
-    }
-  }
-}
-
-// The summary against the step records: the library's check, the one TraceWriter::finish applies.
-void check_summary(const Where& w, const json& s, Trace& t, const std::vector<LayerRow>& table) {
-  TraceTally tally;
-  tally.records = t.steps.size();
-  tally.layers = table.size();
-  for (const json& st : t.steps) {
-    tally.skipped += st["skipped"].get<bool>();
-    tally.overflows += st["found_inf"].get<bool>();
-  }
-  if (!t.steps.empty()) tally.last_step = t.steps.back()["step"].get<std::uint64_t>();
-  try {
-    for (const std::string& warning : check_trace_summary(s, tally))
-      t.warnings.push_back(w.record + ": " + warning);
-  } catch (const DataError& e) {
-    w.fail(e.what());
-  }
-}
-
-std::string read_all(const std::string& path) {
-  BoundedRead r = read_bounded(path, kMaxTraceFileBytes);  // a FIFO never blocks, /dev/zero ends
-  GS_CHECK_DATA(r.problem != ReadProblem::cannot_open, path << ": cannot open the trace (missing or unreadable)");
-  GS_CHECK_DATA(r.problem == ReadProblem::none, read_problem_message(r, "the trace", path, kMaxTraceFileBytes));
-  return std::move(r.text);
-}
+// The first line is read to tell JSON Lines from a document; a document is one line, so only this
+// much of it is read for that. A header line is far shorter (the config and the layer table).
+constexpr std::size_t kMaxHeaderLineBytes = std::size_t{4} << 20;
 
 bool ends_with(const std::string& s, const std::string& tail) {
   return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
@@ -355,119 +29,202 @@ bool is_blank(std::string_view s) {
   return s.find_first_not_of(" \t\r") == std::string_view::npos;
 }
 
-// The first line of `text` parses as an object with "type": "header".
-bool starts_with_header_line(const std::string& text) {
-  const json first = parse_json_or_discarded(std::string_view(text).substr(0, text.find('\n')));
+// The trace file opened for reading: bounded and non-blocking (lib/core/file_read.h).
+class TraceInput {
+ public:
+  explicit TraceInput(const std::string& path) : path_(path), file_(path, kMaxTraceFileBytes) {
+    GS_CHECK_DATA(file_.problem() != ReadProblem::cannot_open,
+                  path << ": cannot open the trace (missing or unreadable)");
+    check();
+  }
+  std::istream& stream() { return file_.stream(); }
+  // Before reporting what the text held: a device (no size to check at open) read to its end, so
+  // that an input over the size cap is reported as that, whatever its first bytes were.
+  void check_rest() {
+    for (char buffer[1 << 16]; stream().read(buffer, sizeof buffer) || stream().gcount() > 0;) {
+    }
+    check();
+  }
+  // After reading: a read that failed or passed the size cap is an error, not an early end.
+  void check() const {
+    GS_CHECK_DATA(
+        file_.problem() == ReadProblem::none,
+        read_problem_message(file_.problem(), file_.detail(), "the trace", path_, kMaxTraceFileBytes));
+  }
+
+ private:
+  const std::string& path_;
+  BoundedFile file_;
+};
+
+// The first line parses as an object with "type": "header" (read up to kMaxHeaderLineBytes).
+bool starts_with_header_line(const std::string& path) {
+  TraceInput in(path);
+  std::string line;
+  for (char c; line.size() <= kMaxHeaderLineBytes && in.stream().get(c) && c != '\n';) line.push_back(c);
+  in.check();
+  if (line.size() > kMaxHeaderLineBytes) return false;
+  const json first = parse_json_or_discarded(line);
   return first.is_object() && first.value("type", json()) == "header";
 }
 
-void read_lines(Trace& t, const std::string& text) {
-  // (1-based number, the line) with blank lines dropped; views into `text`, not copies: the parsed
-  // objects are what a large trace's memory goes to.
-  std::vector<std::pair<std::size_t, std::string_view>> lines;
-  std::size_t number = 0;
-  for (std::size_t begin = 0; begin < text.size();) {
-    std::size_t end = text.find('\n', begin);
-    if (end == std::string::npos) end = text.size();
-    ++number;
-    const std::string_view line(text.data() + begin, end - begin);
-    if (!is_blank(line)) lines.emplace_back(number, line);
-    begin = end + 1;
+// Checks each part against the schema, keeps the tally and hands the part on.
+class Checker {
+ public:
+  Checker(const std::string& path, TraceVisitor& visitor, TraceScan& scan)
+      : path_(path), visitor_(visitor), scan_(scan) {}
+
+  bool has_header() const { return !table_.empty(); }
+
+  void header(const json& h, const std::string& where) {
+    table_ = check_header(Where{path_, where}, h);
+    with_binades_ = h["trace_hist"].get<bool>();
+    scan_.tally.layers = table_.size();
+    visitor_.header(h);
   }
-  GS_CHECK_DATA(!lines.empty(), t.path << ": the trace is empty (no header line)");
-  for (std::size_t i = 0; i < lines.size(); ++i) {
-    const std::string where = "line " + std::to_string(lines[i].first);
-    json obj = parse_json_or_discarded(lines[i].second);
+
+  void step(const json& st, const std::string& where) {
+    check_step(Where{path_, where}, st, table_, with_binades_, scan_.tally.last_step);
+    TraceTally& t = scan_.tally;
+    ++t.records;
+    t.skipped += st["skipped"].get<bool>();
+    t.overflows += st["found_inf"].get<bool>();
+    t.last_step = st["step"].get<std::uint64_t>();
+    visitor_.step(st);
+  }
+
+  void summary(const json& s, const std::string& where) {
+    std::vector<std::string> warnings;
+    check_summary(Where{path_, where}, s, scan_.tally, warnings);
+    for (const std::string& w : warnings) visitor_.warning(w);
+    scan_.finished = true;
+    visitor_.summary(s);
+  }
+
+ private:
+  const std::string& path_;
+  TraceVisitor& visitor_;
+  TraceScan& scan_;
+  std::vector<LayerRow> table_;
+  bool with_binades_ = false;
+};
+
+void scan_lines(const std::string& path, Checker& checker, TraceVisitor& visitor) {
+  TraceInput in(path);
+  std::string line;
+  std::size_t number = 0;
+  std::size_t records = 0;
+  std::size_t cut = 0;  // the number of a line that did not parse: allowed only as the last one
+  bool summary_seen = false;
+  while (std::getline(in.stream(), line)) {
+    ++number;
+    if (is_blank(line)) continue;
+    const std::string where = "line " + std::to_string(number);
+    GS_CHECK_DATA(cut == 0, path << ": line " << cut << ": not valid JSON");
+    json obj = parse_json_or_discarded(line);
     if (obj.is_discarded()) {
       // A run that died mid-write leaves a cut last line; anything earlier is a broken file.
-      GS_CHECK_DATA(i + 1 == lines.size() && i > 0,
-                    t.path << ": " << where << ": not valid JSON"
-                           << (i == 0 ? " (the first line must be the header)" : ""));
-      t.warnings.push_back(where + " is not valid JSON (cut when the run died?) and was ignored");
-      break;
+      GS_CHECK_DATA(records > 0,
+                    path << ": " << where << ": not valid JSON (the first line must be the header)");
+      cut = number;
+      continue;
     }
+    ++records;
     GS_CHECK_DATA(obj.is_object() && obj.contains("type") && obj["type"].is_string(),
-                  t.path << ": " << where << ": a line must be an object with a string \"type\"");
+                  path << ": " << where << ": a line must be an object with a string \"type\"");
     const std::string type = obj["type"].get<std::string>();
-    GS_CHECK_DATA(t.summary.is_null(), t.path << ": " << where << ": a '" << type
-                                              << "' line after the summary (the summary is the last line)");
-    if (i == 0) {
-      GS_CHECK_DATA(type == "header", t.path << ": " << where
-                                             << ": the first line must be the header, found type '" << type
-                                             << "' (missing header)");
-      t.header = std::move(obj);
+    GS_CHECK_DATA(!summary_seen, path << ": " << where << ": a '" << type
+                                      << "' line after the summary (the summary is the last line)");
+    if (records == 1) {
+      GS_CHECK_DATA(type == "header", path << ": " << where
+                                           << ": the first line must be the header, found type '" << type
+                                           << "' (missing header)");
+      checker.header(obj, where + " (header)");
     } else if (type == "step") {
-      t.steps.push_back(std::move(obj));
-      t.step_origin.push_back(where);
+      checker.step(obj, where);
     } else if (type == "summary") {
-      t.summary = std::move(obj);
-      t.summary_origin = where;
-    } else if (type == "header") {
-      GS_CHECK_DATA(false, t.path << ": " << where << ": a second header line");
+      summary_seen = true;
+      checker.summary(obj, where);
     } else {
-      GS_CHECK_DATA(false, t.path << ": " << where << ": unknown type '" << type
-                                  << "' (allowed: header, step, summary)");
+      GS_CHECK_DATA(type != "header", path << ": " << where << ": a second header line");
+      GS_CHECK_DATA(
+          false, path << ": " << where << ": unknown type '" << type << "' (allowed: header, step, summary)");
     }
   }
+  in.check();
+  GS_CHECK_DATA(records > 0 || cut > 0, path << ": the trace is empty (no header line)");
+  if (cut > 0)
+    visitor.warning("line " + std::to_string(cut) +
+                    " is not valid JSON (cut when the run died?) and was ignored");
 }
 
-void read_document(Trace& t, const std::string& text) {
-  json doc = parse_json_or_discarded(text);
-  GS_CHECK_DATA(!doc.is_discarded(), t.path << ": not valid JSON (a trace .json is one document; a run that "
-                                               "died leaves only the .jsonl)");
-  const Where w{t.path, "document"};
-  if (!doc.is_object()) w.fail("the trace must be a JSON object, got " + std::string(type_name(doc)));
-  need_schema(w, doc);
-  t.header = need_object(w, doc, "", "header");
-  need_array(w, doc, "", "steps");
-  json& steps = doc["steps"];  // moved out, not copied: one parsed trace in memory, not two
-  t.steps.reserve(steps.size());
-  for (std::size_t i = 0; i < steps.size(); ++i) {
-    t.steps.push_back(std::move(steps[i]));
-    t.step_origin.push_back("steps[" + std::to_string(i) + "]");
+// The document, parsed with a callback that checks and hands on each element of "steps" as soon as
+// it is complete and then drops it, so the parsed document never holds more than one step.
+void scan_document(const std::string& path, Checker& checker) {
+  TraceInput in(path);
+  std::string key;        // the top-level key whose value is being parsed
+  bool in_steps = false;  // inside the top-level "steps" array
+  std::size_t index = 0;
+  std::vector<json> early;  // steps before the header (a hand-ordered file): checked once it comes
+  json summary;
+  auto on_step = [&](json& st) {
+    const std::string where = "steps[" + std::to_string(index++) + "]";
+    if (checker.has_header())
+      checker.step(st, where);
+    else
+      early.push_back(std::move(st));
+  };
+  const json::parser_callback_t callback = [&](int depth, json::parse_event_t event, json& parsed) {
+    using E = json::parse_event_t;
+    // As every JSON input (lib/core/json_read.h): deeper nesting is refused while it is parsed, before
+    // a recursive copy or destruction of the value could exhaust the stack.
+    if ((event == E::object_start || event == E::array_start) && depth >= kMaxJsonDepth)
+      throw DataError(path + ": not valid JSON (nested deeper than " + std::to_string(kMaxJsonDepth) +
+                      " levels)");
+    if (depth == 1 && event == E::key) key = parsed.get<std::string>();
+    if (depth == 1 && event == E::array_start && key == "steps") in_steps = true;
+    if (depth == 1 && event == E::array_end) in_steps = false;
+    if (depth == 1 && event == E::object_end && key == "header" && !checker.has_header()) {
+      checker.header(parsed, "header");
+      for (std::size_t i = 0; i < early.size(); ++i)
+        checker.step(early[i], "steps[" + std::to_string(i) + "]");
+      early.clear();
+    }
+    if (depth == 2 && in_steps && (event == E::object_end || event == E::array_end || event == E::value)) {
+      on_step(parsed);
+      return false;  // dropped from the document
+    }
+    return true;
+  };
+  json doc;
+  try {
+    doc = json::parse(in.stream(), callback);
+  } catch (const json::parse_error&) {
+    in.check_rest();
+    GS_CHECK_DATA(false,
+                  path << ": not valid JSON (a trace .json is one document; a run that died leaves only "
+                          "the .jsonl)");
   }
-  t.summary = need_object(w, doc, "", "summary");
-  t.summary_origin = "summary";
+  in.check();
+  const Where w{path, "document"};
+  if (!doc.is_object()) w.fail("the trace must be a JSON object, got " + std::string(json_type_name(doc)));
+  check_schema_key(w, doc);
+  check_object_key(w, doc, "header");
+  check_array_key(w, doc, "steps");
+  checker.summary(check_object_key(w, doc, "summary"), "summary");
 }
 
 }  // namespace
 
-double stats_underflow_rate(const json& stats) {
-  const std::uint64_t nonzero_finite = stats["elements"].get<std::uint64_t>() -
-                                       stats["zero"].get<std::uint64_t>() -
-                                       stats["nonfinite"].get<std::uint64_t>();
-  return nonzero_finite == 0 ? 0.0
-                             : static_cast<double>(stats["underflow"].get<std::uint64_t>()) /
-                                   static_cast<double>(nonzero_finite);
-}
-
-bool stats_overflowed(const json& stats) {
-  return stats["overflow"].get<std::uint64_t>() > 0 || stats["nonfinite"].get<std::uint64_t>() > 0;
-}
-
-Trace read_trace(const std::string& path) {
-  Trace t;
-  t.path = path;
-  const std::string text = read_all(path);
-  t.lines = ends_with(path, ".jsonl") || starts_with_header_line(text);
-  if (t.lines)
-    read_lines(t, text);
+TraceScan scan_trace(const std::string& path, TraceVisitor& visitor) {
+  TraceScan scan;
+  Checker checker(path, visitor, scan);
+  scan.lines = ends_with(path, ".jsonl") || starts_with_header_line(path);
+  if (scan.lines)
+    scan_lines(path, checker, visitor);
   else
-    read_document(t, text);
-  return t;
-}
-
-void validate_trace(Trace& t) {
-  const Where hw{t.path, t.lines ? "line 1 (header)" : "header"};
-  if (t.header.is_null()) hw.fail("missing header");
-  const std::vector<LayerRow> table = check_header(hw, t.header);
-  const bool with_binades = t.header["trace_hist"].get<bool>();
-  std::uint64_t previous = 0;
-  for (std::size_t i = 0; i < t.steps.size(); ++i) {
-    check_step(Where{t.path, t.step_origin[i]}, t.steps[i], table, with_binades, previous);
-    previous = t.steps[i]["step"].get<std::uint64_t>();
-  }
-  if (!t.summary.is_null()) check_summary(Where{t.path, t.summary_origin}, t.summary, t, table);
+    scan_document(path, checker);
+  return scan;
 }
 
 }  // namespace gradscale::cli
