@@ -519,6 +519,29 @@ TEST_CASE("CUDA backend: a diverging run stops at the CPU's step, naming the sam
   CHECK(b.at("divergence") == a.at("divergence"));
 }
 
+TEST_CASE("CUDA backend: a step whose accumulated scale leaves float32's range is skipped, as on the CPU",
+          "[cuda][backend][train]") {
+  test::require_cuda_device();
+  // Issue 22 item 9. Each layer's s is at most 1e-30: over the mlp's linear layers S falls far below
+  // 2^-126, where 1/S is inf. Whoever decides the scales, host or device, the step is skipped (the
+  // CPU's rule), never applied with 0·inf weights and never a failure.
+  const json scaler = {{"policy", "adaptive"}, {"scale_upper_bound", 1e-30}};
+  TrainConfig c = config_for("mlp", Format::fp16, scaler, "cpu");
+  c.max_steps = 3;
+  c.batch = test::gpu_or_cpu_target(64, 16);
+  const json on_cpu = Trainer(c).run();
+  REQUIRE(on_cpu.at("skipped_steps") == 3);
+  c.device = "cuda";
+  for (const bool device_decisions : {true, false}) {
+    INFO(device_decisions ? "scales decided on the device" : "scales decided by the host");
+    Trainer gpu(c);
+    dynamic_cast<cuda::CudaBackend&>(gpu.model().backend()).set_device_decisions(device_decisions);
+    const json r = gpu.run();
+    CHECK(r.at("diverged") == false);
+    CHECK(r.at("skipped_steps") == 3);
+  }
+}
+
 TEST_CASE("CUDA backend: a checkpoint written on the GPU resumes on the CPU with the same weights", "[cuda][backend][checkpoint]") {
   test::require_cuda_device();
   testing::TempDir dir;
