@@ -3,12 +3,15 @@
 # root, "gradscale/internal/lib/...". A consumer then needs only <prefix>/include on its include path,
 # and a header of its own named "lib/..." cannot be taken for one of gradscale's.
 # Inputs: GS_SOURCE_DIR, GS_STAGE_DIR (emptied first), GS_WITH_CUDA (stage lib/cuda's headers, which
-# stop a build without CUDA).
+# stop a build without CUDA), GS_WITH_MPI (stage lib/dist/mpi_communicator.h, which needs the MPI build).
 file(REMOVE_RECURSE "${GS_STAGE_DIR}")
 file(GLOB_RECURSE _gs_public RELATIVE "${GS_SOURCE_DIR}/include" "${GS_SOURCE_DIR}/include/gradscale/*.h")
 file(GLOB_RECURSE _gs_internal RELATIVE "${GS_SOURCE_DIR}" "${GS_SOURCE_DIR}/lib/*.h")
 if(NOT GS_WITH_CUDA)
   list(FILTER _gs_internal EXCLUDE REGEX "^lib/cuda/")
+endif()
+if(NOT GS_WITH_MPI)
+  list(FILTER _gs_internal EXCLUDE REGEX "^lib/dist/mpi_communicator\\.h$")
 endif()
 set(_gs_pairs)
 foreach(h IN LISTS _gs_public)

@@ -3,7 +3,8 @@
 # builds experiments/examples against the prefix only, runs both examples for a few steps (the residual one
 # also saved and resumed) and checks their printout and traces (gradscale inspect --check). It checks what
 # the package passes on (no -march/-ffp-contract, no generic include path, no CUDA), builds the examples
-# with CUDA made unfindable, and builds a consumer of the `cuda` component.
+# with CUDA made unfindable, builds a consumer of the `cuda` component, and one of the `mpi` component
+# (run under mpirun -np 2 when the installation has it).
 # Inputs: GS_BUILD_DIR, GS_SOURCE_DIR, GS_WORK_DIR, GS_VERSION, GS_CXX_COMPILER.
 cmake_minimum_required(VERSION 3.20)
 
@@ -123,4 +124,53 @@ if(has_cuda EQUAL -1)
   expect("cuda backend linked: 0" "${step_output}" "a program without gradscale::cuda")
 else()
   expect("cuda backend linked: 1" "${step_output}" "a program with gradscale::cuda")
+endif()
+
+# The mpi component, when this installation has it: a consumer that asks for it gets gradscale::mpi
+# (make_mpi_communicator, GRADSCALE_MPI defined); run under `mpirun -np 2`, each rank sums a 1 over
+# the ranks through the installed communicator. Without it the consumer builds on LocalCommunicator.
+string(FIND "${config}" "set(gradscale_HAS_MPI ON)" has_mpi)
+file(MAKE_DIRECTORY ${GS_WORK_DIR}/mpi_consumer)
+file(WRITE ${GS_WORK_DIR}/mpi_consumer/CMakeLists.txt
+     "cmake_minimum_required(VERSION 3.20)\nproject(mpi_consumer LANGUAGES CXX)\n"
+     "find_package(gradscale 0.1 CONFIG REQUIRED OPTIONAL_COMPONENTS mpi)\n"
+     "add_executable(ranks main.cpp)\n"
+     "if(gradscale_mpi_FOUND)\n  target_link_libraries(ranks PRIVATE gradscale::mpi)\n"
+     "else()\n  target_link_libraries(ranks PRIVATE gradscale::gradscale)\nendif()\n"
+     "message(STATUS \"mpi component found: \${gradscale_mpi_FOUND}\")\n")
+file(WRITE ${GS_WORK_DIR}/mpi_consumer/main.cpp
+     "#include <gradscale/gradscale.h>\n#include <cstdint>\n#include <cstdio>\n#include <memory>\n"
+     "int main() {\n#if defined(GRADSCALE_MPI)\n"
+     "  std::unique_ptr<gradscale::Communicator> comm = gradscale::make_mpi_communicator(60);\n"
+     "#else\n  std::unique_ptr<gradscale::Communicator> comm = std::make_unique<gradscale::LocalCommunicator>();\n"
+     "#endif\n  std::uint64_t one = 1;\n  comm->all_reduce_sum(&one, 1);\n"
+     "  std::printf(\"%s rank %d of %d: sum %llu\\n\", comm->backend().c_str(), comm->rank(), comm->size(),\n"
+     "              static_cast<unsigned long long>(one));\n}\n")
+run_step("configure a consumer of the mpi component"
+         ${CMAKE_COMMAND} -S ${GS_WORK_DIR}/mpi_consumer -B ${GS_WORK_DIR}/mpi_consumer/build
+         -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER=${GS_CXX_COMPILER} -DCMAKE_PREFIX_PATH=${prefix})
+if(has_mpi EQUAL -1)
+  expect("mpi component found: FALSE" "${step_output}" "an installation without MPI")
+else()
+  expect("mpi component found: TRUE" "${step_output}" "an installation with MPI")
+endif()
+run_step("build the consumer of the mpi component" ${CMAKE_COMMAND} --build ${GS_WORK_DIR}/mpi_consumer/build)
+find_program(GS_MPIRUN mpirun)
+if(has_mpi EQUAL -1)
+  run_step("run the consumer of the mpi component" ${GS_WORK_DIR}/mpi_consumer/build/ranks)
+  expect("local rank 0 of 1: sum 1" "${step_output}" "a program without gradscale::mpi")
+elseif(GS_MPIRUN)
+  # As tests/test_distributed.cpp starts ranks on this machine: more ranks than cores, root allowed.
+  execute_process(COMMAND id -u OUTPUT_VARIABLE uid OUTPUT_STRIP_TRAILING_WHITESPACE)
+  set(as_root)
+  if(uid STREQUAL "0")
+    set(as_root --allow-run-as-root)
+  endif()
+  run_step("run the consumer of the mpi component under mpirun -np 2"
+           ${CMAKE_COMMAND} -E env OMPI_MCA_btl_vader_single_copy_mechanism=none
+           ${GS_MPIRUN} --oversubscribe ${as_root} -np 2 ${GS_WORK_DIR}/mpi_consumer/build/ranks)
+  expect("mpi rank 0 of 2: sum 2" "${step_output}" "rank 0 of the mpi consumer")
+  expect("mpi rank 1 of 2: sum 2" "${step_output}" "rank 1 of the mpi consumer")
+else()
+  message(STATUS "mpi consumer built; not run: no mpirun on this machine")
 endif()

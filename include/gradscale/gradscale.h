@@ -12,6 +12,7 @@
 #pragma once
 
 #include "gradscale/data.h"
+#include "gradscale/distributed.h"
 #include "gradscale/network.h"
 #include "gradscale/numeric.h"
 #include "gradscale/scaler.h"

@@ -4,7 +4,7 @@
 #pragma once
 
 #ifndef GRADSCALE_MPI
-#error "lib/dist/mpi_communicator.h needs the MPI build (GRADSCALE_MPI): CMake found no MPI"
+#error "lib/dist/mpi_communicator.h needs the MPI build (GRADSCALE_MPI): link gradscale::mpi (the package's mpi component; in this tree, gradscale_mpi, built when CMake finds MPI)"
 #endif
 
 #include <memory>
