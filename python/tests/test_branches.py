@@ -173,6 +173,28 @@ def test_a_mixed_sum_would_be_caught():
     assert not all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(), ref.parameters()))
 
 
+def test_a_deep_copied_model_drives_its_own_scaler():
+    """copy.deepcopy(model) copies the scaler with it: the copy's layer hooks record into the copy's
+    scaler (and its gradients carry the scales), the original's scaler sees nothing."""
+    torch.manual_seed(1)
+    model = ResidualNoModule()
+    x, y = _inputs("residual")
+    scaler = Scaler(model, scaler=FIXED, format="fp32")
+    twin = copy.deepcopy(model)
+    twin_scaler = next(iter(twin._forward_pre_hooks.values())).__self__
+    assert twin_scaler is not scaler
+    ref = copy.deepcopy(model)
+    ref_scaler = next(iter(ref._forward_pre_hooks.values())).__self__
+    ref_scaler.remove()
+    F.cross_entropy(ref(x), y).backward()
+    twin_scaler.scale(F.cross_entropy(twin(x), y)).backward()
+    assert [r["sent"] for r in twin_scaler.layer_scales()] == [False, True, True]
+    assert twin_scaler._session.joins == 1
+    assert not any(r["ran"] for r in scaler.layer_scales())
+    for (n, p), (_, q) in zip(twin.named_parameters(), ref.named_parameters()):
+        assert torch.equal(p.grad, q.grad), n
+
+
 class Block(nn.Module):
     """A transformer block with tied embedding / output weights."""
 

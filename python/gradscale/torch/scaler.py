@@ -20,6 +20,7 @@ Every decision (S0, each layer's s, joins, rounding, found_inf, skip) is made by
 from __future__ import annotations
 
 import copy
+import functools
 import itertools
 import math
 import json
@@ -349,23 +350,27 @@ class Scaler:
             return None
         return _map_tensors(output, lambda t: LossEdge.apply(t, self._session) if t.requires_grad else t)
 
+    # The layer hooks are partials of bound methods, not closures: copy.deepcopy(model) then binds the
+    # copy's hooks to the scaler's copy (a closure would be shared, and drive this scaler).
     def _enter_hook(self, layer_id: int):
-        def hook(module, inputs):
-            call = next(self._calls)
-            self._open_calls.setdefault(layer_id, []).append(call)
-            grad = torch.is_grad_enabled()
-            return tuple(_wrap(x, lambda t: Enter.apply(t, self._session, layer_id, call) if grad and t.requires_grad
-                               else round_forward(t, self.format, _core)) for x in inputs)
-        return hook
+        return functools.partial(self._enter_call, layer_id)
+
+    def _enter_call(self, layer_id: int, module, inputs):
+        call = next(self._calls)
+        self._open_calls.setdefault(layer_id, []).append(call)
+        grad = torch.is_grad_enabled()
+        return tuple(_wrap(x, lambda t: Enter.apply(t, self._session, layer_id, call) if grad and t.requires_grad
+                           else round_forward(t, self.format, _core)) for x in inputs)
 
     def _exit_hook(self, layer_id: int):
-        def hook(module, inputs, output):
-            stack = self._open_calls.get(layer_id)
-            call = stack.pop() if stack else -1
-            grad = torch.is_grad_enabled()
-            return _map_tensors(output, lambda t: Exit.apply(t, self._session, layer_id, call)
-                                if grad and t.requires_grad else round_forward(t, self.format, _core))
-        return hook
+        return functools.partial(self._exit_call, layer_id)
+
+    def _exit_call(self, layer_id: int, module, inputs, output):
+        stack = self._open_calls.get(layer_id)
+        call = stack.pop() if stack else -1
+        grad = torch.is_grad_enabled()
+        return _map_tensors(output, lambda t: Exit.apply(t, self._session, layer_id, call)
+                            if grad and t.requires_grad else round_forward(t, self.format, _core))
 
 
 def _wrap(x, fn):
