@@ -108,11 +108,13 @@ class Scaler:
         self._masters: Optional[List[tuple]] = None
         self._calls = itertools.count()
         self._open_calls: Dict[int, List[int]] = {}
+        self._pending_calls: Dict[int, int] = {}  # layer id -> the call its pre-hook opened, for its forward
         self._handles = []
         for layer in self._layers:
             if layer.boundary:
                 self._handles.append(layer.module.register_forward_pre_hook(self._enter_hook(layer.id)))
                 self._handles.append(layer.module.register_forward_hook(self._exit_hook(layer.id)))
+                self._handles.append(_KeywordInputs.install(self, layer.id, layer.module))
         self._handles.append(model.register_forward_pre_hook(self._model_pre_hook))
         self._handles.append(model.register_forward_hook(self._model_hook))
 
@@ -358,9 +360,23 @@ class Scaler:
     def _enter_call(self, layer_id: int, module, inputs):
         call = next(self._calls)
         self._open_calls.setdefault(layer_id, []).append(call)
+        self._pending_calls[layer_id] = call
+        return tuple(self._enter(layer_id, call, x) for x in inputs)
+
+    def _enter(self, layer_id: int, call: int, x):
+        """One argument of a layer call: a floating tensor gets its `Enter` (rounded to `format`)."""
         grad = torch.is_grad_enabled()
-        return tuple(_wrap(x, lambda t: Enter.apply(t, self._session, layer_id, call) if grad and t.requires_grad
-                           else round_forward(t, self.format, _core)) for x in inputs)
+        return _wrap(x, lambda t: Enter.apply(t, self._session, layer_id, call) if grad and t.requires_grad
+                     else round_forward(t, self.format, _core))
+
+    def _enter_keywords(self, layer_id: int, kwargs: dict) -> dict:
+        """The keyword arguments of the call the layer's pre-hook just opened, treated as its positional
+        ones are. A forward called directly (not through the module's __call__, so no hook ran and no
+        Exit will follow) is left alone."""
+        call = self._pending_calls.pop(layer_id, None)
+        if call is None or not kwargs:
+            return kwargs
+        return {k: self._enter(layer_id, call, v) for k, v in kwargs.items()}
 
     def _exit_hook(self, layer_id: int):
         return functools.partial(self._exit_call, layer_id)
@@ -371,6 +387,40 @@ class Scaler:
         grad = torch.is_grad_enabled()
         return _map_tensors(output, lambda t: Exit.apply(t, self._session, layer_id, call)
                             if grad and t.requires_grad else round_forward(t, self.format, _core))
+
+
+class _KeywordInputs:
+    """A boundary layer's `forward`, set on the module instance: torch 1.13's forward pre-hooks see the
+    positional arguments only, so the tensors a layer is given by keyword get their `Enter` here, in
+    the call its pre-hook opened (module.__call__ runs the pre-hooks, then `self.forward`). It calls
+    the forward the module had (its class's, or one already set on the instance). A plain object
+    holding the scaler and the module, so `copy.deepcopy(model)` gives the copy its own."""
+
+    def __init__(self, scaler: "Scaler", layer_id: int, module: nn.Module):
+        self.scaler = scaler
+        self.layer_id = layer_id
+        self.module = module
+        self.inner = module.__dict__.get("forward")  # an instance-level forward set before ours, if any
+
+    @classmethod
+    def install(cls, scaler: "Scaler", layer_id: int, module: nn.Module) -> "_KeywordInputs":
+        wrapper = cls(scaler, layer_id, module)
+        module.forward = wrapper
+        return wrapper
+
+    def __call__(self, *args, **kwargs):
+        kwargs = self.scaler._enter_keywords(self.layer_id, kwargs)
+        if self.inner is not None:
+            return self.inner(*args, **kwargs)
+        return type(self.module).forward(self.module, *args, **kwargs)
+
+    def remove(self) -> None:
+        """Puts the module's own forward back (as a hook handle's remove() does)."""
+        if self.module.__dict__.get("forward") is self:
+            if self.inner is None:
+                del self.module.forward
+            else:
+                self.module.forward = self.inner
 
 
 def _wrap(x, fn):
