@@ -164,6 +164,45 @@ TEST_CASE("external backward: state round-trips and is refused by another model 
   CHECK_THROWS_WITH(d.restore_state(json::array()), Contains("expected an object"));
 }
 
+TEST_CASE("external backward: with the caller's graph, an overflow that is no layer's own is charged to its reader",
+          "[external]") {
+  // fc1's output is read by fc2: the gradient fc1 receives carries the scale fc2's s set. Without the
+  // graph the overflow there is the loss scale's; with it, fc2's φ_l (SPEC §6.5).
+  const json cfg = {{"policy", "adaptive"}, {"method", "fixed"}, {"fixed_scale", 4}, {"update_every", 3}};
+  const auto overflow_at_fc1 = [](ExternalBackward& eb) {
+    eb.begin_step();
+    std::vector<float> g = {1e6f};
+    eb.round_received(0, g.data(), 1);
+    return eb.finish_step();
+  };
+  const auto state_of = [](const ExternalBackward& eb) { return eb.state()["scaler"]["state"]; };
+  ExternalBackward without(two_linear_layers(), fp16(), cfg);
+  overflow_at_fc1(without);
+  CHECK(state_of(without)["phi"] == 0.5);
+
+  ExternalBackward with(two_linear_layers(), fp16(), cfg);
+  // A decision cached (update_every) before the graph is given is kept through the re-binding.
+  with.begin_step();
+  std::vector<float> up(8, 1e-3f), grad(3, 1e-3f), w(24, 0.25f);
+  with.upstream(1, up.data(), {1, 8}, grad.data(), {1, 3}, w.data(), {3, 8}, 1);
+  with.finish_step();
+  const json before = with.state();
+  with.set_layer_inputs({{-1}, {0}});
+  CHECK(with.state() == before);
+  CHECK(with.layers()[1].inputs == std::vector<int>{0});
+  overflow_at_fc1(with);
+  CHECK(state_of(with)["phi"] == 1);
+  const json& layers = state_of(with)["layers"];
+  REQUIRE(layers.size() == 1);
+  CHECK(layers[0]["id"] == 1);
+  CHECK(layers[0]["phi"].get<double>() < 1);
+
+  CHECK_THROWS_WITH(with.set_layer_inputs({{0}}), Contains("1 lists of inputs for 2 layers"));
+  CHECK_THROWS_WITH(with.set_layer_inputs({{}, {2}}), Contains("'fc2' reads layer id 2"));
+  with.begin_step();
+  CHECK_THROWS_WITH(with.set_layer_inputs({{}, {0}}), Contains("inside an iteration"));
+}
+
 TEST_CASE("external backward: misuse is refused with what to do", "[external]") {
   CHECK_THROWS_WITH(ExternalBackward({}, fp16(), json("none")), Contains("layer table is empty"));
   std::vector<LayerInfo> bad = two_linear_layers();

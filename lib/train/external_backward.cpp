@@ -58,6 +58,23 @@ ExternalBackward::ExternalBackward(std::vector<LayerInfo> layers, const Precisio
 
 ExternalBackward::~ExternalBackward() = default;
 
+void ExternalBackward::set_layer_inputs(const std::vector<std::vector<int>>& inputs) {
+  GS_CHECK_CONFIG(inputs.size() == layers_.size(), "ExternalBackward::set_layer_inputs: " << inputs.size()
+                                                       << " lists of inputs for " << layers_.size() << " layers");
+  GS_CHECK_AS(Error, !in_step_, "ExternalBackward::set_layer_inputs inside an iteration (call it before begin_step)");
+  for (std::size_t i = 0; i < inputs.size(); ++i)
+    for (int in : inputs[i])
+      GS_CHECK_CONFIG(in >= -1 && static_cast<std::size_t>(in + 1) <= layers_.size(),
+                      "ExternalBackward::set_layer_inputs: layer '" << layers_[i].name << "' reads layer id " << in
+                                                                    << ", outside the table of " << layers_.size()
+                                                                    << " layers (-1: the model's input)");
+  for (std::size_t i = 0; i < inputs.size(); ++i) layers_[i].inputs = inputs[i];
+  // bind() starts a policy's per-layer state afresh: what it had is put back.
+  const nlohmann::json state = scaler_->state();
+  scaler_->bind(layers_, precision_.gradient_format());
+  scaler_->restore_state(state);
+}
+
 void ExternalBackward::check_layer(int layer, bool allow_none, const char* call) const {
   GS_CHECK_CONFIG((allow_none && layer == -1) || (layer >= 0 && static_cast<std::size_t>(layer) < layers_.size()),
                   "ExternalBackward::" << call << ": layer id " << layer << " outside the table of "

@@ -29,6 +29,14 @@ class ExternalBackward {
   // The same with the scaler built from a configuration (as ScaledTraining: an object or CLI text).
   ExternalBackward(std::vector<LayerInfo> layers, const Precision& precision, const nlohmann::json& scaler);
   ~ExternalBackward();
+  // The caller's graph, once it knows it (the plug-in learns it from autograd at the first backward,
+  // after the table was made): inputs[i] = the ids of the layers whose outputs layer i reads (-1: the
+  // model's input), in any order, cycles allowed. With it an overflow at a place that is no controlled
+  // layer's own (a weight gradient, a join, a non-parametric layer's gradient) is charged to the
+  // controlled layers that set the scale it received, as for gradscale's own models (SPEC §6.5), not
+  // to the loss scale. The scaler is bound again to the table, its state kept. Between iterations
+  // only; ConfigError for a list of another length or an id outside the table.
+  void set_layer_inputs(const std::vector<std::vector<int>>& inputs);
   ExternalBackward(const ExternalBackward&) = delete;
   ExternalBackward& operator=(const ExternalBackward&) = delete;
 

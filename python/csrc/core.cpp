@@ -191,6 +191,12 @@ PYBIND11_MODULE(_core, m) {
                                                        precision_of(format, grad_format, quantize_weight_grads),
                                                        json::parse(scaler));
            }))
+      .def("set_layer_inputs", &ExternalBackward::set_layer_inputs)
+      .def("layer_inputs", [](const ExternalBackward& e) {
+        std::vector<std::vector<int>> inputs;
+        for (const LayerInfo& l : e.layers()) inputs.push_back(l.inputs);
+        return inputs;
+      })
       .def("begin_step", &ExternalBackward::begin_step)
       .def("loss_gradient", [](ExternalBackward& e, std::uintptr_t g, std::int64_t n) {
         return e.loss_gradient(address(g), n);

@@ -133,17 +133,22 @@ class Scaler:
                              "from nothing that requires grad)")
         if self._phase in (_STEPPED,):
             raise RuntimeError("gradscale.torch: scale() after step() — call update() first")
+        again = self._session.instrumented(outputs.grad_fn)
+        if self._session.instrument([outputs.grad_fn]) == 0:
+            raise ValueError("gradscale.torch: the loss does not depend on the model's outputs "
+                             f"({type(self._model).__name__} returned nothing this loss reads)")
         if self._phase == _IDLE:
+            # The layer graph the walk found, for SPEC §6.5's charging (given between steps: a graph
+            # that grows in a later micro-batch is given at the next step).
+            graph = self._session.take_layer_graph()
+            if graph is not None:
+                self._core.set_layer_inputs(graph)
             record = self.record_every > 0 and self._core.steps % self.record_every == 0
             if self._trace is not None:
                 record = self._trace.samples(self._core.steps + 1)
             self._core.begin_step(record)
             self._session.active = True
             self._unscaled.clear()
-        again = self._session.instrumented(outputs.grad_fn)
-        if self._session.instrument([outputs.grad_fn]) == 0:
-            raise ValueError("gradscale.torch: the loss does not depend on the model's outputs "
-                             f"({type(self._model).__name__} returned nothing this loss reads)")
         if not again:
             self._loss_value += float(outputs.detach())
         self._phase = _SCALED
