@@ -98,7 +98,7 @@ double ExternalBackward::loss_gradient(float* g, std::int64_t n) {
   GS_CHECK_SHAPE(n >= 0 && (n == 0 || g != nullptr), "ExternalBackward::loss_gradient: " << n << " values");
   if (std::isnan(loss_scale_)) {
     const auto t0 = std::chrono::steady_clock::now();
-    const double s0 = choose_loss_scale(*scaler_, g, Shape{n}, steps_, precision_);
+    const double s0 = choose_loss_scale(*scaler_, g, Shape{n}, steps_, precision_, reducer_);
     loss_scale_ = s0;
     monitor_.scaler_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
@@ -158,6 +158,7 @@ double ExternalBackward::upstream(int layer, float* upstream, const Shape& upstr
                     "own Linear/Conv2d; it is not available for layers computed elsewhere");
     QueryStatistics stats;
     stats.attach(needs, q, precision_.round);
+    if (reducer_) stats.reduce(*reducer_, q);  // every rank decides on the whole batch's statistics
     decision = controller->decide(q);
     GS_CHECK_NUMERIC(std::isfinite(decision.s) && decision.s > 0,
                      "the controller of policy '" << scaler_->policy() << "' chose local scale " << decision.s
@@ -175,7 +176,8 @@ double ExternalBackward::upstream(int layer, float* upstream, const Shape& upstr
   return decision.s;
 }
 
-double ExternalBackward::join_target(const std::vector<double>& max_abs, const std::vector<double>& scales) const {
+double ExternalBackward::join_target(std::vector<double> max_abs, const std::vector<double>& scales) {
+  if (reducer_) reducer_->reduce_max(max_abs.data(), max_abs.size());
   return join_target_scale(max_abs, scales, precision_.gradient_format());
 }
 

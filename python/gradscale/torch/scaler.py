@@ -138,6 +138,7 @@ class Scaler:
             raise ValueError("gradscale.torch: the loss does not depend on the model's outputs "
                              f"({type(self._model).__name__} returned nothing this loss reads)")
         if self._phase == _IDLE:
+            self._attach_reducer()
             # The layer graph the walk found, for SPEC §6.5's charging (given between steps: a graph
             # that grows in a later micro-batch is given at the next step).
             graph = self._session.take_layer_graph()
@@ -268,7 +269,7 @@ class Scaler:
         new = self.__class__.__new__(self.__class__)
         memo[id(self)] = new
         for key, value in self.__dict__.items():
-            if key not in ("_core", "_session", "_calls", "_process_group", "_trace"):
+            if key not in ("_core", "_session", "_calls", "_process_group", "_trace", "_reducer"):
                 setattr(new, key, copy.deepcopy(value, memo))
         new._process_group = self._process_group
         new._trace = None  # a copy does not write into the original's trace
@@ -280,6 +281,7 @@ class Scaler:
     # ---- internals -----------------------------------------------------------------------------
     def _attach_core(self) -> None:
         self._core = _core.ExternalBackward(*self._core_args)
+        self._reducer = None
         self._session = Session(self._core, _core, self._layers, self.format)
         self._session.on_backward_done = self._backward_done
 
@@ -326,6 +328,17 @@ class Scaler:
             return None
         group = self._process_group or torch.distributed.group.WORLD
         return group if torch.distributed.get_world_size(group) > 1 else None
+
+    def _attach_reducer(self) -> None:
+        """Under torch.distributed, once: the core reduces every statistic a scale is chosen from over
+        the group as soon as it is computed (docs/pytorch.md, "Data-parallel"), so every rank takes
+        the same S0, local scales and join targets."""
+        group = self._group()
+        if group is None or self._reducer is not None:
+            return
+        size = torch.distributed.get_world_size(group)
+        self._reducer = _core.Reducer(torch.distributed.get_rank(group), size, _collective(group, size))
+        self._core.set_reducer(self._reducer)
 
     def _backward_done(self) -> None:
         self._restore_masters()
@@ -392,6 +405,31 @@ class Scaler:
         grad = torch.is_grad_enabled()
         return _map_tensors(output, lambda t: Exit.apply(t, self._session, layer_id, call)
                             if grad and t.requires_grad else round_forward(t, self.format, _core))
+
+
+def _collective(group, size: int):
+    """The collectives gradscale's data-parallel reductions need (lib/dist/communicator.h), on `group`:
+    what the core's Reducer calls with (op, values) and expects the result of."""
+    dist = torch.distributed
+    ops = {"sum_int": (torch.int64, dist.ReduceOp.SUM), "sum_float": (torch.float32, dist.ReduceOp.SUM),
+           "max": (torch.float64, dist.ReduceOp.MAX)}
+
+    def run(op: str, values: list) -> list:
+        if op == "barrier":
+            dist.barrier(group=group)
+            return []
+        if op == "gather":
+            mine = torch.tensor(values, dtype=torch.float64)
+            every = [torch.empty_like(mine) for _ in range(size)]
+            dist.all_gather(every, mine, group=group)
+            return torch.cat(every).tolist()
+        if op not in ops:
+            raise ValueError(f"gradscale.torch: unknown collective {op!r}")
+        dtype, reduce_op = ops[op]
+        buf = torch.tensor(values, dtype=dtype)
+        dist.all_reduce(buf, op=reduce_op, group=group)
+        return buf.tolist()
+    return run
 
 
 class _KeywordInputs:
