@@ -213,6 +213,14 @@ class Scaler:
         gradient it sent upstream, on recorded steps; else None)."""
         return self._core.layer_scales()
 
+    def loss_grad_stats(self) -> Optional[dict]:
+        """The SPEC §3 statistics of the last step's loss gradient where it entered the model: the fp32
+        values S0·g before their one rounding, against `grad_format` — zero, underflow, subnormal,
+        normal, overflow, nonfinite, elements, underflow_rate (underflowed / non-zero finite), max_abs.
+        On steps with statistics (`record_every`, or `trace_every` with a trace); None on the others
+        and before the first step."""
+        return self._core.loss_grad_stats()
+
     def state_dict(self) -> dict:
         """The policy's configuration and full state, every layer's cache included."""
         return {"gradscale": _core.__version__, "format": self.format, "grad_format": self.grad_format,
