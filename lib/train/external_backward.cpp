@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "lib/core/json_read.h"
+#include "lib/layers/upstream_decision.h"
 #include "lib/model/join.h"
 #include "lib/scaler/scale_range.h"
 #include "lib/train/verdict.h"
@@ -131,22 +132,13 @@ double ExternalBackward::upstream(int layer, float* upstream, const Shape& upstr
   LayerController* controller = scaler_->layer_controller();
   if (controller && info.parametric) {
     const auto t0 = std::chrono::steady_clock::now();
-    LocalScaleQuery q;
-    q.layer_id = layer;
-    q.layer_name = info.name;
-    q.step = steps_;
-    q.format = precision_.gradient_format();
-    q.scale_in = scale_in;
-    q.reduction = info.reduction;
-    q.grad_shape = grad_shape;
-    q.weight_shape = weight_shape;
-    q.upstream_shape = upstream_shape;
-    q.grad = grad;
-    q.grad_size = grad ? shape_size(grad_shape) : 0;
+    LocalScaleQuery q = upstream_query(layer, info.name, steps_, precision_.gradient_format(), scale_in,
+                                       info.reduction, grad_shape, weight_shape, upstream_shape);
+    q.grad = grad;  // either may be null: refused below if the controller reads it
+    q.grad_size = grad ? q.grad_size : 0;
     q.weight = weight;
-    q.weight_size = weight ? shape_size(weight_shape) : 0;
+    q.weight_size = weight ? q.weight_size : 0;
     q.upstream = upstream;
-    q.upstream_size = shape_size(upstream_shape);
     const StatNeeds needs = controller->needs(layer);
     GS_CHECK_CONFIG(!(needs & (kNeedGradMoments | kNeedGradLogMoments)) || grad,
                     "ExternalBackward::upstream: the controller needs the gradient layer '" << info.name
@@ -159,11 +151,7 @@ double ExternalBackward::upstream(int layer, float* upstream, const Shape& upstr
     QueryStatistics stats;
     stats.attach(needs, q, precision_.round);
     if (reducer_) stats.reduce(*reducer_, q);  // every rank decides on the whole batch's statistics
-    decision = controller->decide(q);
-    GS_CHECK_NUMERIC(std::isfinite(decision.s) && decision.s > 0,
-                     "the controller of policy '" << scaler_->policy() << "' chose local scale " << decision.s
-                                                  << " at layer '" << info.name << "' (must be finite and > 0)");
-    monitor_.scaler_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    decision = checked_decision(*controller, q, scaler_->policy(), monitor_, t0);
   }
   LayerRecord& r = monitor_.record_of(layer);
   r.local_scale = decision.s;
