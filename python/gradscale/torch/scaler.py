@@ -59,8 +59,9 @@ class Scaler:
         weight_grads: "format" (rounded to grad_format, SPEC §4) or "fp32" (kept in fp32).
         record_every: take the full SPEC §3 statistics every N steps (underflow rates in
             `layer_scales()`); 0 never.
-        process_group: under torch.distributed, the group whose ranks take one verdict per step
-            (default: the world, when initialized; False: never reduce).
+        process_group: under torch.distributed, the group whose ranks take the same S0 and per-layer
+            scales (statistics reduced inside backward) and one verdict per step (default: the world,
+            when initialized; False: never reduce).
         trace: write the per-layer trace of SPEC §8 to `trace`.jsonl while training (and `trace`.json
             at `close()`), in the `gradscale.trace/1` schema `gradscale inspect` and
             scripts/plot_trace.py read; `trace_every` steps with full statistics (plus every skipped,
