@@ -171,9 +171,8 @@ def _scales_worker(rank, world, init, out, policy, reduce_scales):
                             timeout=datetime.timedelta(seconds=60))
     model = _Residual()
     ddp = nn.parallel.DistributedDataParallel(model)
-    scaler = Scaler(model, scaler=policy, format="fp16", grad_format="fp8_e5m2")
-    if not reduce_scales:  # what the previous version did: each rank on its own rows
-        scaler._attach_reducer = lambda: None
+    # agree_scales=False: each rank chooses its scales from its own rows (what the previous version did)
+    scaler = Scaler(model, scaler=policy, format="fp16", grad_format="fp8_e5m2", agree_scales=reduce_scales)
     record = _record_scales(ddp, scaler, slice(rank * 16, rank * 16 + 16))
     reducer = scaler._reducer
     torch.save({"record": record, "collectives": reducer.collectives if reducer else 0},

@@ -197,6 +197,11 @@ def test_loss_grad_stats_are_those_of_s0_times_the_loss_gradient(policy):
         assert (stats["underflow"] > 0) == (policy == "static:0.0009765625")
 
 
+def test_agree_scales_takes_a_bool():
+    with pytest.raises(ValueError, match="agree_scales must be True or False"):
+        Scaler(mlp(), agree_scales="yes")
+
+
 def test_bad_input_is_refused_with_a_clear_message():
     with pytest.raises(ValueError, match="no trainable parameters"):
         Scaler(nn.ReLU())

@@ -62,6 +62,9 @@ class Scaler:
         process_group: under torch.distributed, the group whose ranks take the same S0 and per-layer
             scales (statistics reduced inside backward) and one verdict per step (default: the world,
             when initialized; False: never reduce).
+        agree_scales: with a process group, reduce the statistics the scales are chosen from (True,
+            the default: a few collectives per layer inside backward); False: each rank chooses S0
+            and its layers' scales from its own rows (the verdict is still the group's).
         trace: write the per-layer trace of SPEC §8 to `trace`.jsonl while training (and `trace`.json
             at `close()`), in the `gradscale.trace/1` schema `gradscale inspect` and
             scripts/plot_trace.py read; `trace_every` steps with full statistics (plus every skipped,
@@ -71,7 +74,8 @@ class Scaler:
     def __init__(self, model: nn.Module, scaler: Union[str, Dict[str, Any]] = "torch", *, format: str = "fp16",
                  grad_format: Optional[str] = None, layers: Optional[Sequence[Union[str, nn.Module]]] = None,
                  weight_grads: str = "format", record_every: int = 10, process_group: Any = None,
-                 trace: Optional[str] = None, trace_every: int = 10, trace_hist: bool = False):
+                 trace: Optional[str] = None, trace_every: int = 10, trace_hist: bool = False,
+                 agree_scales: bool = True):
         if not isinstance(model, nn.Module):
             raise ValueError(f"gradscale.torch: Scaler needs an nn.Module, got {type(model).__name__}")
         if weight_grads not in ("format", "fp32"):
@@ -82,6 +86,9 @@ class Scaler:
         self.grad_format = _core.check_format(grad_format) if grad_format is not None else self.format
         self.record_every = record_every
         self._process_group = process_group
+        if not isinstance(agree_scales, bool):
+            raise ValueError(f"gradscale.torch: agree_scales must be True or False, got {agree_scales!r}")
+        self._agree_scales = agree_scales
         self._model = model
         self._layers = build_layers(model, layers)
         self._core_args = ([l.row() for l in self._layers], self.format, self.grad_format, weight_grads == "format",
@@ -342,7 +349,7 @@ class Scaler:
         """Under torch.distributed, once: the core reduces every statistic a scale is chosen from over
         the group as soon as it is computed (docs/pytorch.md, "Data-parallel"), so every rank takes
         the same S0, local scales and join targets."""
-        group = self._group()
+        group = self._group() if self._agree_scales else None
         if group is None or self._reducer is not None:
             return
         size = torch.distributed.get_world_size(group)
