@@ -22,18 +22,30 @@ void LocalSafety::bind(const std::vector<LayerInfo>& layers) {
   for (std::size_t c = 0; c < n; ++c)
     for (int in : layers[c].inputs)
       if (in >= 0 && static_cast<std::size_t>(in) < n) consumers[static_cast<std::size_t>(in)].push_back(static_cast<int>(c));
-  // Inputs come before their consumers (the layer table is in topological order): walk from the loss.
+  // From each layer towards the loss: a controlled consumer pays, a pass-through consumer hands the
+  // charge on to its own consumers, and a layer no one reads is the loss's. Any order of the table and
+  // any cycle (a module an outside engine calls twice) is fine: each layer is visited once per walk.
   charged_.assign(n, {});
-  for (std::size_t k = n; k-- > 0;) {
+  std::vector<char> seen(n);
+  std::vector<std::size_t> stack;
+  for (std::size_t k = 0; k < n; ++k) {
     std::vector<int>& to = charged_[k];
-    if (consumers[k].empty()) to.push_back(-1);  // the loss reads it (or an outside engine's graph)
-    for (int c : consumers[k]) {
-      const auto ci = static_cast<std::size_t>(c);
-      GS_CHECK(ci > k, "layer table: layer " << c << " reads layer " << k << ", which is not before it");
-      if (layers[ci].parametric)
-        to.push_back(c);
-      else
-        to.insert(to.end(), charged_[ci].begin(), charged_[ci].end());
+    std::fill(seen.begin(), seen.end(), 0);
+    seen[k] = 1;
+    stack.assign(1, k);
+    while (!stack.empty()) {
+      const std::size_t at = stack.back();
+      stack.pop_back();
+      if (consumers[at].empty()) to.push_back(-1);  // the loss reads it (or an outside engine's graph)
+      for (int c : consumers[at]) {
+        const auto ci = static_cast<std::size_t>(c);
+        if (layers[ci].parametric)
+          to.push_back(c);
+        else if (!seen[ci]) {
+          seen[ci] = 1;
+          stack.push_back(ci);
+        }
+      }
     }
     std::sort(to.begin(), to.end());
     to.erase(std::unique(to.begin(), to.end()), to.end());

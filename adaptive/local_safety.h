@@ -31,7 +31,8 @@ namespace gradscale::adaptive {
 
 class LocalSafety {
  public:
-  // The layer table (its graph: LayerInfo::inputs, parametric). Keeps the factors of layers that remain.
+  // The layer table (its graph: LayerInfo::inputs, in any order, parametric). Keeps the factors of layers
+  // that remain; may be called again when the graph becomes known or changes.
   void bind(const std::vector<LayerInfo>& layers);
   // φ_l of a layer (1 for one the table does not have) and φ of the loss scale.
   double layer_factor(int layer_id) const;

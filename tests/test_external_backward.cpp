@@ -164,6 +164,108 @@ TEST_CASE("external backward: state round-trips and is refused by another model 
   CHECK_THROWS_WITH(d.restore_state(json::array()), Contains("expected an object"));
 }
 
+TEST_CASE("external backward: with the caller's graph, an overflow that is no layer's own is charged to its reader",
+          "[external]") {
+  // fc1's output is read by fc2: the gradient fc1 receives carries the scale fc2's s set. Without the
+  // graph the overflow there is the loss scale's; with it, fc2's φ_l (SPEC §6.5).
+  const json cfg = {{"policy", "adaptive"}, {"method", "fixed"}, {"fixed_scale", 4}, {"update_every", 3}};
+  const auto overflow_at_fc1 = [](ExternalBackward& eb) {
+    eb.begin_step();
+    std::vector<float> g = {1e6f};
+    eb.round_received(0, g.data(), 1);
+    return eb.finish_step();
+  };
+  const auto state_of = [](const ExternalBackward& eb) { return eb.state()["scaler"]["state"]; };
+  ExternalBackward without(two_linear_layers(), fp16(), cfg);
+  overflow_at_fc1(without);
+  CHECK(state_of(without)["phi"] == 0.5);
+
+  ExternalBackward with(two_linear_layers(), fp16(), cfg);
+  // A decision cached (update_every) before the graph is given is kept through the re-binding.
+  with.begin_step();
+  std::vector<float> up(8, 1e-3f), grad(3, 1e-3f), w(24, 0.25f);
+  with.upstream(1, up.data(), {1, 8}, grad.data(), {1, 3}, w.data(), {3, 8}, 1);
+  with.finish_step();
+  const json before = with.state();
+  with.set_layer_inputs({{-1}, {0}});
+  CHECK(with.state() == before);
+  CHECK(with.layers()[1].inputs == std::vector<int>{0});
+  overflow_at_fc1(with);
+  const json charged = state_of(with);
+  CHECK(charged["phi"] == 1);
+  const json& layers = charged["layers"];
+  REQUIRE(layers.size() == 1);
+  CHECK(layers[0]["id"] == 1);
+  CHECK(layers[0]["phi"].get<double>() < 1);
+
+  CHECK_THROWS_WITH(with.set_layer_inputs({{0}}), Contains("1 lists of inputs for 2 layers"));
+  CHECK_THROWS_WITH(with.set_layer_inputs({{}, {2}}), Contains("'fc2' reads layer id 2"));
+  with.begin_step();
+  CHECK_THROWS_WITH(with.set_layer_inputs({{}, {0}}), Contains("inside an iteration"));
+}
+
+namespace {
+
+// A reducer standing for the other ranks: the statistics every query reduces are summed with a copy of
+// themselves (two ranks that hold the same rows), the maxima max-reduced with `other_max`; counts the calls.
+class TwinRanks final : public StatisticsReducer {
+ public:
+  double other_max = 0;
+  int stats = 0, maxima = 0;
+  void reduce(TensorStats& s) override {
+    ++stats;
+    s.count *= 2;
+    s.elements *= 2;
+    s.normal *= 2;
+    s.subnormal *= 2;
+    s.underflow *= 2;
+    s.zero *= 2;
+    s.overflow *= 2;
+    s.nonfinite *= 2;
+    for (auto& b : s.binades) b *= 2;
+    s.sum *= 2;
+    s.sum_squares *= 2;
+  }
+  void reduce(LogMoments&) override { ++stats; }
+  void reduce(ProductRange&) override { ++stats; }
+  void reduce_max(double* values, std::size_t n) override {
+    ++maxima;
+    for (std::size_t i = 0; i < n; ++i) values[i] = std::max(values[i], other_max);
+  }
+  void reduce_sum(float*, std::size_t) override { FAIL("weight gradients are not summed by ExternalBackward"); }
+};
+
+}  // namespace
+
+TEST_CASE("external backward: with a reducer, S0, local scales and join targets come from the reduced statistics",
+          "[external]") {
+  const json cfg = {{"policy", "adaptive"}, {"method", "measured"}, {"init_scale", "auto"}};
+  ExternalBackward one(two_linear_layers(), fp16(), cfg), two(two_linear_layers(), fp16(), cfg);
+  TwinRanks twin;
+  two.set_reducer(&twin);
+  std::vector<float> up(8), grad(3, 1e-3f), w(24, 0.25f);
+  for (std::size_t i = 0; i < up.size(); ++i) up[i] = std::ldexp(1.0f + static_cast<float>(i) / 8, -20 - static_cast<int>(i));
+  std::vector<float> loss_grad = {1e-3f, -2e-4f, 5e-6f};
+  for (ExternalBackward* eb : {&one, &two}) {
+    eb->begin_step();
+    std::vector<float> g = loss_grad, u = up;
+    eb->loss_gradient(g.data(), 3);
+    eb->upstream(1, u.data(), {1, 8}, grad.data(), {1, 3}, w.data(), {3, 8}, eb->loss_scale());
+  }
+  // Twice the same rows: the same fractions and maxima, so the same decisions as one process...
+  CHECK(twin.stats >= 2);  // the loss gradient's statistics and fc2's query
+  CHECK(two.loss_scale() == one.loss_scale());
+  CHECK(two.layer_scales()[1].s == one.layer_scales()[1].s);
+  // ...and a join whose parts are larger on the other rank takes the target that rank's maxima need.
+  twin.other_max = 1e4;
+  CHECK(two.join_target({1.0, 1.0}, {1024, 64}) == one.join_target({1e4, 1e4}, {1024, 64}));
+  CHECK(two.join_target({1.0, 1.0}, {1024, 64}) != one.join_target({1.0, 1.0}, {1024, 64}));
+  CHECK(twin.maxima == 2);
+  two.set_reducer(nullptr);
+  CHECK(two.join_target({1.0, 1.0}, {1024, 64}) == one.join_target({1.0, 1.0}, {1024, 64}));
+  CHECK(twin.maxima == 2);
+}
+
 TEST_CASE("external backward: misuse is refused with what to do", "[external]") {
   CHECK_THROWS_WITH(ExternalBackward({}, fp16(), json("none")), Contains("layer table is empty"));
   std::vector<LayerInfo> bad = two_linear_layers();

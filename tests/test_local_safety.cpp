@@ -191,6 +191,40 @@ TEST_CASE("a join's overflow is charged to every controlled consumer of the fork
   CHECK(safety.layer_factor(0) == 1);
 }
 
+TEST_CASE("charging follows a graph given in any order, cycles included (an outside engine's layer table)",
+          "[safety]") {
+  // Ids in module order, not in data flow: head (0) reads norm (2, non-parametric), which reads fc (1);
+  // fc is called twice, so it also reads itself.
+  std::vector<LayerInfo> t(3);
+  const char* kinds[] = {"linear", "linear", "layernorm"};
+  for (int i = 0; i < 3; ++i) {
+    t[static_cast<std::size_t>(i)].id = i;
+    t[static_cast<std::size_t>(i)].kind = kinds[i];
+    t[static_cast<std::size_t>(i)].parametric = i < 2;
+  }
+  t[0].inputs = {2};
+  t[1].inputs = {-1, 1};
+  t[2].inputs = {1};
+  adaptive::LocalSafety safety;
+  safety.bind(t);
+  // fc's weight gradient came at the scale fc's readers set: fc itself (its second call) and, through
+  // norm, head.
+  StepMonitor m = monitor_of(3);
+  m.note_overflow(GradSite::weight, 1, 100.0f, false);
+  safety.update(m, 448, 4, 10);
+  CHECK(safety.layer_factor(0) == 0.25);
+  CHECK(safety.layer_factor(1) == 0.25);
+  CHECK(safety.loss_factor() == 1);
+  // What norm sends upstream is not its own scale's: head pays. What head receives: the loss scale.
+  StepMonitor n = monitor_of(3);
+  n.note_overflow(GradSite::upstream, 2, 100.0f, false);
+  n.note_overflow(GradSite::join, 0, 100.0f, false);
+  safety.update(n, 448, 4, 10);
+  CHECK(safety.layer_factor(0) == 0.0625);
+  CHECK(safety.layer_factor(1) == 0.25);
+  CHECK(safety.loss_factor() == 0.5);
+}
+
 TEST_CASE("S0 never goes below the floor where the loss gradient keeps its values", "[safety]") {
   const Precision p = fp16_forward(Format::fp8_e4m3);
   // A loss gradient spanning 2^-14 .. 2^-6 (1024 values): at S0 = 2^-10 everything underflows in e4m3.

@@ -10,6 +10,7 @@
 #include <cmath>
 
 #include "lib/layers/layer.h"
+#include "lib/layers/upstream_decision.h"
 #include "lib/scaler/scaler.h"
 #include "lib/scaler/scale_range.h"
 
@@ -163,21 +164,30 @@ void QueryStatistics::attach(StatNeeds needs, LocalScaleQuery& q, RoundOptions r
   }
 }
 
+LocalScaleQuery upstream_query(int layer_id, std::string_view layer_name, std::int64_t step, Format format,
+                               double scale_in, std::int64_t reduction, const Shape& grad_shape,
+                               const Shape& weight_shape, const Shape& upstream_shape) {
+  LocalScaleQuery q;
+  q.layer_id = layer_id;
+  q.layer_name = layer_name;
+  q.step = step;
+  q.format = format;
+  q.scale_in = scale_in;
+  q.reduction = reduction;
+  q.grad_shape = grad_shape;
+  q.weight_shape = weight_shape;
+  q.upstream_shape = upstream_shape;
+  q.grad_size = shape_size(grad_shape);
+  q.weight_size = shape_size(weight_shape);
+  q.upstream_size = shape_size(upstream_shape);
+  return q;
+}
+
 LocalScaleQuery upstream_query(const Layer& layer, const ScaledGrad& grad_output, const UpstreamProduct& product,
                                const Tensor& upstream, const BackwardContext& ctx) {
-  LocalScaleQuery q;
-  q.layer_id = layer.id();
-  q.layer_name = layer.name();
-  q.step = ctx.step;
-  q.format = ctx.precision.gradient_format();
-  q.scale_in = grad_output.scale;
-  q.reduction = product.reduction;
-  q.grad_shape = grad_output.g.shape();
-  q.weight_shape = product.weight.shape();
-  q.upstream_shape = upstream.shape();
-  q.grad_size = grad_output.g.size();
-  q.weight_size = product.weight.size();
-  q.upstream_size = upstream.size();
+  LocalScaleQuery q = upstream_query(layer.id(), layer.name(), ctx.step, ctx.precision.gradient_format(),
+                                     grad_output.scale, product.reduction, grad_output.g.shape(),
+                                     product.weight.shape(), upstream.shape());
   if (upstream.on_host()) {  // raw views of host memory only
     q.grad = grad_output.g.data();
     q.weight = product.weight.data();
@@ -186,14 +196,20 @@ LocalScaleQuery upstream_query(const Layer& layer, const ScaledGrad& grad_output
   return q;
 }
 
-LocalScale checked_decision(LayerController& controller, const LocalScaleQuery& q, const Layer& layer,
-                            BackwardContext& ctx, std::chrono::steady_clock::time_point start) {
+LocalScale checked_decision(LayerController& controller, const LocalScaleQuery& q, std::string_view policy,
+                            StepMonitor& monitor, std::chrono::steady_clock::time_point start) {
   const LocalScale decision = controller.decide(q);
   GS_CHECK_NUMERIC(std::isfinite(decision.s) && decision.s > 0,
-                   "the controller of policy '" << ctx.scaler.policy() << "' chose local scale " << decision.s
-                                                << " at layer '" << layer.name() << "' (must be finite and > 0)");
-  ctx.monitor.scaler_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+                   "the controller of policy '" << policy << "' chose local scale " << decision.s << " at layer '"
+                                                << q.layer_name << "' (must be finite and > 0)");
+  monitor.scaler_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return decision;
+}
+
+LocalScale checked_decision(LayerController& controller, const LocalScaleQuery& q, const Layer& layer,
+                            BackwardContext& ctx, std::chrono::steady_clock::time_point start) {
+  (void)layer;  // q names it
+  return checked_decision(controller, q, ctx.scaler.policy(), ctx.monitor, start);
 }
 
 void scale_upstream_grad(const Layer& layer, const ScaledGrad& grad_output, const UpstreamProduct& product,

@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "lib/core/json_read.h"
+#include "lib/layers/upstream_decision.h"
 #include "lib/model/join.h"
 #include "lib/scaler/scale_range.h"
 #include "lib/train/verdict.h"
@@ -58,6 +59,23 @@ ExternalBackward::ExternalBackward(std::vector<LayerInfo> layers, const Precisio
 
 ExternalBackward::~ExternalBackward() = default;
 
+void ExternalBackward::set_layer_inputs(const std::vector<std::vector<int>>& inputs) {
+  GS_CHECK_CONFIG(inputs.size() == layers_.size(), "ExternalBackward::set_layer_inputs: " << inputs.size()
+                                                       << " lists of inputs for " << layers_.size() << " layers");
+  GS_CHECK_AS(Error, !in_step_, "ExternalBackward::set_layer_inputs inside an iteration (call it before begin_step)");
+  for (std::size_t i = 0; i < inputs.size(); ++i)
+    for (int in : inputs[i])
+      GS_CHECK_CONFIG(in >= -1 && static_cast<std::size_t>(in + 1) <= layers_.size(),
+                      "ExternalBackward::set_layer_inputs: layer '" << layers_[i].name << "' reads layer id " << in
+                                                                    << ", outside the table of " << layers_.size()
+                                                                    << " layers (-1: the model's input)");
+  for (std::size_t i = 0; i < inputs.size(); ++i) layers_[i].inputs = inputs[i];
+  // bind() starts a policy's per-layer state afresh: what it had is put back.
+  const nlohmann::json state = scaler_->state();
+  scaler_->bind(layers_, precision_.gradient_format());
+  scaler_->restore_state(state);
+}
+
 void ExternalBackward::check_layer(int layer, bool allow_none, const char* call) const {
   GS_CHECK_CONFIG((allow_none && layer == -1) || (layer >= 0 && static_cast<std::size_t>(layer) < layers_.size()),
                   "ExternalBackward::" << call << ": layer id " << layer << " outside the table of "
@@ -81,7 +99,7 @@ double ExternalBackward::loss_gradient(float* g, std::int64_t n) {
   GS_CHECK_SHAPE(n >= 0 && (n == 0 || g != nullptr), "ExternalBackward::loss_gradient: " << n << " values");
   if (std::isnan(loss_scale_)) {
     const auto t0 = std::chrono::steady_clock::now();
-    const double s0 = choose_loss_scale(*scaler_, g, Shape{n}, steps_, precision_);
+    const double s0 = choose_loss_scale(*scaler_, g, Shape{n}, steps_, precision_, reducer_);
     loss_scale_ = s0;
     monitor_.scaler_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
@@ -114,22 +132,13 @@ double ExternalBackward::upstream(int layer, float* upstream, const Shape& upstr
   LayerController* controller = scaler_->layer_controller();
   if (controller && info.parametric) {
     const auto t0 = std::chrono::steady_clock::now();
-    LocalScaleQuery q;
-    q.layer_id = layer;
-    q.layer_name = info.name;
-    q.step = steps_;
-    q.format = precision_.gradient_format();
-    q.scale_in = scale_in;
-    q.reduction = info.reduction;
-    q.grad_shape = grad_shape;
-    q.weight_shape = weight_shape;
-    q.upstream_shape = upstream_shape;
-    q.grad = grad;
-    q.grad_size = grad ? shape_size(grad_shape) : 0;
+    LocalScaleQuery q = upstream_query(layer, info.name, steps_, precision_.gradient_format(), scale_in,
+                                       info.reduction, grad_shape, weight_shape, upstream_shape);
+    q.grad = grad;  // either may be null: refused below if the controller reads it
+    q.grad_size = grad ? q.grad_size : 0;
     q.weight = weight;
-    q.weight_size = weight ? shape_size(weight_shape) : 0;
+    q.weight_size = weight ? q.weight_size : 0;
     q.upstream = upstream;
-    q.upstream_size = shape_size(upstream_shape);
     const StatNeeds needs = controller->needs(layer);
     GS_CHECK_CONFIG(!(needs & (kNeedGradMoments | kNeedGradLogMoments)) || grad,
                     "ExternalBackward::upstream: the controller needs the gradient layer '" << info.name
@@ -141,11 +150,8 @@ double ExternalBackward::upstream(int layer, float* upstream, const Shape& upstr
                     "own Linear/Conv2d; it is not available for layers computed elsewhere");
     QueryStatistics stats;
     stats.attach(needs, q, precision_.round);
-    decision = controller->decide(q);
-    GS_CHECK_NUMERIC(std::isfinite(decision.s) && decision.s > 0,
-                     "the controller of policy '" << scaler_->policy() << "' chose local scale " << decision.s
-                                                  << " at layer '" << info.name << "' (must be finite and > 0)");
-    monitor_.scaler_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (reducer_) stats.reduce(*reducer_, q);  // every rank decides on the whole batch's statistics
+    decision = checked_decision(*controller, q, scaler_->policy(), monitor_, t0);
   }
   LayerRecord& r = monitor_.record_of(layer);
   r.local_scale = decision.s;
@@ -158,7 +164,8 @@ double ExternalBackward::upstream(int layer, float* upstream, const Shape& upstr
   return decision.s;
 }
 
-double ExternalBackward::join_target(const std::vector<double>& max_abs, const std::vector<double>& scales) const {
+double ExternalBackward::join_target(std::vector<double> max_abs, const std::vector<double>& scales) {
+  if (reducer_) reducer_->reduce_max(max_abs.data(), max_abs.size());
   return join_target_scale(max_abs, scales, precision_.gradient_format());
 }
 

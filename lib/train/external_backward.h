@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "lib/instrument/statistics_reducer.h"
 #include "lib/instrument/step_monitor.h"
 #include "lib/layers/layer.h"
 #include "lib/scaler/scaler.h"
@@ -29,6 +30,20 @@ class ExternalBackward {
   // The same with the scaler built from a configuration (as ScaledTraining: an object or CLI text).
   ExternalBackward(std::vector<LayerInfo> layers, const Precision& precision, const nlohmann::json& scaler);
   ~ExternalBackward();
+  // The caller's graph, once it knows it (the plug-in learns it from autograd at the first backward,
+  // after the table was made): inputs[i] = the ids of the layers whose outputs layer i reads (-1: the
+  // model's input), in any order, cycles allowed. With it an overflow at a place that is no controlled
+  // layer's own (a weight gradient, a join, a non-parametric layer's gradient) is charged to the
+  // controlled layers that set the scale it received, as for gradscale's own models (SPEC §6.5), not
+  // to the loss scale. The scaler is bound again to the table, its state kept. Between iterations
+  // only; ConfigError for a list of another length or an id outside the table.
+  void set_layer_inputs(const std::vector<std::vector<int>>& inputs);
+  // Data-parallel: `reducer` (borrowed; null: one process) reduces, over the ranks, every statistic a
+  // scale is chosen from, as soon as it is computed — the controllers' queries (upstream), the loss
+  // gradient S0 is chosen from, the parts' maxima of a join (join_target) — so that every rank takes the
+  // same S0, local scales and join targets (lib/instrument/statistics_reducer.h). Every rank must then
+  // make these calls in the same order.
+  void set_reducer(StatisticsReducer* reducer) { reducer_ = reducer; }
   ExternalBackward(const ExternalBackward&) = delete;
   ExternalBackward& operator=(const ExternalBackward&) = delete;
 
@@ -49,8 +64,9 @@ class ExternalBackward {
   // s = 1. Returns s (the gradient now carries s·scale_in).
   double upstream(int layer, float* upstream, const Shape& upstream_shape, const float* grad,
                   const Shape& grad_shape, const float* weight, const Shape& weight_shape, double scale_in);
-  // The join target of SPEC §5 for parts with these max|g_i| (NaN for a part holding one) and scales.
-  double join_target(const std::vector<double>& max_abs, const std::vector<double>& scales) const;
+  // The join target of SPEC §5 for parts with these max|g_i| (NaN for a part holding one) and scales
+  // (with a reducer, the maxima are first max-reduced over the ranks).
+  double join_target(std::vector<double> max_abs, const std::vector<double>& scales);
   // The joined sum Σ g_i·T/S_i (fp32, computed by the caller) rounded once in place, at `layer`'s join
   // site (-1: a join outside every layer: found_inf is checked, no statistics are kept).
   void round_join(int layer, float* sum, std::int64_t n);
@@ -103,6 +119,7 @@ class ExternalBackward {
   std::vector<LayerInfo> layers_;
   Precision precision_;
   std::unique_ptr<Scaler> scaler_;
+  StatisticsReducer* reducer_ = nullptr;
   StepMonitor monitor_;
   std::vector<char> wgrad_seen_;  // per layer: a weight-gradient part was stored this step
   std::int64_t steps_ = 0;

@@ -11,6 +11,8 @@
 
 #include <gradscale/gradscale.h>
 
+#include "lib/dist/communicator.h"
+#include "lib/dist/data_parallel.h"
 #include "lib/model/spec.h"
 
 namespace py = pybind11;
@@ -138,6 +140,58 @@ py::list reference_run(const std::string& spec, const std::vector<std::pair<std:
   return out;
 }
 
+// The collectives of torch.distributed, as gradscale's Communicator: each one is a call of the Python
+// function `collective(op, values) -> values` (op: "sum_int", "sum_float", "max", "gather", "barrier";
+// "gather" returns the ranks' values one rank after another), which the plug-in runs on its process
+// group. With DataParallel over it, the plug-in reduces its statistics as gradscale's own
+// data-parallel training does (lib/dist, docs/distributed.md).
+class PythonCommunicator final : public Communicator {
+ public:
+  PythonCommunicator(int rank, int size, py::function collective)
+      : rank_(rank), size_(size), collective_(std::move(collective)) {
+    GS_CHECK_CONFIG(size >= 1 && rank >= 0 && rank < size,
+                    "gradscale._core.Reducer: rank " << rank << " of " << size << " ranks");
+  }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string backend() const override { return "torch.distributed"; }
+  void all_reduce_sum(std::uint64_t* data, std::size_t n) override { call("sum_int", data, n, n, data); }
+  void all_reduce_sum(float* data, std::size_t n) override { call("sum_float", data, n, n, data); }
+  void all_reduce_max(double* data, std::size_t n) override { call("max", data, n, n, data); }
+  void all_gather(const double* in, std::size_t n, double* out) override {
+    call("gather", in, n, n * static_cast<std::size_t>(size_), out);
+  }
+  void broadcast(void*, std::size_t, int) override {
+    throw DistributedError("gradscale._core.Reducer: broadcast is not used by the plug-in");
+  }
+  void barrier() override { collective_("barrier", py::list()); }
+  [[noreturn]] void abort(int code) override {
+    throw DistributedError("gradscale._core.Reducer: rank " + std::to_string(rank_) + " aborted (" +
+                           std::to_string(code) + ")");
+  }
+
+ private:
+  template <class T>
+  void call(const char* op, const T* in, std::size_t n, std::size_t expected, T* out) {
+    const py::object result = collective_(op, std::vector<T>(in, in + n));
+    const auto values = result.cast<std::vector<T>>();
+    GS_CHECK_AS(DistributedError, values.size() == expected,
+                "gradscale._core.Reducer: the collective '" << op << "' returned " << values.size()
+                                                           << " values, expected " << expected);
+    std::copy(values.begin(), values.end(), out);
+  }
+
+  int rank_, size_;
+  py::function collective_;
+};
+
+// What ExternalBackward::set_reducer borrows: the communicator and the data-parallel reductions over it.
+struct Reducer {
+  Reducer(int rank, int size, py::function collective) : comm(rank, size, std::move(collective)), dp(comm) {}
+  PythonCommunicator comm;
+  DataParallel dp;
+};
+
 }  // namespace
 
 PYBIND11_MODULE(_core, m) {
@@ -184,6 +238,13 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("jsonl_path", &TraceWriter::jsonl_path)
       .def_property_readonly("json_path", &TraceWriter::json_path);
 
+  // Data-parallel statistics over torch.distributed (see PythonCommunicator).
+  py::class_<Reducer>(m, "Reducer")
+      .def(py::init<int, int, py::function>(), py::arg("rank"), py::arg("size"), py::arg("collective"))
+      .def_property_readonly("collectives", [](const Reducer& r) { return r.dp.counts().statistics_collectives; })
+      .def_property_readonly("bytes", [](const Reducer& r) { return r.dp.counts().statistics_bytes; })
+      .def_property_readonly("seconds", [](const Reducer& r) { return r.dp.counts().statistics_seconds; });
+
   py::class_<ExternalBackward>(m, "ExternalBackward")
       .def(py::init([](const std::vector<py::dict>& layers, const std::string& format, const std::string& grad_format,
                        bool quantize_weight_grads, const std::string& scaler) {
@@ -191,6 +252,15 @@ PYBIND11_MODULE(_core, m) {
                                                        precision_of(format, grad_format, quantize_weight_grads),
                                                        json::parse(scaler));
            }))
+      .def("set_layer_inputs", &ExternalBackward::set_layer_inputs)
+      .def("layer_inputs", [](const ExternalBackward& e) {
+        std::vector<std::vector<int>> inputs;
+        for (const LayerInfo& l : e.layers()) inputs.push_back(l.inputs);
+        return inputs;
+      })
+      // Borrowed: the Reducer lives as long as this object (keep_alive), None detaches it.
+      .def("set_reducer", [](ExternalBackward& e, Reducer* r) { e.set_reducer(r ? &r->dp : nullptr); },
+           py::arg("reducer").none(true), py::keep_alive<1, 2>())
       .def("begin_step", &ExternalBackward::begin_step)
       .def("loss_gradient", [](ExternalBackward& e, std::uintptr_t g, std::int64_t n) {
         return e.loss_gradient(address(g), n);

@@ -141,7 +141,7 @@ def run(model_name, grad_format, policy, steps, seed, batch):
         rates = [r["underflow_rate"] for r in scaler.layer_scales() if r["underflow_rate"] is not None]
         if rates:
             underflow.append(sum(rates) / len(rates))
-        loss_grad = scaler._core.loss_grad_stats()  # recorded steps only
+        loss_grad = scaler.loss_grad_stats()  # steps with statistics only
         if loss_grad is not None:
             loss_underflow.append(loss_grad["underflow_rate"])
     model.eval()

@@ -173,6 +173,93 @@ def test_a_mixed_sum_would_be_caught():
     assert not all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(), ref.parameters()))
 
 
+def test_a_deep_copied_model_drives_its_own_scaler():
+    """copy.deepcopy(model) copies the scaler with it: the copy's layer hooks record into the copy's
+    scaler (and its gradients carry the scales), the original's scaler sees nothing."""
+    torch.manual_seed(1)
+    model = ResidualNoModule()
+    x, y = _inputs("residual")
+    scaler = Scaler(model, scaler=FIXED, format="fp32")
+    twin = copy.deepcopy(model)
+    twin_scaler = next(iter(twin._forward_pre_hooks.values())).__self__
+    assert twin_scaler is not scaler
+    ref = copy.deepcopy(model)
+    ref_scaler = next(iter(ref._forward_pre_hooks.values())).__self__
+    ref_scaler.remove()
+    F.cross_entropy(ref(x), y).backward()
+    twin_scaler.scale(F.cross_entropy(twin(x), y)).backward()
+    assert [r["sent"] for r in twin_scaler.layer_scales()] == [False, True, True]
+    assert twin_scaler._session.joins == 1
+    assert not any(r["ran"] for r in scaler.layer_scales())
+    for (n, p), (_, q) in zip(twin.named_parameters(), ref.named_parameters()):
+        assert torch.equal(p.grad, q.grad), n
+
+
+class KeywordInputs(nn.Module):
+    """Layers given their input by keyword (torch 1.13's pre-hooks do not see keyword arguments)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(6, 6)
+        self.b = nn.Linear(6, 6)
+        self.head = nn.Linear(6, 3)
+
+    def forward(self, x):
+        h = self.a(x)
+        h = self.b(input=torch.relu(h)) + h
+        return self.head(input=h)
+
+
+class Recording(nn.Linear):
+    """A Linear that keeps the input its forward was given."""
+
+    def forward(self, input):  # noqa: A002 (nn.Linear's name for it)
+        self.seen = input.detach().clone()
+        return super().forward(input)
+
+
+def test_keyword_tensor_arguments_are_layer_inputs():
+    """A tensor passed by keyword crosses the layer boundary like a positional one: rounded in the
+    forward, and its gradient carries the layer's local scale (S0 = 8, every GEMM layer ×4: head gets 8
+    and sends 32; b gets 32 and sends 128; a gets the join of 32 and 128, at 128, and sends nothing)."""
+    torch.manual_seed(1)
+    model = KeywordInputs()
+    x, y = _inputs("keyword")
+    ref, scaler = _reference_and_scaled(model, x, y, FIXED)
+    for (n, p), (_, q) in zip(model.named_parameters(), ref.named_parameters()):
+        assert torch.equal(p.grad, q.grad), f"{n} differs from PyTorch's fp32 gradient"
+    rows = {r["name"]: r for r in scaler.layer_scales()}
+    assert [(rows[n]["sent"], rows[n]["s"], rows[n]["S_in"]) for n in ("head", "b", "a")] == \
+        [(True, 4.0, 8.0), (True, 4.0, 32.0), (False, 1.0, 128.0)]  # a's input needs no gradient
+    assert scaler._session.joins == 1
+
+    lin = Recording(6, 3)
+    Scaler(lin, scaler="static:1", format="fp16")
+    lin(input=x)
+    rounded = x.clone()
+    from gradscale import _core
+    _core.quantize_(rounded.data_ptr(), rounded.numel(), "fp16")
+    assert not torch.equal(rounded, x) and torch.equal(lin.seen, rounded)
+
+
+def test_keyword_wrapper_follows_deepcopy_and_remove():
+    """The copy of a model runs its own layers' forwards through its own scaler; remove() puts each
+    module's forward back."""
+    torch.manual_seed(1)
+    model = KeywordInputs()
+    x, y = _inputs("keyword")
+    scaler = Scaler(model, scaler=FIXED, format="fp32")
+    twin = copy.deepcopy(model)
+    assert twin.b.forward.module is twin.b and twin.b.forward.scaler is not scaler
+    twin_scaler = twin.b.forward.scaler
+    twin_scaler.scale(F.cross_entropy(twin(x), y)).backward()
+    assert [r["sent"] for r in twin_scaler.layer_scales()] == [False, True, True]  # a: x needs no gradient
+    assert not any(r["ran"] for r in scaler.layer_scales())
+    assert all(p.grad is None for p in model.parameters())
+    scaler.remove()
+    assert "forward" not in model.b.__dict__ and model.b(input=x).shape == (4, 6)
+
+
 class Block(nn.Module):
     """A transformer block with tied embedding / output weights."""
 

@@ -171,6 +171,37 @@ def test_layer_scales_name_every_layer():
         assert r["underflow_rate"] is not None
 
 
+@pytest.mark.parametrize("policy", ["static:0.0009765625", {"policy": "adaptive", "method": "measured", "init_scale": "auto"}])
+def test_loss_grad_stats_are_those_of_s0_times_the_loss_gradient(policy):
+    model = mlp()
+    scaler = Scaler(model, scaler=policy, format="fp16", grad_format="fp8_e5m2", record_every=2)
+    assert scaler.loss_grad_stats() is None  # before the first step
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = batch()
+    for step in range(2):
+        opt.zero_grad()
+        out = model(x)
+        probe = out.detach().requires_grad_()
+        g, = torch.autograd.grad(F.cross_entropy(probe, y), probe)
+        scaler.scale(F.cross_entropy(out, y)).backward()
+        scaler.step(opt)
+        scaler.update()
+        stats = scaler.loss_grad_stats()
+        if step == 1:  # not a step with statistics
+            assert stats is None
+            continue
+        want = g * scaler.last_step["loss_scale"]  # a power of two: exact in fp32
+        ref = _core.tensor_stats(want.data_ptr(), want.numel(), "fp8_e5m2")
+        assert stats == ref and stats["elements"] == 32 * 4
+        # At 2^-10 some of it underflows e5m2; the S0 measured chooses keeps it all.
+        assert (stats["underflow"] > 0) == (policy == "static:0.0009765625")
+
+
+def test_agree_scales_takes_a_bool():
+    with pytest.raises(ValueError, match="agree_scales must be True or False"):
+        Scaler(mlp(), agree_scales="yes")
+
+
 def test_bad_input_is_refused_with_a_clear_message():
     with pytest.raises(ValueError, match="no trainable parameters"):
         Scaler(nn.ReLU())

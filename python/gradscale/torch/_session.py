@@ -45,6 +45,10 @@ class Session:
         self.owner = param_owner(layers)
         self.active = False  # a step is open: scale(loss) was called and step()/update() not yet
         self.joins = 0  # joins whose parts arrived at different scales, since the Scaler was made
+        # The layer graph (LayerInfo::inputs: which layers' outputs each layer reads; the model's input
+        # is not listed), gathered from every pass so far; `graph_grew` until the core was given it.
+        self.layer_inputs: List[set] = [set() for _ in layers]
+        self.graph_grew = False
         self._reset_graph()
 
     # ---- the graph ----------------------------------------------------------------------------
@@ -110,9 +114,41 @@ class Session:
         for consumer in set(leaf_slots) | set(join_slots):
             consumer.register_hook(self._post_hook(self._token(consumer), leaf_slots.get(consumer, []),
                                                    join_slots.get(consumer, [])))
+        self._learn_layer_graph(seen, edges)
         self._nodes[key] = roots[0]  # keeps the id from being reused while the pass lasts
         self._instrumented[key] = len(in_model)
         return len(in_model)
+
+    def _learn_layer_graph(self, nodes, edges) -> None:
+        """Adds this pass's layer graph to `layer_inputs`: from each layer's output (an Exit node),
+        towards the loss through every node that is no layer boundary, to the layers whose inputs
+        (Enter nodes) it reaches — those read it, and in backward send it the scale it receives
+        (SPEC §6.5 charges an overflow of that gradient to them). A layer's internals reached without
+        an Enter (a tensor it captured) are walked through to its own readers, whose scale they carry."""
+        for node in nodes:
+            if not isinstance(node, _EXIT):
+                continue
+            source = node.layer_id
+            stack = [consumer for consumer, _, _ in edges.get(node, ())]
+            visited = set()
+            while stack:
+                cur = stack.pop()
+                if cur in visited:
+                    continue
+                visited.add(cur)
+                if isinstance(cur, _ENTER):
+                    if source not in self.layer_inputs[cur.layer_id]:
+                        self.layer_inputs[cur.layer_id].add(source)
+                        self.graph_grew = True
+                elif not isinstance(cur, _LOSS):
+                    stack.extend(consumer for consumer, _, _ in edges.get(cur, ()))
+
+    def take_layer_graph(self) -> Optional[List[List[int]]]:
+        """The layer graph, when it grew since it was last taken (else None)."""
+        if not self.graph_grew:
+            return None
+        self.graph_grew = False
+        return [sorted(ids) for ids in self.layer_inputs]
 
     def instrumented(self, root) -> bool:
         """Whether `root`'s graph already has this pass's hooks (scale() called twice on one loss)."""

@@ -20,6 +20,7 @@ Every decision (S0, each layer's s, joins, rounding, found_inf, skip) is made by
 from __future__ import annotations
 
 import copy
+import functools
 import itertools
 import math
 import json
@@ -58,8 +59,12 @@ class Scaler:
         weight_grads: "format" (rounded to grad_format, SPEC §4) or "fp32" (kept in fp32).
         record_every: take the full SPEC §3 statistics every N steps (underflow rates in
             `layer_scales()`); 0 never.
-        process_group: under torch.distributed, the group whose ranks take one verdict per step
-            (default: the world, when initialized; False: never reduce).
+        process_group: under torch.distributed, the group whose ranks take the same S0 and per-layer
+            scales (statistics reduced inside backward) and one verdict per step (default: the world,
+            when initialized; False: never reduce).
+        agree_scales: with a process group, reduce the statistics the scales are chosen from (True,
+            the default: a few collectives per layer inside backward); False: each rank chooses S0
+            and its layers' scales from its own rows (the verdict is still the group's).
         trace: write the per-layer trace of SPEC §8 to `trace`.jsonl while training (and `trace`.json
             at `close()`), in the `gradscale.trace/1` schema `gradscale inspect` and
             scripts/plot_trace.py read; `trace_every` steps with full statistics (plus every skipped,
@@ -69,7 +74,8 @@ class Scaler:
     def __init__(self, model: nn.Module, scaler: Union[str, Dict[str, Any]] = "torch", *, format: str = "fp16",
                  grad_format: Optional[str] = None, layers: Optional[Sequence[Union[str, nn.Module]]] = None,
                  weight_grads: str = "format", record_every: int = 10, process_group: Any = None,
-                 trace: Optional[str] = None, trace_every: int = 10, trace_hist: bool = False):
+                 trace: Optional[str] = None, trace_every: int = 10, trace_hist: bool = False,
+                 agree_scales: bool = True):
         if not isinstance(model, nn.Module):
             raise ValueError(f"gradscale.torch: Scaler needs an nn.Module, got {type(model).__name__}")
         if weight_grads not in ("format", "fp32"):
@@ -80,6 +86,9 @@ class Scaler:
         self.grad_format = _core.check_format(grad_format) if grad_format is not None else self.format
         self.record_every = record_every
         self._process_group = process_group
+        if not isinstance(agree_scales, bool):
+            raise ValueError(f"gradscale.torch: agree_scales must be True or False, got {agree_scales!r}")
+        self._agree_scales = agree_scales
         self._model = model
         self._layers = build_layers(model, layers)
         self._core_args = ([l.row() for l in self._layers], self.format, self.grad_format, weight_grads == "format",
@@ -107,11 +116,13 @@ class Scaler:
         self._masters: Optional[List[tuple]] = None
         self._calls = itertools.count()
         self._open_calls: Dict[int, List[int]] = {}
+        self._pending_calls: Dict[int, int] = {}  # layer id -> the call its pre-hook opened, for its forward
         self._handles = []
         for layer in self._layers:
             if layer.boundary:
                 self._handles.append(layer.module.register_forward_pre_hook(self._enter_hook(layer.id)))
                 self._handles.append(layer.module.register_forward_hook(self._exit_hook(layer.id)))
+                self._handles.append(_KeywordInputs.install(self, layer.id, layer.module))
         self._handles.append(model.register_forward_pre_hook(self._model_pre_hook))
         self._handles.append(model.register_forward_hook(self._model_hook))
 
@@ -130,17 +141,23 @@ class Scaler:
                              "from nothing that requires grad)")
         if self._phase in (_STEPPED,):
             raise RuntimeError("gradscale.torch: scale() after step() — call update() first")
+        again = self._session.instrumented(outputs.grad_fn)
+        if self._session.instrument([outputs.grad_fn]) == 0:
+            raise ValueError("gradscale.torch: the loss does not depend on the model's outputs "
+                             f"({type(self._model).__name__} returned nothing this loss reads)")
         if self._phase == _IDLE:
+            self._attach_reducer()
+            # The layer graph the walk found, for SPEC §6.5's charging (given between steps: a graph
+            # that grows in a later micro-batch is given at the next step).
+            graph = self._session.take_layer_graph()
+            if graph is not None:
+                self._core.set_layer_inputs(graph)
             record = self.record_every > 0 and self._core.steps % self.record_every == 0
             if self._trace is not None:
                 record = self._trace.samples(self._core.steps + 1)
             self._core.begin_step(record)
             self._session.active = True
             self._unscaled.clear()
-        again = self._session.instrumented(outputs.grad_fn)
-        if self._session.instrument([outputs.grad_fn]) == 0:
-            raise ValueError("gradscale.torch: the loss does not depend on the model's outputs "
-                             f"({type(self._model).__name__} returned nothing this loss reads)")
         if not again:
             self._loss_value += float(outputs.detach())
         self._phase = _SCALED
@@ -204,6 +221,14 @@ class Scaler:
         gradient it sent upstream, on recorded steps; else None)."""
         return self._core.layer_scales()
 
+    def loss_grad_stats(self) -> Optional[dict]:
+        """The SPEC §3 statistics of the last step's loss gradient where it entered the model: the fp32
+        values S0·g before their one rounding, against `grad_format` — zero, underflow, subnormal,
+        normal, overflow, nonfinite, elements, underflow_rate (underflowed / non-zero finite), max_abs.
+        On steps with statistics (`record_every`, or `trace_every` with a trace); None on the others
+        and before the first step."""
+        return self._core.loss_grad_stats()
+
     def state_dict(self) -> dict:
         """The policy's configuration and full state, every layer's cache included."""
         return {"gradscale": _core.__version__, "format": self.format, "grad_format": self.grad_format,
@@ -260,7 +285,7 @@ class Scaler:
         new = self.__class__.__new__(self.__class__)
         memo[id(self)] = new
         for key, value in self.__dict__.items():
-            if key not in ("_core", "_session", "_calls", "_process_group", "_trace"):
+            if key not in ("_core", "_session", "_calls", "_process_group", "_trace", "_reducer"):
                 setattr(new, key, copy.deepcopy(value, memo))
         new._process_group = self._process_group
         new._trace = None  # a copy does not write into the original's trace
@@ -272,6 +297,7 @@ class Scaler:
     # ---- internals -----------------------------------------------------------------------------
     def _attach_core(self) -> None:
         self._core = _core.ExternalBackward(*self._core_args)
+        self._reducer = None
         self._session = Session(self._core, _core, self._layers, self.format)
         self._session.on_backward_done = self._backward_done
 
@@ -319,6 +345,17 @@ class Scaler:
         group = self._process_group or torch.distributed.group.WORLD
         return group if torch.distributed.get_world_size(group) > 1 else None
 
+    def _attach_reducer(self) -> None:
+        """Under torch.distributed, once: the core reduces every statistic a scale is chosen from over
+        the group as soon as it is computed (docs/pytorch.md, "Data-parallel"), so every rank takes
+        the same S0, local scales and join targets."""
+        group = self._group() if self._agree_scales else None
+        if group is None or self._reducer is not None:
+            return
+        size = torch.distributed.get_world_size(group)
+        self._reducer = _core.Reducer(torch.distributed.get_rank(group), size, _collective(group, size))
+        self._core.set_reducer(self._reducer)
+
     def _backward_done(self) -> None:
         self._restore_masters()
         self._phase = _BACKWARDED
@@ -349,23 +386,100 @@ class Scaler:
             return None
         return _map_tensors(output, lambda t: LossEdge.apply(t, self._session) if t.requires_grad else t)
 
+    # The layer hooks are partials of bound methods, not closures: copy.deepcopy(model) then binds the
+    # copy's hooks to the scaler's copy (a closure would be shared, and drive this scaler).
     def _enter_hook(self, layer_id: int):
-        def hook(module, inputs):
-            call = next(self._calls)
-            self._open_calls.setdefault(layer_id, []).append(call)
-            grad = torch.is_grad_enabled()
-            return tuple(_wrap(x, lambda t: Enter.apply(t, self._session, layer_id, call) if grad and t.requires_grad
-                               else round_forward(t, self.format, _core)) for x in inputs)
-        return hook
+        return functools.partial(self._enter_call, layer_id)
+
+    def _enter_call(self, layer_id: int, module, inputs):
+        call = next(self._calls)
+        self._open_calls.setdefault(layer_id, []).append(call)
+        self._pending_calls[layer_id] = call
+        return tuple(self._enter(layer_id, call, x) for x in inputs)
+
+    def _enter(self, layer_id: int, call: int, x):
+        """One argument of a layer call: a floating tensor gets its `Enter` (rounded to `format`)."""
+        grad = torch.is_grad_enabled()
+        return _wrap(x, lambda t: Enter.apply(t, self._session, layer_id, call) if grad and t.requires_grad
+                     else round_forward(t, self.format, _core))
+
+    def _enter_keywords(self, layer_id: int, kwargs: dict) -> dict:
+        """The keyword arguments of the call the layer's pre-hook just opened, treated as its positional
+        ones are. A forward called directly (not through the module's __call__, so no hook ran and no
+        Exit will follow) is left alone."""
+        call = self._pending_calls.pop(layer_id, None)
+        if call is None or not kwargs:
+            return kwargs
+        return {k: self._enter(layer_id, call, v) for k, v in kwargs.items()}
 
     def _exit_hook(self, layer_id: int):
-        def hook(module, inputs, output):
-            stack = self._open_calls.get(layer_id)
-            call = stack.pop() if stack else -1
-            grad = torch.is_grad_enabled()
-            return _map_tensors(output, lambda t: Exit.apply(t, self._session, layer_id, call)
-                                if grad and t.requires_grad else round_forward(t, self.format, _core))
-        return hook
+        return functools.partial(self._exit_call, layer_id)
+
+    def _exit_call(self, layer_id: int, module, inputs, output):
+        stack = self._open_calls.get(layer_id)
+        call = stack.pop() if stack else -1
+        grad = torch.is_grad_enabled()
+        return _map_tensors(output, lambda t: Exit.apply(t, self._session, layer_id, call)
+                            if grad and t.requires_grad else round_forward(t, self.format, _core))
+
+
+def _collective(group, size: int):
+    """The collectives gradscale's data-parallel reductions need (lib/dist/communicator.h), on `group`:
+    what the core's Reducer calls with (op, values) and expects the result of."""
+    dist = torch.distributed
+    ops = {"sum_int": (torch.int64, dist.ReduceOp.SUM), "sum_float": (torch.float32, dist.ReduceOp.SUM),
+           "max": (torch.float64, dist.ReduceOp.MAX)}
+
+    def run(op: str, values: list) -> list:
+        if op == "barrier":
+            dist.barrier(group=group)
+            return []
+        if op == "gather":
+            mine = torch.tensor(values, dtype=torch.float64)
+            every = [torch.empty_like(mine) for _ in range(size)]
+            dist.all_gather(every, mine, group=group)
+            return torch.cat(every).tolist()
+        if op not in ops:
+            raise ValueError(f"gradscale.torch: unknown collective {op!r}")
+        dtype, reduce_op = ops[op]
+        buf = torch.tensor(values, dtype=dtype)
+        dist.all_reduce(buf, op=reduce_op, group=group)
+        return buf.tolist()
+    return run
+
+
+class _KeywordInputs:
+    """A boundary layer's `forward`, set on the module instance: torch 1.13's forward pre-hooks see the
+    positional arguments only, so the tensors a layer is given by keyword get their `Enter` here, in
+    the call its pre-hook opened (module.__call__ runs the pre-hooks, then `self.forward`). It calls
+    the forward the module had (its class's, or one already set on the instance). A plain object
+    holding the scaler and the module, so `copy.deepcopy(model)` gives the copy its own."""
+
+    def __init__(self, scaler: "Scaler", layer_id: int, module: nn.Module):
+        self.scaler = scaler
+        self.layer_id = layer_id
+        self.module = module
+        self.inner = module.__dict__.get("forward")  # an instance-level forward set before ours, if any
+
+    @classmethod
+    def install(cls, scaler: "Scaler", layer_id: int, module: nn.Module) -> "_KeywordInputs":
+        wrapper = cls(scaler, layer_id, module)
+        module.forward = wrapper
+        return wrapper
+
+    def __call__(self, *args, **kwargs):
+        kwargs = self.scaler._enter_keywords(self.layer_id, kwargs)
+        if self.inner is not None:
+            return self.inner(*args, **kwargs)
+        return type(self.module).forward(self.module, *args, **kwargs)
+
+    def remove(self) -> None:
+        """Puts the module's own forward back (as a hook handle's remove() does)."""
+        if self.module.__dict__.get("forward") is self:
+            if self.inner is None:
+                del self.module.forward
+            else:
+                self.module.forward = self.inner
 
 
 def _wrap(x, fn):
