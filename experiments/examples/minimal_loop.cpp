@@ -31,7 +31,8 @@ int main(int argc, char** argv) {
   gs::Precision fp16;
   fp16.format = gs::Format::fp16;
   gs::ScaledTraining training(net, *adam, fp16,
-                              {{"policy", "adaptive"}, {"method", "measured"}, {"init_scale", "auto"}});
+                              {{"policy", "adaptive"}, {"method", "measured"}, {"init_scale", "auto"},
+                               {"cast_form", "measured"}});
 
   // The loop: forward, the loss with an explicit scale, backward with per-layer scales, apply or skip.
   const gs::DataSplit data = gs::load_data("fashion-mnist", 0);  // synthetic when the files are absent

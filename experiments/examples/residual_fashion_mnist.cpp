@@ -200,7 +200,8 @@ int run(const Options& o) {
   gs::Precision precision;
   precision.format = gs::parse_format(o.format);
   gs::ScaledTraining training(*net, *adam, precision,
-                              {{"policy", "adaptive"}, {"method", "measured"}, {"init_scale", "auto"}},
+                              {{"policy", "adaptive"}, {"method", "measured"}, {"init_scale", "auto"},
+                               {"cast_form", "measured"}},
                               o.seed);
 
   Feed feed(data.train, o.batch, o.seed);

@@ -19,6 +19,8 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 Model::Model() : backend_(&cpu_backend()) {}
 
+Model::Model(std::string name) : name_(std::move(name)), backend_(&cpu_backend()) {}
+
 int Model::add(std::unique_ptr<Layer> layer, std::vector<int> inputs) {
   GS_CHECK(!finalized_, "model already finalized");
   const int id = static_cast<int>(nodes_.size());

@@ -23,6 +23,12 @@ class Model {
   static constexpr int kModelInput = -1;
 
   Model();  // on cpu_backend()
+  explicit Model(std::string name);  // the same, named
+
+  // What the model is called where a run is described (a trace's header "model", `gradscale inspect`):
+  // build_model takes it from the spec's "name"; empty until set.
+  const std::string& name() const { return name_; }
+  void set_name(std::string name) { name_ = std::move(name); }
 
   // Appends a layer fed by the given nodes (kModelInput = the model's input). Returns its node id,
   // which is also the layer's id. Inputs must be earlier nodes.
@@ -85,6 +91,7 @@ class Model {
   void allocate_activations();
 
   std::vector<Node> nodes_;
+  std::string name_;
   Backend* backend_;
   Shape sample_shape_;
   std::int64_t classes_ = 0;

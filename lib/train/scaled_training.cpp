@@ -354,13 +354,20 @@ std::vector<LayerScale> ScaledTraining::layer_scales() const {
 
 nlohmann::json ScaledTraining::trace_header(const nlohmann::json& config) const {
   GS_CHECK_CONFIG(config.is_object(), "trace_header: `config` must be a JSON object, got " << config.dump());
-  return {{"version", GRADSCALE_VERSION},
-          {"config", config},
-          {"format", format_name(precision_.format)},
-          {"grad_format", format_name(precision_.gradient_format())},
-          {"scaler", scaler_->config()},
-          {"seed", seed_},
-          {"layers", model_.layer_table()}};
+  nlohmann::json header = {{"version", GRADSCALE_VERSION},
+                            {"config", config},
+                            {"format", format_name(precision_.format)},
+                            {"grad_format", format_name(precision_.gradient_format())},
+                            {"scaler", scaler_->config()},
+                            {"seed", seed_},
+                            {"layers", model_.layer_table()}};
+  // The model's name (Model::name, a spec's "name"); else the run config's "model", as the CLI's has.
+  const auto named = config.find("model");
+  if (!model_.name().empty())
+    header["model"] = model_.name();
+  else if (named != config.end() && named->is_string())
+    header["model"] = *named;
+  return header;
 }
 
 void ScaledTraining::distribute(Communicator& comm) {
