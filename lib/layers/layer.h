@@ -16,6 +16,7 @@
 #include <initializer_list>
 #include <optional>
 
+#include "lib/core/random.h"
 #include "lib/instrument/histogram.h"
 #include "lib/instrument/product_range.h"
 #include "lib/instrument/statistics_reducer.h"
@@ -103,6 +104,11 @@ class Layer {
   virtual void prepare_weights(const Precision&) {}
   // Non-trainable state (BatchNorm running statistics) for checkpoints: named tensors.
   virtual std::vector<std::pair<std::string, Tensor*>> buffers() { return {}; }
+  // Sizes left to the graph (a layer built from Options without its input size): called by
+  // Model::finalize, in layer order, with the input shapes, before output_shape. Such a layer allocates
+  // its parameters here and initialises them from `init_rng` (ConfigError naming the layer when it is
+  // null but needed). Default: nothing to infer.
+  virtual void infer_sizes(const std::vector<Shape>& /*inputs*/, Rng* /*init_rng*/) {}
   // For the layer table of traces: kind-specific description (shape, K, ...).
   virtual nlohmann::json describe() const { return {{"name", name_}, {"kind", kind()}}; }
   // K of SPEC §6.1 for parametric layers (reduction length of the upstream GEMM), else 0.

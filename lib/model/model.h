@@ -34,8 +34,12 @@ class Model {
   // which is also the layer's id. Inputs must be earlier nodes.
   int add(std::unique_ptr<Layer> layer, std::vector<int> inputs);
   // Checks the graph and infers every shape for a per-sample input shape ([C, H, W] or [F]).
-  // The last node is the output (logits [N, classes]).
+  // The last node is the output (logits [N, classes]). A layer built from Options without its input
+  // size (Linear::Options, Conv2d::Options, BatchNorm::Options) takes it from the graph here, and its
+  // weights are drawn from `init_rng`, in layer order — the draws the positional constructors make
+  // when the layers are constructed in that order with that generator.
   void finalize(const Shape& sample_shape);
+  void finalize(const Shape& sample_shape, Rng& init_rng);
 
   // Moves the finalized model to `backend` (lib/backend): every layer is replaced by its twin there, with
   // the same parameter values, and activations and gradients live in the backend's memory from then on.
@@ -89,6 +93,7 @@ class Model {
     bool needs_grad = false;  // some parameter lies on or before this node: its output gradient is used
   };
   void allocate_activations();
+  void finalize_with(const Shape& sample_shape, Rng* init_rng);
 
   std::vector<Node> nodes_;
   std::string name_;
