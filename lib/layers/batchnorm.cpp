@@ -178,8 +178,7 @@ void BatchNorm::backward(const std::vector<const Tensor*>& inputs, const Tensor&
       for (std::int64_t i = p * l.plane; i < (p + 1) * l.plane; ++i)
         d[i] = static_cast<float>(a * (gd[i] - mg - (xd[i] - m) * is * mgx));
     }
-    round_activation_grad(gx->g, id_, ctx.precision, ctx.monitor);
-    gx->scale = scale;
+    send_upstream_grad(*this, grad_output, *gx, ctx, /*rounds=*/true);
   }
   accumulate_weight_grads(*this, {{&grad_gamma_, &gamma_}, {&grad_beta_, &beta_}}, scale, ctx);
 }

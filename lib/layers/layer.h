@@ -156,6 +156,14 @@ void check_rounded_max(StepMonitor& monitor, GradSite site, int node, float max_
 // Rounds `t` (an fp32 activation gradient a non-parametric layer sends upstream, at an unchanged scale)
 // in place to the gradient format: round_gradient at the upstream site with multiplier 1.
 void round_activation_grad(Tensor& t, int layer_id, const Precision& p, StepMonitor& monitor);
+// The gradient a layer without a GEMM sends upstream (SPEC §5): `gx.g` holds it in fp32 at the scale S
+// of `grad_output`. When the scaler's controller acts at this layer (LayerController::acts_at), it is
+// asked for a local scale s as a parametric layer is (scale_upstream_grad with no weight, K = 0), s·gx.g
+// is rounded once and gx.scale = s·S. Otherwise gx.scale = S, and gx.g is rounded to the gradient
+// format when `rounds` (values the layer computed: averages, BatchNorm, dropout's 1/(1−p)) or passed on
+// as it is (ReLU, Flatten, Add and non-overlapping max pooling move values already in the format).
+void send_upstream_grad(const Layer& layer, const ScaledGrad& grad_output, ScaledGrad& gx, BackwardContext& ctx,
+                        bool rounds);
 // Rounds a forward output in place to F.
 void round_output(Tensor& t, const Precision& p);
 // working = quantize(master, F): the per-step working copy of a parameter (SPEC §4).
