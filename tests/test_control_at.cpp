@@ -131,14 +131,14 @@ TEST_CASE("control_at all: a trace of it passes inspect --check", "[control_at][
                    ("gradscale_control_at_" + std::to_string(static_cast<long>(::getpid())));
   std::filesystem::remove_all(dir);
   const test::CliResult r = test::run_cli(
-      "train --model resnet-mini --data synthetic:64 --batch 32 --max-steps 3 --threads 1 --quiet "
+      "train --model resnet-mini --data synthetic:64 --batch 32 --epochs 2 --max-steps 3 --trace-every 1 --threads 1 --quiet "
       "--format fp16 --grad-format fp8_e5m2 --scaler " +
       test::shell_quote(measured("all").dump()) + " --trace " + test::shell_quote((dir / "t").string()));
   REQUIRE(r.status == 0);
   const test::CliResult c = test::run_cli("inspect --check " + test::shell_quote((dir / "t.json").string()));
   CHECK(c.status == 0);
   REQUIRE_FALSE(c.lines.empty());
-  CHECK_THAT(c.lines[0], Contains("model resnet-mini"));
+  CHECK_THAT(c.lines[0], Contains("ok: 3 steps, 30 layers"));
   std::filesystem::remove_all(dir);
 }
 

@@ -67,10 +67,19 @@ TEST_CASE("a trace written through the API names its model (Model::name) without
   }
   trace.finish({{"train_loss", 1.0}, {"train_accuracy", 0.5}, {"test_loss", 2.0},
                 {"test_accuracy", 0.25}, {"wall_seconds", 1.0}, {"scaler_seconds", 0.0}});
-  const test::CliResult r = test::run_cli("inspect --check " + (dir / "run.json").string());
+  // --check accepts it (its one line, "ok: ...", is unchanged); inspect's header line and --json name it.
+  const test::CliResult c = test::run_cli("inspect --check " + test::shell_quote((dir / "run.json").string()));
+  CHECK(c.status == 0);
+  REQUIRE_FALSE(c.lines.empty());
+  CHECK_THAT(c.lines[0], Contains("ok: "));
+  const test::CliResult r = test::run_cli("inspect " + test::shell_quote((dir / "run.json").string()));
   CHECK(r.status == 0);
   REQUIRE_FALSE(r.lines.empty());
-  CHECK_THAT(r.lines[0], Contains("model named-net"));
+  CHECK_THAT(r.lines[0], Contains("gradscale.trace/1, model named-net, format fp16"));
+  const test::CliResult j = test::run_cli("inspect --json " + test::shell_quote((dir / "run.json").string()));
+  CHECK(j.status == 0);
+  const json doc = json::parse(j.lines.at(0));
+  CHECK(doc.dump().find("\"model\":\"named-net\"") != std::string::npos);
 
   // A model without a name: the run config's "model", as before; neither: "-".
   std::unique_ptr<Model> unnamed = small_net("");
