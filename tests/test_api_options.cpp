@@ -63,7 +63,7 @@ Precision fp16() {
 
 }  // namespace
 
-TEST_CASE("set_threads: the engine's thread count without <omp.h>; bad counts are refused", "[api][threads]") {
+TEST_CASE("set_threads: the engine's thread count without <omp.h>, and bad counts refused", "[api][threads]") {
   const int saved = threads();
   set_threads(1);
   CHECK(threads() == 1);
