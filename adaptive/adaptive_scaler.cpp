@@ -37,6 +37,7 @@ struct AdaptiveConfig {
   double fixed_scale = 1;
   int margin = 4;
   std::optional<double> u_min, u_max;  // unset: the gradient format's
+  bool control_all = false;  // "control_at": "all" — every layer sends its gradient at a local scale
   // A registered LayerController that decides the local scales instead of `method` (empty: none).
   std::string controller;
   nlohmann::json controller_config = nlohmann::json::object();
@@ -125,11 +126,12 @@ class AdaptiveScaler final : public Scaler, public LayerController {
   void bind(const std::vector<LayerInfo>& layers, Format grad_format) override {
     set_format(grad_format);
     cache_.assign(layers.size(), LayerCache{});
-    safety_.bind(layers);
+    safety_.bind(layers, c_.control_all);
     if (user_) user_->bind(layers, grad_format);
   }
   void begin_step(const StepBegin& b) override { step_ = b.step; }
   StatNeeds needs(int layer_id) const override { return due(layer_id) ? method_->needs() : 0; }
+  bool acts_at(int /*layer_id*/) const override { return c_.control_all; }
   LocalScale decide(const LocalScaleQuery& q) override {
     LayerCache& entry = cache_at(q.layer_id);
     if (due(q.layer_id)) {
@@ -197,6 +199,7 @@ class AdaptiveScaler final : public Scaler, public LayerController {
     j["init_scale"] = c_.auto_init ? nlohmann::json("auto") : nlohmann::json(c_.init_scale);
     if (c_.u_min) j["u_min"] = *c_.u_min;
     if (c_.u_max) j["u_max"] = *c_.u_max;
+    if (c_.control_all) j["control_at"] = "all";  // the default "gemm" is left out: configs stay as they were
     return j;
   }
 
@@ -337,7 +340,7 @@ std::unique_ptr<Scaler> make_adaptive_scaler(const nlohmann::json& config, Forma
   const ConfigReader r(config, "scaler 'adaptive'",
                        {"policy", "method", "n_uf", "scale_upper_bound", "accum_upper_bound", "power_of_two",
                         "update_every", "relu_factor", "init_scale", "cast_form", "recover_every", "fixed_scale",
-                        "margin", "u_min", "u_max", "controller", "controller_config"});
+                        "margin", "u_min", "u_max", "controller", "controller_config", "control_at"});
   AdaptiveConfig c;
   if (r.has("controller")) {
     const nlohmann::json& name = config.at("controller");
@@ -365,6 +368,20 @@ std::unique_ptr<Scaler> make_adaptive_scaler(const nlohmann::json& config, Forma
     c.method = config.at("method").get<std::string>();
   }
   make_method(c.method);  // validates the name
+  if (r.has("control_at")) {
+    const nlohmann::json& at = config.at("control_at");
+    GS_CHECK_CONFIG(at == "gemm" || at == "all", "scaler 'adaptive': 'control_at' must be \"gemm\" (Linear and "
+                                                 "Conv2d, the default) or \"all\" (every layer that sends a "
+                                                 "gradient upstream), got " << json_excerpt(at));
+    c.control_all = at == "all";
+    GS_CHECK_CONFIG(!c.control_all || c.controller.empty(),
+                    "scaler 'adaptive': 'control_at' is not taken with 'controller' ('"
+                        << c.controller << "' says where it acts: LayerController::acts_at)");
+    GS_CHECK_CONFIG(!c.control_all || c.method == "measured" || c.method == "fixed",
+                    "scaler 'adaptive': 'control_at': \"all\" needs a method that decides without a weight "
+                    "(measured or fixed); '" << c.method << "' reads the layer's weight, which BatchNorm, "
+                    "pooling, ReLU, Flatten, Dropout and Add do not have");
+  }
   c.n_uf = r.number("n_uf", c.n_uf, Interval{0, 0.5, true, true});
   c.scale_upper_bound = r.number("scale_upper_bound", c.scale_upper_bound, Interval{0, kInf, true, true});
   c.accum_upper_bound = r.number("accum_upper_bound", c.accum_upper_bound, Interval{0, kInf, true, true});

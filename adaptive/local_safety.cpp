@@ -14,8 +14,9 @@ double back_off_factor(double max_abs, double u_max, int margin) {
   return std::min(0.5, power_of_two_floor(std::ldexp(u_max, -margin) / max_abs));
 }
 
-void LocalSafety::bind(const std::vector<LayerInfo>& layers) {
+void LocalSafety::bind(const std::vector<LayerInfo>& layers, bool all_controlled) {
   table_ = layers;
+  all_controlled_ = all_controlled;
   layers_.resize(layers.size());
   const auto n = layers.size();
   std::vector<std::vector<int>> consumers(n);
@@ -39,7 +40,7 @@ void LocalSafety::bind(const std::vector<LayerInfo>& layers) {
       if (consumers[at].empty()) to.push_back(-1);  // the loss reads it (or an outside engine's graph)
       for (int c : consumers[at]) {
         const auto ci = static_cast<std::size_t>(c);
-        if (layers[ci].parametric)
+        if (controlled(c))
           to.push_back(c);
         else if (!seen[ci]) {
           seen[ci] = 1;
@@ -50,6 +51,10 @@ void LocalSafety::bind(const std::vector<LayerInfo>& layers) {
     std::sort(to.begin(), to.end());
     to.erase(std::unique(to.begin(), to.end()), to.end());
   }
+}
+
+bool LocalSafety::controlled(int layer_id) const {
+  return all_controlled_ || table_[static_cast<std::size_t>(layer_id)].parametric;
 }
 
 const std::vector<int>& LocalSafety::received_from(int id) const {
@@ -79,7 +84,7 @@ bool LocalSafety::update(const StepMonitor& monitor, double u_max, int margin, s
     const bool primary = std::isfinite(r.overflow_max_abs) || r.layer_id == monitor.first_nonfinite_layer;
     if (!primary || r.layer_id < 0 || static_cast<std::size_t>(r.layer_id) >= layers_.size()) continue;
     const double k = back_off_factor(r.overflow_max_abs, u_max, margin);
-    const bool own = r.overflow_upstream && table_[static_cast<std::size_t>(r.layer_id)].parametric;
+    const bool own = r.overflow_upstream && controlled(r.layer_id);
     if (own) charge(r.layer_id, k);
     if ((r.overflow_upstream && !own) || r.overflow_weight || r.overflow_join)
       for (int target : received_from(r.layer_id)) charge(target, k);

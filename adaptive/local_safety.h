@@ -2,8 +2,9 @@
 // for the loss scale, each backed off where an overflow happened and probed back up after clean steps.
 //
 // Charging. An overflow is charged to the scale that produced it:
-// - the gradient a controlled (parametric) layer sends upstream: that layer's own s, so φ_l;
-// - anything else at a layer — the gradient a non-parametric layer sends upstream, a weight gradient, the
+// - the gradient a controlled layer sends upstream: that layer's own s, so φ_l (the controlled layers are
+//   the parametric ones, or with "control_at": "all" every layer);
+// - anything else at a layer — the gradient an uncontrolled layer sends upstream, a weight gradient, the
 //   gradient joined at a layer's output — came from the scale the layer received, so it is charged to
 //   the controlled layers that set that scale: following the graph towards the loss through the
 //   layers that pass their scale on, every controlled consumer, or the loss scale when the loss's
@@ -31,9 +32,10 @@ namespace gradscale::adaptive {
 
 class LocalSafety {
  public:
-  // The layer table (its graph: LayerInfo::inputs, in any order, parametric). Keeps the factors of layers
-  // that remain; may be called again when the graph becomes known or changes.
-  void bind(const std::vector<LayerInfo>& layers);
+  // The layer table (its graph: LayerInfo::inputs, in any order) and which layers set a local scale:
+  // the parametric ones, or every layer with `all_controlled`. Keeps the factors of layers that remain;
+  // may be called again when the graph becomes known or changes.
+  void bind(const std::vector<LayerInfo>& layers, bool all_controlled = false);
   // φ_l of a layer (1 for one the table does not have) and φ of the loss scale.
   double layer_factor(int layer_id) const;
   double loss_factor() const { return loss_.phi; }
@@ -59,7 +61,10 @@ class LocalSafety {
   const std::vector<int>& received_from(int id) const;
   Factor& factor(int target) { return target < 0 ? loss_ : layers_[static_cast<std::size_t>(target)]; }
 
+  bool controlled(int layer_id) const;
+
   std::vector<LayerInfo> table_;
+  bool all_controlled_ = false;
   std::vector<std::vector<int>> charged_;  // received_from, per layer
   std::vector<Factor> layers_;
   Factor loss_;

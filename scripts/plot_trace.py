@@ -188,8 +188,8 @@ def plot_title(stem, header):
     scaler, e.g. "run: cnn, fp16 / grad fp8_e5m2, scaler adaptive"."""
     forward = header.get("format", "?")
     grad = header.get("grad_format", forward)
-    return "%s: %s, %s / grad %s, scaler %s" % (stem, header.get("config", {}).get("model", "?"), forward,
-                                                 grad, (header.get("scaler") or {}).get("policy", "?"))
+    model = header.get("model") or (header.get("config") or {}).get("model", "?")  # the Model's name, else the config's
+    return "%s: %s, %s / grad %s, scaler %s" % (stem, model, forward, grad, (header.get("scaler") or {}).get("policy", "?"))
 
 
 def statistics_steps(steps):

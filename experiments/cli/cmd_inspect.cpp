@@ -252,7 +252,10 @@ class Gathered : public TraceVisitor {
     return j;
   }
 
+  // The header's "model" (the Model's name), else the run config's "model" (traces written before it).
   static std::string model_name(const json& header) {
+    const auto named = header.find("model");
+    if (named != header.end() && named->is_string()) return named->get<std::string>();
     const json& config = header["config"];
     const auto m = config.find("model");
     return m != config.end() && m->is_string() ? m->get<std::string>() : "-";

@@ -212,6 +212,7 @@ std::vector<LayerRow> check_header(const Where& w, const json& h) {
   need_schema(w, h);
   need_string(w, h, "", "version");
   need_object(w, h, "", "config");
+  if (h.contains("model")) need_string(w, h, "", "model");  // the model's name (optional)
   need_format(w, h, "format");
   need_format(w, h, "grad_format");
   need_string(w, need_object(w, h, "", "scaler"), "scaler.", "policy");

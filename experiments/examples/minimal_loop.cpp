@@ -13,25 +13,27 @@ namespace gs = gradscale;
 int main(int argc, char** argv) {
   const long long steps = argc > 1 ? std::atoll(argv[1]) : 200;
 
-  // A network: conv -> ReLU -> [conv] + shortcut -> flatten -> linear, for 1x28x28 images.
+  // A network: conv -> ReLU -> [conv] + shortcut -> flatten -> linear, for 1x28x28 images. Input sizes
+  // come from the graph at finalize, which draws the weights from `rng`.
   gs::Rng rng(0);
-  const gs::InitSpec init;
-  gs::Model net;
-  const int conv =
-      net.add(std::make_unique<gs::Conv2d>("conv", 1, 8, 3, 2, 1, true, init, rng), {gs::Model::kModelInput});
+  gs::Model net("minimal");
+  const auto conv3x3 = gs::Conv2d::Options{}.out_channels(8).kernel(3).padding(1);
+  const int conv = net.add(std::make_unique<gs::Conv2d>("conv", gs::Conv2d::Options{conv3x3}.stride(2)),
+                           {gs::Model::kModelInput});
   const int relu = net.add(std::make_unique<gs::ReLU>("relu"), {conv});
-  const int res = net.add(std::make_unique<gs::Conv2d>("res", 8, 8, 3, 1, 1, true, init, rng), {relu});
+  const int res = net.add(std::make_unique<gs::Conv2d>("res", conv3x3), {relu});
   const int add = net.add(std::make_unique<gs::Add>("add"), {res, relu});
   const int flat = net.add(std::make_unique<gs::Flatten>("flatten"), {add});
-  net.add(std::make_unique<gs::Linear>("fc", 8 * 14 * 14, 10, true, init, rng), {flat});
-  net.finalize({1, 28, 28});
+  net.add(std::make_unique<gs::Linear>("fc", gs::Linear::Options{}.out_features(10)), {flat});
+  net.finalize({1, 28, 28}, rng);
 
   // An optimizer, a precision and a scaler, attached in one call.
   std::unique_ptr<gs::Optimizer> adam = gs::make_optimizer({{"name", "adam"}});
   gs::Precision fp16;
   fp16.format = gs::Format::fp16;
   gs::ScaledTraining training(net, *adam, fp16,
-                              {{"policy", "adaptive"}, {"method", "measured"}, {"init_scale", "auto"}});
+                              {{"policy", "adaptive"}, {"method", "measured"}, {"init_scale", "auto"},
+                               {"cast_form", "measured"}});
 
   // The loop: forward, the loss with an explicit scale, backward with per-layer scales, apply or skip.
   const gs::DataSplit data = gs::load_data("fashion-mnist", 0);  // synthetic when the files are absent

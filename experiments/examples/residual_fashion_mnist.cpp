@@ -7,8 +7,6 @@
 //                          [--data fashion-mnist] [--seed 0] [--trace PATH] [--save DIR] [--resume DIR]
 #include <gradscale/gradscale.h>
 
-#include <omp.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -66,25 +64,25 @@ Options parse(int argc, char** argv) {
 
 // conv 1->16 → ReLU → max-pool 2 → [conv 16->16 → ReLU → conv 16->16] + shortcut → ReLU → max-pool 2 →
 // flatten → linear 784->10. The shortcut makes a fork: its two gradients meet at the join of SPEC §5.
+// The layers are given by named options; their input sizes come from the graph at finalize, which draws
+// the weights (Kaiming normal, gain √2) from `seed` in layer order.
 std::unique_ptr<gs::Model> residual_network(std::uint64_t seed) {
   gs::Rng rng(seed);
-  const gs::InitSpec init;  // Kaiming normal, gain √2 (ReLU)
-  auto net = std::make_unique<gs::Model>();
+  auto net = std::make_unique<gs::Model>("residual-example");  // the name traces show
+  const auto conv3x3 = gs::Conv2d::Options{}.out_channels(16).kernel(3).padding(1);
   const int in = gs::Model::kModelInput;
-  const int conv1 = net->add(std::make_unique<gs::Conv2d>("conv1", 1, 16, 3, 1, 1, true, init, rng), {in});
+  const int conv1 = net->add(std::make_unique<gs::Conv2d>("conv1", conv3x3), {in});
   const int relu1 = net->add(std::make_unique<gs::ReLU>("relu1"), {conv1});
   const int pool1 = net->add(std::make_unique<gs::MaxPool2d>("pool1", 2), {relu1});
-  const int conv2 =
-      net->add(std::make_unique<gs::Conv2d>("block.conv1", 16, 16, 3, 1, 1, true, init, rng), {pool1});
+  const int conv2 = net->add(std::make_unique<gs::Conv2d>("block.conv1", conv3x3), {pool1});
   const int relu2 = net->add(std::make_unique<gs::ReLU>("block.relu"), {conv2});
-  const int conv3 =
-      net->add(std::make_unique<gs::Conv2d>("block.conv2", 16, 16, 3, 1, 1, true, init, rng), {relu2});
+  const int conv3 = net->add(std::make_unique<gs::Conv2d>("block.conv2", conv3x3), {relu2});
   const int join = net->add(std::make_unique<gs::Add>("block.add"), {conv3, pool1});
   const int relu3 = net->add(std::make_unique<gs::ReLU>("block.out"), {join});
   const int pool2 = net->add(std::make_unique<gs::MaxPool2d>("pool2", 2), {relu3});
   const int flat = net->add(std::make_unique<gs::Flatten>("flatten"), {pool2});
-  net->add(std::make_unique<gs::Linear>("fc", 16 * 7 * 7, 10, true, init, rng), {flat});
-  net->finalize({1, 28, 28});
+  net->add(std::make_unique<gs::Linear>("fc", gs::Linear::Options{}.out_features(10)), {flat});
+  net->finalize({1, 28, 28}, rng);
   return net;
 }
 
@@ -135,31 +133,6 @@ class Feed {
   std::vector<std::int64_t> order_;
 };
 
-// Loss and accuracy on a split, in evaluation mode (no dropout), 1000 images at a time.
-struct Evaluation {
-  double loss = 0, accuracy = 0;
-};
-Evaluation evaluate(gs::ScaledTraining& training, const gs::Dataset& split) {
-  const std::int64_t per_image = split.images.size() / split.size(), chunk = 1000;
-  double loss_sum = 0;
-  std::int64_t correct = 0;
-  gs::Tensor x;
-  for (std::int64_t at = 0; at < split.size(); at += chunk) {
-    const std::int64_t b = std::min(chunk, split.size() - at);
-    gs::Shape shape = split.images.shape();
-    shape[0] = b;
-    x.resize(shape);
-    std::copy_n(split.images.data() + at * per_image, b * per_image, x.data());
-    const gs::Tensor& logits = training.predict(x);
-    const gs::LossResult r = gs::softmax_cross_entropy(logits, split.labels.data() + at, 1.0,
-                                                       training.precision(), nullptr, nullptr, -1);
-    loss_sum += r.loss * static_cast<double>(b);
-    correct += r.correct;
-  }
-  const auto n = static_cast<double>(split.size());
-  return {loss_sum / n, static_cast<double>(correct) / n};
-}
-
 // What the run adds up, saved with a checkpoint so that a resumed run's totals (and trace) continue.
 struct Totals {
   std::int64_t skipped = 0, correct = 0, seen = 0;
@@ -190,7 +163,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 int run(const Options& o) {
   const auto start = std::chrono::steady_clock::now();
-  if (o.threads > 0) omp_set_num_threads(o.threads);
+  if (o.threads > 0) gs::set_threads(o.threads);
   const gs::DataSplit data = gs::load_data(o.data, o.seed);
   std::cout << "gradscale " << gs::kVersion << ", data: " << data.source << "\n";
 
@@ -200,7 +173,8 @@ int run(const Options& o) {
   gs::Precision precision;
   precision.format = gs::parse_format(o.format);
   gs::ScaledTraining training(*net, *adam, precision,
-                              {{"policy", "adaptive"}, {"method", "measured"}, {"init_scale", "auto"}},
+                              {{"policy", "adaptive"}, {"method", "measured"}, {"init_scale", "auto"},
+                               {"cast_form", "measured"}},
                               o.seed);
 
   Feed feed(data.train, o.batch, o.seed);
@@ -211,8 +185,7 @@ int run(const Options& o) {
     totals = Totals::from_json(saved.at("totals"));
     std::cout << "resumed from " << o.resume << " at step " << training.steps() << "\n";
   }
-  const nlohmann::json run_config = {
-      {"model", "residual-example"}, {"batch", o.batch}, {"lr", o.lr}, {"data", o.data}};
+  const nlohmann::json run_config = {{"batch", o.batch}, {"lr", o.lr}, {"data", o.data}};  // the model names itself
   gs::TraceWriter trace(o.trace, training.trace_header(run_config), /*every=*/10, /*histograms=*/false,
                         o.resume.empty() ? -1 : training.steps());
 
@@ -245,7 +218,7 @@ int run(const Options& o) {
     }
   }
 
-  const Evaluation test = evaluate(training, data.test);
+  const gs::Evaluation test = gs::evaluate(training, data.test);  // evaluation mode, 1000 images at a time
   totals.wall_seconds += seconds_since(start);
   const double seen = static_cast<double>(std::max<std::int64_t>(1, totals.seen));
   // The writer counts the skipped and overflowing steps from its records, a resumed run's kept ones too.

@@ -10,6 +10,7 @@
 //                   StepResult r = t.step(lr);             verdict: applied or r.skipped
 //   t.save(dir, extra) / t.load(dir)                       model + optimizer + scaler (+ your keys)
 //   t.layer_scales(), t.monitor()                          per-layer s, S and underflow of the last step
+//   evaluate(t, dataset_or_images_and_labels, batch)       loss and accuracy in evaluation mode (predict)
 //
 //   make_optimizer({"name": "sgd"|"adam"|"adamw", ...}), LrSchedule   fp32 master-weight updates with
 //                     PyTorch's semantics (docs/optim.md); the learning rate is an argument of step().
@@ -34,6 +35,7 @@
 #include "lib/optim/lr_schedule.h"
 #include "lib/optim/optimizer.h"
 #include "lib/optim/parameter.h"
+#include "lib/train/evaluation.h"
 #include "lib/train/external_backward.h"
 #include "lib/train/scaled_training.h"
 #include "lib/train/trace.h"

@@ -24,16 +24,23 @@ void Add::forward(const std::vector<const Tensor*>& inputs, Tensor& output, Forw
 }
 
 void Add::backward(const std::vector<const Tensor*>&, const Tensor& output, const ScaledGrad& grad_output,
-                   const std::vector<ScaledGrad*>& grad_inputs, BackwardContext&) {
+                   const std::vector<ScaledGrad*>& grad_inputs, BackwardContext& ctx) {
   GS_CHECK_SHAPE(grad_inputs.size() == 2, "layer '" << name_ << "' (add): " << grad_inputs.size()
                                                        << " input gradients, not 2");
   check_output_grad(*this, grad_output.g, output);
+  // Both inputs get the same gradient at the same scale: decided (when a controller acts here) once.
+  const ScaledGrad* sent = nullptr;
   for (ScaledGrad* gx : grad_inputs) {
     if (!gx) continue;
-    gx->g.resize(grad_output.g.shape());
-    std::memcpy(gx->g.data(), grad_output.g.data(),
-                static_cast<std::size_t>(grad_output.g.size()) * sizeof(float));
-    gx->scale = grad_output.scale;
+    const Tensor& from = sent ? sent->g : grad_output.g;
+    gx->g.resize(from.shape());
+    std::memcpy(gx->g.data(), from.data(), static_cast<std::size_t>(from.size()) * sizeof(float));
+    if (sent) {
+      gx->scale = sent->scale;
+    } else {
+      send_upstream_grad(*this, grad_output, *gx, ctx, /*rounds=*/false);
+      sent = gx;
+    }
   }
 }
 

@@ -9,10 +9,27 @@ namespace gradscale {
 BatchNorm::BatchNorm(std::string name, std::int64_t channels, double eps, double momentum)
     : Layer(std::move(name)), channels_(channels), eps_(eps), momentum_(momentum) {
   GS_CHECK_CONFIG(channels > 0, "layer '" << name_ << "': channels must be > 0 (got " << channels << ")");
-  GS_CHECK_CONFIG(std::isfinite(eps) && eps > 0,
-                  "layer '" << name_ << "': eps must be > 0 (got " << eps << ")");
-  GS_CHECK_CONFIG(momentum >= 0 && momentum <= 1,
-                  "layer '" << name_ << "': momentum must be in [0, 1] (got " << momentum << ")");
+  check_settings();
+  allocate(channels);
+}
+
+BatchNorm::BatchNorm(std::string name, const Options& o)
+    : Layer(std::move(name)), channels_(o.channels_), eps_(o.eps_), momentum_(o.momentum_) {
+  GS_CHECK_CONFIG(channels_ >= 0, "layer '" << name_ << "': channels must be > 0 (got " << channels_
+                                            << "; leave it out to take the input's)");
+  check_settings();
+  if (channels_ > 0) allocate(channels_);
+}
+
+void BatchNorm::check_settings() const {
+  GS_CHECK_CONFIG(std::isfinite(eps_) && eps_ > 0,
+                  "layer '" << name_ << "': eps must be > 0 (got " << eps_ << ")");
+  GS_CHECK_CONFIG(momentum_ >= 0 && momentum_ <= 1,
+                  "layer '" << name_ << "': momentum must be in [0, 1] (got " << momentum_ << ")");
+}
+
+void BatchNorm::allocate(std::int64_t channels) {
+  channels_ = channels;
   gamma_.name = name_ + ".weight";
   gamma_.value.reset({channels}, 1.0f);
   gamma_.grad.reset({channels}, 0.0f);
@@ -23,6 +40,14 @@ BatchNorm::BatchNorm(std::string name, std::int64_t channels, double eps, double
   beta_.weight_decay = false;
   running_mean_.reset({channels}, 0.0f);
   running_var_.reset({channels}, 1.0f);
+}
+
+void BatchNorm::infer_sizes(const std::vector<Shape>& inputs, Rng* /*init_rng*/) {
+  if (channels_ > 0) return;  // given, or taken at an earlier finalize
+  GS_CHECK_SHAPE(inputs.size() == 1 && (inputs[0].size() == 2 || inputs[0].size() == 4) && inputs[0][1] > 0,
+                 "layer '" << name_ << "' (batchnorm) expects input [N, C] or [N, C, H, W], got "
+                           << (inputs.empty() ? std::string("none") : shape_string(inputs[0])));
+  allocate(inputs[0][1]);
 }
 
 Shape BatchNorm::output_shape(const std::vector<Shape>& inputs) const {
@@ -153,8 +178,7 @@ void BatchNorm::backward(const std::vector<const Tensor*>& inputs, const Tensor&
       for (std::int64_t i = p * l.plane; i < (p + 1) * l.plane; ++i)
         d[i] = static_cast<float>(a * (gd[i] - mg - (xd[i] - m) * is * mgx));
     }
-    round_activation_grad(gx->g, id_, ctx.precision, ctx.monitor);
-    gx->scale = scale;
+    send_upstream_grad(*this, grad_output, *gx, ctx, /*rounds=*/true);
   }
   accumulate_weight_grads(*this, {{&grad_gamma_, &gamma_}, {&grad_beta_, &beta_}}, scale, ctx);
 }

@@ -17,6 +17,21 @@ class BatchNorm final : public Layer {
   // with the unbiased batch variance for the running variance.
   BatchNorm(std::string name, std::int64_t channels, double eps = 1e-5, double momentum = 0.1);
 
+  // The same by named options: BatchNorm("bn1", BatchNorm::Options{}) takes C from its input at
+  // Model::finalize; BatchNorm::Options{}.momentum(0.01) changes one setting.
+  class Options {
+   public:
+    Options& channels(std::int64_t c) { return channels_ = c, *this; }  // default: the input's C
+    Options& eps(double e) { return eps_ = e, *this; }                  // default 1e-5
+    Options& momentum(double m) { return momentum_ = m, *this; }        // default 0.1
+
+   private:
+    friend class BatchNorm;
+    std::int64_t channels_ = 0;
+    double eps_ = 1e-5, momentum_ = 0.1;
+  };
+  BatchNorm(std::string name, const Options& options);
+
   std::string kind() const override { return "batchnorm"; }
   Shape output_shape(const std::vector<Shape>& inputs) const override;
   // Training: normalises with the batch mean and biased variance over N (and H·W) and updates the
@@ -29,6 +44,7 @@ class BatchNorm final : public Layer {
   void prepare_weights(const Precision& p) override;
   // "<name>.running_mean" and "<name>.running_var", both [C] in fp32.
   std::vector<std::pair<std::string, Tensor*>> buffers() override;
+  void infer_sizes(const std::vector<Shape>& inputs, Rng* init_rng) override;  // Options: C
   nlohmann::json describe() const override;
   // The output is rounded to F and the input gradient to the gradient format.
   bool output_in_format(bool) const override { return true; }
@@ -40,6 +56,8 @@ class BatchNorm final : public Layer {
     std::int64_t n, plane;
   };
   Layout layout(const Shape& s) const;
+  void check_settings() const;
+  void allocate(std::int64_t channels);
 
   std::int64_t channels_;
   double eps_, momentum_;

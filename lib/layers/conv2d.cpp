@@ -40,23 +40,61 @@ Conv2d::Conv2d(std::string name, std::int64_t in_channels, std::int64_t out_chan
       stride_(stride),
       pad_(padding),
       has_bias_(bias) {
-  GS_CHECK_CONFIG(in_channels > 0 && out_channels > 0,
-                  "layer '" << name_ << "': in_channels and out_channels must be > 0 (got " << in_channels
-                            << ", " << out_channels << ")");
-  GS_CHECK_CONFIG(kernel > 0, "layer '" << name_ << "': kernel must be > 0 (got " << kernel << ")");
-  GS_CHECK_CONFIG(stride > 0, "layer '" << name_ << "': stride must be > 0 (got " << stride << ")");
-  GS_CHECK_CONFIG(padding >= 0, "layer '" << name_ << "': padding must be >= 0 (got " << padding << ")");
-  const Shape wshape{out_channels, in_channels, kernel, kernel};
+  check_sizes();
+  allocate_parameters(init, rng);
+}
+
+Conv2d::Conv2d(std::string name, const Options& o)
+    : Layer(std::move(name)),
+      in_ch_(o.in_channels_),
+      out_ch_(o.out_channels_),
+      kernel_(o.kernel_),
+      stride_(o.stride_),
+      pad_(o.padding_),
+      has_bias_(o.bias_),
+      deferred_init_(o.init_) {
+  GS_CHECK_CONFIG(in_ch_ >= 0, "layer '" << name_ << "': in_channels must be > 0 (got " << in_ch_
+                                         << "; leave it out to take the input's)");
+  GS_CHECK_CONFIG(out_ch_ > 0, "layer '" << name_ << "': Conv2d::Options needs out_channels > 0 (got "
+                                         << out_ch_ << ")");
+  GS_CHECK_CONFIG(kernel_ > 0, "layer '" << name_ << "': Conv2d::Options needs kernel > 0 (got " << kernel_ << ")");
+  GS_CHECK_CONFIG(stride_ > 0, "layer '" << name_ << "': stride must be > 0 (got " << stride_ << ")");
+  GS_CHECK_CONFIG(pad_ >= 0, "layer '" << name_ << "': padding must be >= 0 (got " << pad_ << ")");
+}
+
+void Conv2d::check_sizes() const {
+  GS_CHECK_CONFIG(in_ch_ > 0 && out_ch_ > 0,
+                  "layer '" << name_ << "': in_channels and out_channels must be > 0 (got " << in_ch_
+                            << ", " << out_ch_ << ")");
+  GS_CHECK_CONFIG(kernel_ > 0, "layer '" << name_ << "': kernel must be > 0 (got " << kernel_ << ")");
+  GS_CHECK_CONFIG(stride_ > 0, "layer '" << name_ << "': stride must be > 0 (got " << stride_ << ")");
+  GS_CHECK_CONFIG(pad_ >= 0, "layer '" << name_ << "': padding must be >= 0 (got " << pad_ << ")");
+}
+
+void Conv2d::allocate_parameters(const InitSpec& init, Rng& rng) {
+  const Shape wshape{out_ch_, in_ch_, kernel_, kernel_};
   weight_.name = name_ + ".weight";
   weight_.value.reset(wshape, 0.0f);
   weight_.grad.reset(wshape, 0.0f);
-  init_weights(weight_.value, in_channels * kernel * kernel, out_channels * kernel * kernel, init, rng);
+  init_weights(weight_.value, in_ch_ * kernel_ * kernel_, out_ch_ * kernel_ * kernel_, init, rng);
   if (has_bias_) {
     bias_.name = name_ + ".bias";
-    bias_.value.reset({out_channels}, 0.0f);
-    bias_.grad.reset({out_channels}, 0.0f);
+    bias_.value.reset({out_ch_}, 0.0f);
+    bias_.grad.reset({out_ch_}, 0.0f);
     bias_.weight_decay = false;
   }
+}
+
+void Conv2d::infer_sizes(const std::vector<Shape>& inputs, Rng* init_rng) {
+  if (!deferred_init_) return;  // sized and drawn at construction, or at an earlier finalize
+  GS_CHECK_SHAPE(inputs.size() == 1 && inputs[0].size() == 4,
+                 "layer '" << name_ << "' (conv2d) expects input [N, C, H, W], got "
+                           << (inputs.empty() ? std::string("none") : shape_string(inputs[0])));
+  if (in_ch_ == 0) in_ch_ = inputs[0][1];  // a mismatch with a given in_channels: output_shape says so
+  GS_CHECK_CONFIG(init_rng != nullptr, "layer '" << name_ << "': built from Conv2d::Options, its weights are "
+                                                 << "drawn at finalize: call Model::finalize(shape, rng)");
+  allocate_parameters(*deferred_init_, *init_rng);
+  deferred_init_.reset();
 }
 
 Shape Conv2d::output_shape(const std::vector<Shape>& inputs) const {

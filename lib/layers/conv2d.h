@@ -4,6 +4,7 @@
 // bias gradients to F before unscaling them into the fp32 master gradients — the same steps as Linear.
 #pragma once
 
+#include <optional>
 #include <vector>
 
 #include "lib/layers/init.h"
@@ -19,6 +20,27 @@ class Conv2d final : public Layer {
   // fan_out = out_channels·kernel²; bias [out_channels] starts at 0 and has no weight decay.
   Conv2d(std::string name, std::int64_t in_channels, std::int64_t out_channels, std::int64_t kernel,
          std::int64_t stride, std::int64_t padding, bool bias, const InitSpec& init, Rng& rng);
+
+  // The same by named options: Conv2d("conv1", Conv2d::Options{}.out_channels(16).kernel(3).padding(1)).
+  // in_channels, when not given, is the input's C; the weights are drawn at Model::finalize from the
+  // generator given there (Model::finalize(shape, rng)), in layer order. Required: out_channels, kernel.
+  class Options {
+   public:
+    Options& in_channels(std::int64_t c) { return in_channels_ = c, *this; }  // default: from the input
+    Options& out_channels(std::int64_t c) { return out_channels_ = c, *this; }
+    Options& kernel(std::int64_t k) { return kernel_ = k, *this; }
+    Options& stride(std::int64_t s) { return stride_ = s, *this; }     // default 1
+    Options& padding(std::int64_t p) { return padding_ = p, *this; }   // default 0
+    Options& bias(bool b) { return bias_ = b, *this; }                 // default true
+    Options& init(const InitSpec& i) { return init_ = i, *this; }      // default Kaiming normal, gain √2
+
+   private:
+    friend class Conv2d;
+    std::int64_t in_channels_ = 0, out_channels_ = 0, kernel_ = 0, stride_ = 1, padding_ = 0;
+    bool bias_ = true;
+    InitSpec init_;
+  };
+  Conv2d(std::string name, const Options& options);
 
   std::string kind() const override { return "conv2d"; }
   Shape output_shape(const std::vector<Shape>& inputs) const override;
@@ -39,6 +61,7 @@ class Conv2d final : public Layer {
                 const std::vector<ScaledGrad*>& grad_inputs, BackwardContext& ctx) override;
   std::vector<Parameter*> parameters() override;
   void prepare_weights(const Precision& p) override;
+  void infer_sizes(const std::vector<Shape>& inputs, Rng* init_rng) override;  // Options: C, then W
   nlohmann::json describe() const override;
   std::int64_t reduction_length() const override { return out_ch_ * kernel_ * kernel_; }  // K (SPEC §6.1)
   // The output is rounded to F and the input gradient to the gradient format.
@@ -64,11 +87,15 @@ class Conv2d final : public Layer {
   // grad_wp (layout [O, k, k, C]) and, when gx is not null, writes gx [C, H, W].
   void sparse_backward_sample(const float* x, const float* g, const Geometry& geo, const float* wp,
                               float* xpad, float* gxpad, float* grad_wp, float* gx) const;
+  // Checks the sizes, then allocates W (and the bias) and draws W.
+  void check_sizes() const;
+  void allocate_parameters(const InitSpec& init, Rng& rng);
   // Makes sure every per-thread scratch buffer exists for `threads` threads.
   void ensure_thread_buffers(int threads, std::int64_t col_size, std::int64_t pad_size = 0);
 
   std::int64_t in_ch_, out_ch_, kernel_, stride_, pad_;
   bool has_bias_;
+  std::optional<InitSpec> deferred_init_;  // built from Options: W is drawn at finalize
   Parameter weight_, bias_;
   Tensor weight_work_, bias_work_;   // working copies in F
   std::vector<Tensor> thread_cols_;  // per thread [C·k·k, Ho·Wo]: columns or column gradients

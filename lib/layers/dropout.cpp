@@ -56,11 +56,10 @@ void Dropout::backward(const std::vector<const Tensor*>& inputs, const Tensor& /
   float* d = gx->g.data();
   if (masked_) {
     for (std::int64_t i = 0; i < n; ++i) d[i] = mask_[static_cast<std::size_t>(i)] ? g[i] * factor_ : 0.0f;
-    round_activation_grad(gx->g, id_, ctx.precision, ctx.monitor);
   } else {
     std::memcpy(d, g, static_cast<std::size_t>(n) * sizeof(float));
   }
-  gx->scale = grad_output.scale;
+  send_upstream_grad(*this, grad_output, *gx, ctx, /*rounds=*/masked_);  // 1/(1−p) makes new values
 }
 
 nlohmann::json Dropout::describe() const {

@@ -16,6 +16,7 @@
 #include <initializer_list>
 #include <optional>
 
+#include "lib/core/random.h"
 #include "lib/instrument/histogram.h"
 #include "lib/instrument/product_range.h"
 #include "lib/instrument/statistics_reducer.h"
@@ -103,6 +104,11 @@ class Layer {
   virtual void prepare_weights(const Precision&) {}
   // Non-trainable state (BatchNorm running statistics) for checkpoints: named tensors.
   virtual std::vector<std::pair<std::string, Tensor*>> buffers() { return {}; }
+  // Sizes left to the graph (a layer built from Options without its input size): called by
+  // Model::finalize, in layer order, with the input shapes, before output_shape. Such a layer allocates
+  // its parameters here and initialises them from `init_rng` (ConfigError naming the layer when it is
+  // null but needed). Default: nothing to infer.
+  virtual void infer_sizes(const std::vector<Shape>& /*inputs*/, Rng* /*init_rng*/) {}
   // For the layer table of traces: kind-specific description (shape, K, ...).
   virtual nlohmann::json describe() const { return {{"name", name_}, {"kind", kind()}}; }
   // K of SPEC §6.1 for parametric layers (reduction length of the upstream GEMM), else 0.
@@ -150,6 +156,14 @@ void check_rounded_max(StepMonitor& monitor, GradSite site, int node, float max_
 // Rounds `t` (an fp32 activation gradient a non-parametric layer sends upstream, at an unchanged scale)
 // in place to the gradient format: round_gradient at the upstream site with multiplier 1.
 void round_activation_grad(Tensor& t, int layer_id, const Precision& p, StepMonitor& monitor);
+// The gradient a layer without a GEMM sends upstream (SPEC §5): `gx.g` holds it in fp32 at the scale S
+// of `grad_output`. When the scaler's controller acts at this layer (LayerController::acts_at), it is
+// asked for a local scale s as a parametric layer is (scale_upstream_grad with no weight, K = 0), s·gx.g
+// is rounded once and gx.scale = s·S. Otherwise gx.scale = S, and gx.g is rounded to the gradient
+// format when `rounds` (values the layer computed: averages, BatchNorm, dropout's 1/(1−p)) or passed on
+// as it is (ReLU, Flatten, Add and non-overlapping max pooling move values already in the format).
+void send_upstream_grad(const Layer& layer, const ScaledGrad& grad_output, ScaledGrad& gx, BackwardContext& ctx,
+                        bool rounds);
 // Rounds a forward output in place to F.
 void round_output(Tensor& t, const Precision& p);
 // working = quantize(master, F): the per-step working copy of a parameter (SPEC §4).

@@ -1,22 +1,50 @@
 // Linear layer (see linear.h). GEMMs are Eigen's blocked float kernels with fp32 accumulation.
 #include "lib/layers/linear.h"
 
+#include <algorithm>
+
 namespace gradscale {
 
 Linear::Linear(std::string name, std::int64_t in, std::int64_t out, bool bias, const InitSpec& init, Rng& rng)
     : Layer(std::move(name)), in_(in), out_(out), has_bias_(bias) {
   GS_CHECK_CONFIG(in > 0 && out > 0,
                   "layer '" << name_ << "': in and out must be > 0 (got " << in << ", " << out << ")");
+  allocate_parameters(init, rng);
+}
+
+Linear::Linear(std::string name, const Options& o)
+    : Layer(std::move(name)), in_(o.in_), out_(o.out_), has_bias_(o.bias_), deferred_init_(o.init_) {
+  GS_CHECK_CONFIG(in_ >= 0, "layer '" << name_ << "': in_features must be > 0 (got " << in_
+                                      << "; leave it out to take the input's)");
+  GS_CHECK_CONFIG(out_ > 0, "layer '" << name_ << "': Linear::Options needs out_features > 0 (got " << out_ << ")");
+}
+
+void Linear::allocate_parameters(const InitSpec& init, Rng& rng) {
   weight_.name = name_ + ".weight";
-  weight_.value.reset({out, in}, 0.0f);
-  weight_.grad.reset({out, in}, 0.0f);
-  init_weights(weight_.value, in, out, init, rng);
+  weight_.value.reset({out_, in_}, 0.0f);
+  weight_.grad.reset({out_, in_}, 0.0f);
+  init_weights(weight_.value, in_, out_, init, rng);
   if (has_bias_) {
     bias_.name = name_ + ".bias";
-    bias_.value.reset({out}, 0.0f);
-    bias_.grad.reset({out}, 0.0f);
+    bias_.value.reset({out_}, 0.0f);
+    bias_.grad.reset({out_}, 0.0f);
     bias_.weight_decay = false;
   }
+}
+
+void Linear::infer_sizes(const std::vector<Shape>& inputs, Rng* init_rng) {
+  if (!deferred_init_) return;  // sized and drawn at construction, or at an earlier finalize
+  GS_CHECK_SHAPE(inputs.size() == 1 && inputs[0].size() >= 2,
+                 "layer '" << name_ << "' (linear) expects input [N, ...], got "
+                           << (inputs.empty() ? std::string("none") : shape_string(inputs[0])));
+  // A mismatch with a given in_features: output_shape says so.
+  if (in_ == 0) in_ = shape_size(inputs[0]) / std::max<std::int64_t>(1, inputs[0][0]);
+  GS_CHECK_SHAPE(in_ > 0, "layer '" << name_ << "' (linear) got input " << shape_string(inputs[0])
+                                    << " with no features per sample");
+  GS_CHECK_CONFIG(init_rng != nullptr, "layer '" << name_ << "': built from Linear::Options, its weights are "
+                                                 << "drawn at finalize: call Model::finalize(shape, rng)");
+  allocate_parameters(*deferred_init_, *init_rng);
+  deferred_init_.reset();
 }
 
 Shape Linear::output_shape(const std::vector<Shape>& inputs) const {

@@ -132,8 +132,7 @@ void MaxPool2d::backward(const std::vector<const Tensor*>& inputs, const Tensor&
     std::fill(dp, dp + plane_in, 0.0f);
     for (std::int64_t o = p * plane_out; o < (p + 1) * plane_out; ++o) dp[idx[o]] += g[o];
   }
-  if (stride_ < kernel_) round_activation_grad(gx->g, id_, ctx.precision, ctx.monitor);
-  gx->scale = grad_output.scale;
+  send_upstream_grad(*this, grad_output, *gx, ctx, /*rounds=*/stride_ < kernel_);  // overlapping windows add
 }
 
 nlohmann::json MaxPool2d::describe() const {
@@ -178,8 +177,7 @@ void GlobalAvgPool::backward(const std::vector<const Tensor*>& inputs, const Ten
   float* d = gx->g.data();
 #pragma omp parallel for schedule(static)
   for (std::int64_t p = 0; p < planes; ++p) std::fill(d + p * plane, d + (p + 1) * plane, g[p] / count);
-  round_activation_grad(gx->g, id_, ctx.precision, ctx.monitor);
-  gx->scale = grad_output.scale;
+  send_upstream_grad(*this, grad_output, *gx, ctx, /*rounds=*/true);
 }
 
 }  // namespace gradscale

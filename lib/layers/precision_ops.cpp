@@ -117,6 +117,18 @@ void round_activation_grad(Tensor& t, int layer_id, const Precision& p, StepMoni
                                   layer_id, p, monitor);
 }
 
+void send_upstream_grad(const Layer& layer, const ScaledGrad& grad_output, ScaledGrad& gx, BackwardContext& ctx,
+                        bool rounds) {
+  LayerController* controller = ctx.scaler.layer_controller();
+  if (controller == nullptr || !controller->acts_at(layer.id())) {  // the paper's rule: S passes on
+    if (rounds) round_activation_grad(gx.g, layer.id(), ctx.precision, ctx.monitor);
+    gx.scale = grad_output.scale;
+    return;
+  }
+  static const Tensor kNoWeight;
+  scale_upstream_grad(layer, grad_output, UpstreamProduct{kNoWeight, 0, nullptr}, gx, ctx);
+}
+
 void round_output(Tensor& t, const Precision& p) {
   round_in_place(t.data(), static_cast<std::size_t>(t.size()), p.format, p.round);
 }
@@ -190,7 +202,7 @@ LocalScaleQuery upstream_query(const Layer& layer, const ScaledGrad& grad_output
                                      product.weight.shape(), upstream.shape());
   if (upstream.on_host()) {  // raw views of host memory only
     q.grad = grad_output.g.data();
-    q.weight = product.weight.data();
+    q.weight = product.weight.size() > 0 ? product.weight.data() : nullptr;  // none without a GEMM
     q.upstream = upstream.data();
   }
   return q;

@@ -29,7 +29,7 @@ void ReLU::forward(const std::vector<const Tensor*>& inputs, Tensor& output, For
 }
 
 void ReLU::backward(const std::vector<const Tensor*>&, const Tensor& output, const ScaledGrad& grad_output,
-                    const std::vector<ScaledGrad*>& grad_inputs, BackwardContext&) {
+                    const std::vector<ScaledGrad*>& grad_inputs, BackwardContext& ctx) {
   ScaledGrad* gx = grad_inputs[0];
   if (!gx) return;
   gx->g.resize(output.shape());
@@ -39,7 +39,7 @@ void ReLU::backward(const std::vector<const Tensor*>&, const Tensor& output, con
   const std::int64_t n = output.size();
 #pragma omp parallel for simd schedule(static) if (n >= kParallelMin)
   for (std::int64_t i = 0; i < n; ++i) d[i] = y[i] > 0.0f ? g[i] : 0.0f;
-  gx->scale = grad_output.scale;
+  send_upstream_grad(*this, grad_output, *gx, ctx, /*rounds=*/false);
 }
 
 Shape Flatten::output_shape(const std::vector<Shape>& inputs) const {
@@ -55,13 +55,13 @@ void Flatten::forward(const std::vector<const Tensor*>& inputs, Tensor& output, 
 }
 
 void Flatten::backward(const std::vector<const Tensor*>& inputs, const Tensor&, const ScaledGrad& grad_output,
-                       const std::vector<ScaledGrad*>& grad_inputs, BackwardContext&) {
+                       const std::vector<ScaledGrad*>& grad_inputs, BackwardContext& ctx) {
   ScaledGrad* gx = grad_inputs[0];
   if (!gx) return;
   gx->g.resize(inputs[0]->shape());
   std::memcpy(gx->g.data(), grad_output.g.data(),
               static_cast<std::size_t>(grad_output.g.size()) * sizeof(float));
-  gx->scale = grad_output.scale;
+  send_upstream_grad(*this, grad_output, *gx, ctx, /*rounds=*/false);
 }
 
 }  // namespace gradscale

@@ -19,6 +19,8 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 Model::Model() : backend_(&cpu_backend()) {}
 
+Model::Model(std::string name) : name_(std::move(name)), backend_(&cpu_backend()) {}
+
 int Model::add(std::unique_ptr<Layer> layer, std::vector<int> inputs) {
   GS_CHECK(!finalized_, "model already finalized");
   const int id = static_cast<int>(nodes_.size());
@@ -36,6 +38,14 @@ int Model::add(std::unique_ptr<Layer> layer, std::vector<int> inputs) {
 }
 
 void Model::finalize(const Shape& sample_shape) {
+  finalize_with(sample_shape, nullptr);
+}
+
+void Model::finalize(const Shape& sample_shape, Rng& init_rng) {
+  finalize_with(sample_shape, &init_rng);
+}
+
+void Model::finalize_with(const Shape& sample_shape, Rng* init_rng) {
   GS_CHECK_CONFIG(!nodes_.empty(), "model has no layers");
   sample_shape_ = sample_shape;
   Shape input = {1};
@@ -50,6 +60,7 @@ void Model::finalize(const Shape& sample_shape) {
       in_shapes.push_back(in == kModelInput ? input : shapes[static_cast<std::size_t>(in)]);
       n.input_slot.push_back(in == kModelInput ? 0 : nodes_[static_cast<std::size_t>(in)].consumers++);
     }
+    n.layer->infer_sizes(in_shapes, init_rng);
     shapes[i] = n.layer->output_shape(in_shapes);
     n.needs_grad = !n.layer->parameters().empty();
     for (int in : n.inputs)

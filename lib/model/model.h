@@ -23,13 +23,23 @@ class Model {
   static constexpr int kModelInput = -1;
 
   Model();  // on cpu_backend()
+  explicit Model(std::string name);  // the same, named
+
+  // What the model is called where a run is described (a trace's header "model", `gradscale inspect`):
+  // build_model takes it from the spec's "name"; empty until set.
+  const std::string& name() const { return name_; }
+  void set_name(std::string name) { name_ = std::move(name); }
 
   // Appends a layer fed by the given nodes (kModelInput = the model's input). Returns its node id,
   // which is also the layer's id. Inputs must be earlier nodes.
   int add(std::unique_ptr<Layer> layer, std::vector<int> inputs);
   // Checks the graph and infers every shape for a per-sample input shape ([C, H, W] or [F]).
-  // The last node is the output (logits [N, classes]).
+  // The last node is the output (logits [N, classes]). A layer built from Options without its input
+  // size (Linear::Options, Conv2d::Options, BatchNorm::Options) takes it from the graph here, and its
+  // weights are drawn from `init_rng`, in layer order — the draws the positional constructors make
+  // when the layers are constructed in that order with that generator.
   void finalize(const Shape& sample_shape);
+  void finalize(const Shape& sample_shape, Rng& init_rng);
 
   // Moves the finalized model to `backend` (lib/backend): every layer is replaced by its twin there, with
   // the same parameter values, and activations and gradients live in the backend's memory from then on.
@@ -83,8 +93,10 @@ class Model {
     bool needs_grad = false;  // some parameter lies on or before this node: its output gradient is used
   };
   void allocate_activations();
+  void finalize_with(const Shape& sample_shape, Rng* init_rng);
 
   std::vector<Node> nodes_;
+  std::string name_;
   Backend* backend_;
   Shape sample_shape_;
   std::int64_t classes_ = 0;

@@ -131,6 +131,10 @@ std::unique_ptr<Model> build_model(const json& spec, Rng& rng) {
                   "model spec: \"layers\" must be a non-empty array of at most " << kMaxLayers << " layers");
 
   auto model = std::make_unique<Model>();
+  if (spec.contains("name")) {
+    GS_CHECK_CONFIG(spec["name"].is_string(), "model spec: \"name\" must be a string, got " << json_excerpt(spec["name"]));
+    model->set_name(spec["name"].get<std::string>());
+  }
   std::map<std::string, int> ids;  // layer name -> node id
   // Shapes are tracked while building so "in"/"channels" can be inferred from the input.
   std::vector<Shape> shapes;

@@ -106,6 +106,13 @@ class LayerController {
   // Statistics the query at `layer_id` must carry in the current iteration (0: none).
   virtual StatNeeds needs(int layer_id) const = 0;
   virtual LocalScale decide(const LocalScaleQuery& query) = 0;
+  // Optional: whether the controller also decides the local scale at `layer_id` when that layer is not
+  // parametric — one that sends a gradient upstream without a GEMM (BatchNorm, pooling, ReLU, Flatten,
+  // Dropout, Add). The engine then asks needs() and decide() there as at a parametric layer; the query
+  // has no weight (null, K = 0) and its upstream view is the fp32 gradient the layer computed at S_in.
+  // Parametric layers (Linear, Conv2d) are always asked. Default: no (the paper's rule: such a layer
+  // passes its gradient on at the scale it received). CPU backend only in this version.
+  virtual bool acts_at(int /*layer_id*/) const { return false; }
   // Optional: the decision at `layer_id` in the current iteration as a formula of the statistics
   // (lib/scaler/scale_rule.h), when it is one. A device backend then computes the statistics the rule
   // reads and evaluates it where they are, without the host waiting, and reports the decision through

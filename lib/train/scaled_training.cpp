@@ -74,6 +74,13 @@ ScaledTraining::ScaledTraining(Model& model, Optimizer& optimizer, const Precisi
   GS_CHECK_CONFIG(model_.num_layers() > 0 && !model_.sample_shape().empty(),
                   "ScaledTraining: the model must be finalized (Model::finalize) before training");
   scaler_->bind(model_.layer_infos(), precision_.gradient_format());
+  if (const LayerController* controller = scaler_->layer_controller(); controller && model_.device() != Device::cpu)
+    for (const LayerInfo& l : model_.layer_infos())
+      GS_CHECK_CONFIG(l.parametric || !controller->acts_at(l.id),
+                      "the scaler's controller acts at layer '"
+                          << l.name << "' (" << l.kind << "), which is not parametric (\"control_at\": \"all\"): "
+                          << "the " << device_name(model_.device()) << " backend takes local scales at Linear "
+                          << "and Conv2d only in this version; use the CPU backend or \"control_at\": \"gemm\"");
   rng_.seed(seed_ ^ 0x9E3779B97F4A7C15ull);
   DeviceMemory* memory = model_.backend().memory();
   loss_grad_.g = Tensor(memory);
@@ -354,13 +361,20 @@ std::vector<LayerScale> ScaledTraining::layer_scales() const {
 
 nlohmann::json ScaledTraining::trace_header(const nlohmann::json& config) const {
   GS_CHECK_CONFIG(config.is_object(), "trace_header: `config` must be a JSON object, got " << config.dump());
-  return {{"version", GRADSCALE_VERSION},
-          {"config", config},
-          {"format", format_name(precision_.format)},
-          {"grad_format", format_name(precision_.gradient_format())},
-          {"scaler", scaler_->config()},
-          {"seed", seed_},
-          {"layers", model_.layer_table()}};
+  nlohmann::json header = {{"version", GRADSCALE_VERSION},
+                            {"config", config},
+                            {"format", format_name(precision_.format)},
+                            {"grad_format", format_name(precision_.gradient_format())},
+                            {"scaler", scaler_->config()},
+                            {"seed", seed_},
+                            {"layers", model_.layer_table()}};
+  // The model's name (Model::name, a spec's "name"); else the run config's "model", as the CLI's has.
+  const auto named = config.find("model");
+  if (!model_.name().empty())
+    header["model"] = model_.name();
+  else if (named != config.end() && named->is_string())
+    header["model"] = *named;
+  return header;
 }
 
 void ScaledTraining::distribute(Communicator& comm) {

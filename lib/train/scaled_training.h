@@ -41,7 +41,8 @@ struct StepResult {
 struct LayerScale {
   int id = -1;
   std::string name, kind;
-  bool parametric = false;    // Linear / Conv2d: the controller chose its local scale
+  bool parametric = false;    // Linear / Conv2d: the controller chose its local scale (elsewhere too
+                              // when it acts there: LayerController::acts_at, "control_at": "all")
   bool ran = false;           // its backward ran (a layer with no parameter on or before it does not)
   bool sent = false;          // it sent a gradient upstream (a first layer does not: s is then 1)
   double s = 1, unbound = 1;  // local scale applied, and the controller's value before bounds

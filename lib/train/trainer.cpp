@@ -1,18 +1,16 @@
 // The training loop (see trainer.h).
 #include "lib/train/trainer.h"
 
-#include <omp.h>
-
 #include <cmath>
 #include <cstdio>
 #include <ostream>
 
-#include <Eigen/Core>
-
 #include "lib/core/clock.h"
 #include "lib/core/json_read.h"
+#include "lib/core/threads.h"
 #include "lib/layers/softmax_cross_entropy.h"
 #include "lib/model/spec.h"
+#include "lib/train/evaluation.h"
 #include "lib/train/trace.h"
 
 namespace gradscale {
@@ -20,10 +18,7 @@ namespace gradscale {
 Trainer::Trainer(TrainConfig config, std::ostream* log, Communicator* comm)
     : config_(std::move(config)), log_(log), comm_(comm && comm->size() > 1 ? comm : nullptr) {
   writes_ = comm_ == nullptr || comm_->rank() == 0;
-  if (config_.threads > 0) {
-    omp_set_num_threads(config_.threads);
-    Eigen::setNbThreads(config_.threads);
-  }
+  if (config_.threads > 0) set_threads(config_.threads);
   precision_.format = config_.format;
   precision_.grad_format = config_.grad_format;
   precision_.quantize_weight_grads = config_.quantize_weight_grads;
@@ -134,28 +129,8 @@ const Tensor& Trainer::rank_rows(const Tensor& images, const std::vector<std::in
 }
 
 EvalResult Trainer::evaluate(const Dataset& data) {
-  model_->prepare_weights(precision_);
-  ForwardContext fctx{precision_, false, nullptr};
-  Batcher batches(data, config_.eval_batch, 0, false);
-  Tensor x, x_model(model_->backend().memory());  // x on the model's device
-  std::vector<std::int32_t> y;
-  double loss_sum = 0;
-  std::int64_t correct = 0, seen = 0;
-  while (batches.next(x, y)) {
-    if (!x_model.on_host()) x_model.copy_from(x);
-    const Tensor& logits = model_->forward(x_model.on_host() ? x : x_model, fctx);
-    const LossResult r = model_->backend().softmax_cross_entropy(logits, y);
-    const auto n = static_cast<std::int64_t>(y.size());
-    loss_sum += r.loss * static_cast<double>(n);
-    correct += r.correct;
-    seen += n;
-  }
-  EvalResult e;
-  if (seen) {
-    e.loss = loss_sum / static_cast<double>(seen);
-    e.accuracy = static_cast<double>(correct) / static_cast<double>(seen);
-  }
-  return e;
+  const Evaluation e = gradscale::evaluate(*training_, data, config_.eval_batch);
+  return {e.loss, e.accuracy};
 }
 
 void Trainer::progress(bool force) {
