@@ -533,7 +533,7 @@ TEST_CASE("CUDA backend: a step whose accumulated scale leaves float32's range i
   REQUIRE(on_cpu.at("skipped_steps") == 3);
   c.device = "cuda";
   for (const bool device_decisions : {true, false}) {
-    INFO(device_decisions ? "scales decided on the device" : "scales decided by the host");
+    INFO((device_decisions ? "scales decided on the device" : "scales decided by the host"));
     Trainer gpu(c);
     dynamic_cast<cuda::CudaBackend&>(gpu.model().backend()).set_device_decisions(device_decisions);
     const json r = gpu.run();
