@@ -201,6 +201,7 @@ class CudaBackend final : public Backend {
   std::vector<PendingDecision> decisions_;
   std::vector<PendingNote> notes_;
   std::vector<PendingNote> weight_grad_scales_;  // r decided on the device: the layer record's weight_grad_scale
+  std::vector<PendingNote> unscaled_at_;  // device scales weight gradients were divided by: checked on the host
   bool device_decisions_ = true;
   DeviceBuffer<DeviceStats> query_stats_;  // a device decision's statistics (g, W, upstream)
   DeviceBuffer<DeviceStats> join_stats_;   // a device join's parts

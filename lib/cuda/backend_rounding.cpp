@@ -161,7 +161,10 @@ void CudaBackend::accumulate_weight_grad(Tensor& g, const ScaledGrad& at, Parame
     return;
   }
   UnscaleJob job{g.data(), param.grad.data(), n, at.scale};
-  if (at.device_scale >= 0) job.scale_on_device = &scale_at(at.device_scale)->scale;
+  if (at.device_scale >= 0) {
+    job.scale_on_device = &scale_at(at.device_scale)->scale;
+    unscaled_at_.push_back(PendingNote{at.device_scale, layer_id});  // its range is checked with the records
+  }
   unscale_accumulate(&job, 1, found_inf_.data(), ctx_.stream());
 }
 
@@ -186,6 +189,7 @@ void CudaBackend::accumulate_weight_grads(const Layer& layer, std::initializer_l
       const int e = new_scale_entry();
       decide_weight_grad_scale(query_stats_.data(), 1, *bound, in, scale_at(e), ctx_.stream());
       weight_grad_scales_.push_back(PendingNote{e, layer.id()});  // resolve_scales keeps the smallest r
+      unscaled_at_.push_back(PendingNote{e, layer.id()});
       apply_local_scale(w.grad->data(), n, scale_at(e), ctx_.stream());
       round_gradient(w.grad->data(), n, 1.0f, GradSite::weight, layer.id(), p, ctx.monitor);
       UnscaleJob unscale{w.grad->data(), w.param->grad.data(), n, 1.0};

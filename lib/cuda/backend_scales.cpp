@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "lib/scaler/scale_range.h"
+
 namespace gradscale::cuda {
 
 // ---- the scale table ---------------------------------------------------------------------------------
@@ -61,6 +63,11 @@ void CudaBackend::resolve_scales(StepMonitor& monitor) {
     if (first) seen.push_back(n.layer);
   }
   weight_grad_scales_.clear();
+  // As the CPU's accumulate_weight_grad: a weight gradient divided by a scale outside float32's range
+  // (lib/scaler/scale_range.h) makes the step non-finite, so the scaler skips it.
+  for (const PendingNote& n : unscaled_at_)
+    if (!scale_in_float_range(on_host(n.entry).scale)) monitor.note_nonfinite(n.layer);
+  unscaled_at_.clear();
   std::vector<PendingDecision> decisions;
   decisions.swap(decisions_);
   for (const PendingDecision& d : decisions) {
