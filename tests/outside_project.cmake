@@ -95,30 +95,39 @@ if(NOT steps EQUAL 25)
   message(FATAL_ERROR "the resumed trace's summary has ${steps} steps, expected 25")
 endif()
 
+# A consumer of the package's optional COMPONENT: its CMakeLists asks for the component and links
+# gradscale::COMPONENT where found (gradscale::gradscale otherwise) into the executable EXE built from
+# MAIN_TEXT; configured against the prefix only, checked to find the component exactly when the
+# installation has it (HAS: the index string(FIND) gave, -1 when not), and built.
+function(build_consumer component exe main_text has)
+  set(dir ${GS_WORK_DIR}/${component}_consumer)
+  file(MAKE_DIRECTORY ${dir})
+  file(WRITE ${dir}/CMakeLists.txt
+       "cmake_minimum_required(VERSION 3.20)\nproject(${component}_consumer LANGUAGES CXX)\n"
+       "find_package(gradscale 0.1 CONFIG REQUIRED OPTIONAL_COMPONENTS ${component})\n"
+       "add_executable(${exe} main.cpp)\n"
+       "if(gradscale_${component}_FOUND)\n  target_link_libraries(${exe} PRIVATE gradscale::${component})\n"
+       "else()\n  target_link_libraries(${exe} PRIVATE gradscale::gradscale)\nendif()\n"
+       "message(STATUS \"${component} component found: \${gradscale_${component}_FOUND}\")\n")
+  file(WRITE ${dir}/main.cpp "${main_text}")
+  run_step("configure a consumer of the ${component} component"
+           ${CMAKE_COMMAND} -S ${dir} -B ${dir}/build
+           -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER=${GS_CXX_COMPILER} -DCMAKE_PREFIX_PATH=${prefix})
+  if(has EQUAL -1)
+    expect("${component} component found: FALSE" "${step_output}" "an installation without ${component}")
+  else()
+    expect("${component} component found: TRUE" "${step_output}" "an installation with ${component}")
+  endif()
+  run_step("build the consumer of the ${component} component" ${CMAKE_COMMAND} --build ${dir}/build)
+endfunction()
+
 # The cuda component, when this installation has it: a consumer that asks for it gets gradscale::cuda,
 # and make_backend("cuda") is then linked in; the CPU-only example above is not.
 file(READ ${prefix}/lib/cmake/gradscale/gradscaleConfig.cmake config)
 string(FIND "${config}" "set(gradscale_HAS_CUDA ON)" has_cuda)
-file(MAKE_DIRECTORY ${GS_WORK_DIR}/cuda_consumer)
-file(WRITE ${GS_WORK_DIR}/cuda_consumer/CMakeLists.txt
-     "cmake_minimum_required(VERSION 3.20)\nproject(cuda_consumer LANGUAGES CXX)\n"
-     "find_package(gradscale 0.1 CONFIG REQUIRED OPTIONAL_COMPONENTS cuda)\n"
-     "add_executable(backend_built main.cpp)\n"
-     "if(gradscale_cuda_FOUND)\n  target_link_libraries(backend_built PRIVATE gradscale::cuda)\n"
-     "else()\n  target_link_libraries(backend_built PRIVATE gradscale::gradscale)\nendif()\n"
-     "message(STATUS \"cuda component found: \${gradscale_cuda_FOUND}\")\n")
-file(WRITE ${GS_WORK_DIR}/cuda_consumer/main.cpp
-     "#include <gradscale/gradscale.h>\n#include <cstdio>\n"
-     "int main() { std::printf(\"cuda backend linked: %d\\n\", gradscale::cuda_backend_built() ? 1 : 0); }\n")
-run_step("configure a consumer of the cuda component"
-         ${CMAKE_COMMAND} -S ${GS_WORK_DIR}/cuda_consumer -B ${GS_WORK_DIR}/cuda_consumer/build
-         -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER=${GS_CXX_COMPILER} -DCMAKE_PREFIX_PATH=${prefix})
-if(has_cuda EQUAL -1)
-  expect("cuda component found: FALSE" "${step_output}" "an installation without CUDA")
-else()
-  expect("cuda component found: TRUE" "${step_output}" "an installation with CUDA")
-endif()
-run_step("build the consumer of the cuda component" ${CMAKE_COMMAND} --build ${GS_WORK_DIR}/cuda_consumer/build)
+string(CONCAT main_text "#include <gradscale/gradscale.h>\n#include <cstdio>\n"
+       "int main() { std::printf(\"cuda backend linked: %d\\n\", gradscale::cuda_backend_built() ? 1 : 0); }\n")
+build_consumer(cuda backend_built "${main_text}" ${has_cuda})
 run_step("run the consumer of the cuda component" ${GS_WORK_DIR}/cuda_consumer/build/backend_built)
 if(has_cuda EQUAL -1)
   expect("cuda backend linked: 0" "${step_output}" "a program without gradscale::cuda")
@@ -130,31 +139,15 @@ endif()
 # (make_mpi_communicator, GRADSCALE_MPI defined); run under `mpirun -np 2`, each rank sums a 1 over
 # the ranks through the installed communicator. Without it the consumer builds on LocalCommunicator.
 string(FIND "${config}" "set(gradscale_HAS_MPI ON)" has_mpi)
-file(MAKE_DIRECTORY ${GS_WORK_DIR}/mpi_consumer)
-file(WRITE ${GS_WORK_DIR}/mpi_consumer/CMakeLists.txt
-     "cmake_minimum_required(VERSION 3.20)\nproject(mpi_consumer LANGUAGES CXX)\n"
-     "find_package(gradscale 0.1 CONFIG REQUIRED OPTIONAL_COMPONENTS mpi)\n"
-     "add_executable(ranks main.cpp)\n"
-     "if(gradscale_mpi_FOUND)\n  target_link_libraries(ranks PRIVATE gradscale::mpi)\n"
-     "else()\n  target_link_libraries(ranks PRIVATE gradscale::gradscale)\nendif()\n"
-     "message(STATUS \"mpi component found: \${gradscale_mpi_FOUND}\")\n")
-file(WRITE ${GS_WORK_DIR}/mpi_consumer/main.cpp
-     "#include <gradscale/gradscale.h>\n#include <cstdint>\n#include <cstdio>\n#include <memory>\n"
-     "int main() {\n#if defined(GRADSCALE_MPI)\n"
-     "  std::unique_ptr<gradscale::Communicator> comm = gradscale::make_mpi_communicator(60);\n"
-     "#else\n  std::unique_ptr<gradscale::Communicator> comm = std::make_unique<gradscale::LocalCommunicator>();\n"
-     "#endif\n  std::uint64_t one = 1;\n  comm->all_reduce_sum(&one, 1);\n"
-     "  std::printf(\"%s rank %d of %d: sum %llu\\n\", comm->backend().c_str(), comm->rank(), comm->size(),\n"
-     "              static_cast<unsigned long long>(one));\n}\n")
-run_step("configure a consumer of the mpi component"
-         ${CMAKE_COMMAND} -S ${GS_WORK_DIR}/mpi_consumer -B ${GS_WORK_DIR}/mpi_consumer/build
-         -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER=${GS_CXX_COMPILER} -DCMAKE_PREFIX_PATH=${prefix})
-if(has_mpi EQUAL -1)
-  expect("mpi component found: FALSE" "${step_output}" "an installation without MPI")
-else()
-  expect("mpi component found: TRUE" "${step_output}" "an installation with MPI")
-endif()
-run_step("build the consumer of the mpi component" ${CMAKE_COMMAND} --build ${GS_WORK_DIR}/mpi_consumer/build)
+string(CONCAT main_text
+       "#include <gradscale/gradscale.h>\n#include <cstdint>\n#include <cstdio>\n#include <memory>\n"
+       "int main() {\n#if defined(GRADSCALE_MPI)\n"
+       "  std::unique_ptr<gradscale::Communicator> comm = gradscale::make_mpi_communicator(60);\n"
+       "#else\n  std::unique_ptr<gradscale::Communicator> comm = std::make_unique<gradscale::LocalCommunicator>();\n"
+       "#endif\n  std::uint64_t one = 1;\n  comm->all_reduce_sum(&one, 1);\n"
+       "  std::printf(\"%s rank %d of %d: sum %llu\\n\", comm->backend().c_str(), comm->rank(), comm->size(),\n"
+       "              static_cast<unsigned long long>(one));\n}\n")
+build_consumer(mpi ranks "${main_text}" ${has_mpi})
 find_program(GS_MPIRUN mpirun)
 if(has_mpi EQUAL -1)
   run_step("run the consumer of the mpi component" ${GS_WORK_DIR}/mpi_consumer/build/ranks)
