@@ -103,7 +103,11 @@ def main(argv):
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
     amp = args.mode == "amp"
-    scaler = torch.cuda.amp.GradScaler(enabled=amp)
+    # torch.amp.GradScaler("cuda") since torch 2.3; torch.cuda.amp.GradScaler before (deprecated after).
+    if hasattr(torch, "amp") and hasattr(torch.amp, "GradScaler"):
+        scaler = torch.amp.GradScaler("cuda", enabled=amp)
+    else:
+        scaler = torch.cuda.amp.GradScaler(enabled=amp)
     # A few distinct synthetic batches on the device, cycled (the data pipeline is not what is timed).
     gen = torch.Generator(device="cpu").manual_seed(args.seed)
     batches = [(torch.randn(args.batch, 1, 28, 28, generator=gen).to(device),
@@ -139,7 +143,7 @@ def main(argv):
           % (torch.__version__, name, args.n, "autocast fp16 + GradScaler" if amp else "fp32", args.batch,
              args.steps, args.warmup))
     print("step: mean %.3f ms, median %.3f ms, %.1f steps/s; last loss %.4f, loss scale %s"
-          % (mean_ms, median_ms, 1e3 / mean_ms, float(loss), scaler.get_scale() if amp else "none"))
+          % (mean_ms, median_ms, 1e3 / mean_ms, float(loss.detach()), scaler.get_scale() if amp else "none"))
     if args.json:
         doc = {"torch": torch.__version__, "device": name, "model": "resnet-mini:n=%d" % args.n,
                "mode": args.mode, "batch": args.batch, "steps": args.steps, "warmup": args.warmup,

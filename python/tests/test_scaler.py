@@ -319,3 +319,21 @@ def test_scale_twice_on_one_loss_is_harmless():
     assert scaler.step(torch.optim.SGD(model.parameters(), lr=0.1))
     scaler.update()
     assert scaler.last_step["loss"] == pytest.approx(loss.item())
+
+
+def test_the_core_exports_its_entry_point_alone():
+    """A libstdc++ linked statically into the core must stay private to it (python/csrc/core.map):
+    the process's own libstdc++ would otherwise take over part of it, which crashed under torch 2.11."""
+    import shutil
+    import subprocess
+    import sys
+
+    import gradscale._core as core
+
+    nm = shutil.which("nm")
+    if not sys.platform.startswith("linux") or nm is None:
+        pytest.skip("needs Linux and binutils' nm")
+    out = subprocess.run([nm, "-D", "--defined-only", core.__file__], check=True, capture_output=True,
+                         text=True).stdout
+    exported = sorted(line.split()[-1] for line in out.splitlines() if line.strip())
+    assert exported == ["PyInit__core"], f"the core exports {len(exported)} symbols: {exported[:5]}"
