@@ -203,6 +203,9 @@ void ExternalBackward::weight_gradient(int layer, float* g, std::int64_t n, doub
     q.format = precision_.gradient_format();
     q.scale_in = scale;
     q.max_abs = max_abs(g, count);
+    // Data-parallel: each rank holds its rows' part (the framework averages the true gradients later),
+    // so the ranks take r from the largest of their maxima and store their parts alike.
+    if (reducer_) reducer_->reduce_max(&q.max_abs, 1);
     r = controller->weight_grad_scale(q);
     int e = 0;
     GS_CHECK_NUMERIC(std::isfinite(r) && r > 0 && std::frexp(r, &e) == 0.5,

@@ -76,8 +76,9 @@ class ExternalBackward {
   void round_received(int layer, float* g, std::int64_t n);
   // A weight-gradient part of `layer` (fp32, at scale `scale`), in place → quantize(r·g) / (r·scale) in
   // fp32: the true gradient, ready to be added to the master gradient (SPEC §4), with r the controller's
-  // weight_grad_scale for the part (SPEC §6.5; 1 under a global policy; the record keeps the smallest). layer -1: a parameter of no
-  // layer (rounded and unscaled, found_inf checked, no statistics).
+  // weight_grad_scale for the part (SPEC §6.5; 1 under a global policy; the record keeps the smallest),
+  // chosen, with a reducer, from the part's maximum max-reduced over the ranks (every rank takes the
+  // same r). layer -1: a parameter of no layer (rounded and unscaled, found_inf checked, no statistics).
   void weight_gradient(int layer, float* g, std::int64_t n, double scale);
   // Records that `layer` ran backward on a gradient at scale `scale_in` (its record's S_in).
   void note_layer(int layer, double scale_in);

@@ -97,6 +97,8 @@ py::list layer_rows(const std::vector<LayerScale>& rows, const StepMonitor& moni
     const bool has = r.id >= 0 && static_cast<std::size_t>(r.id) < monitor.records.size();
     const LayerRecord* rec = has ? &monitor.records[static_cast<std::size_t>(r.id)] : nullptr;
     d["weight_grad"] = rec && rec->has_weight_grad ? py::object(stats_dict(rec->weight_grad)) : py::none();
+    // The factor r its weight-gradient parts were stored at this step (SPEC §6.5; 1 under a global policy).
+    d["weight_grad_scale"] = rec ? rec->weight_grad_scale : 1.0;
     out.append(d);
   }
   return out;

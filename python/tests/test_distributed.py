@@ -139,9 +139,11 @@ def _scales_batch(step):
     return x, torch.randint(0, 4, (32,), generator=g)
 
 
-def _record_scales(model, scaler, rows):
+def _record_scales(model, scaler, rows, factors=None):
     """Steps on the batch's `rows`, the loss a sum over them divided by the whole batch's 32 (so each row's
-    loss gradient is the one process's), lr 0 (the weights stay the ones a single process has)."""
+    loss gradient is the one process's), lr 0 (the weights stay the ones a single process has). With
+    `factors`, also each step's weight-gradient factors r per layer (a rank stores its rows' part at r:
+    the ranks must agree on it, but it need not be the one process's, whose part is the whole sum)."""
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
     record = []
     for step in range(SCALE_STEPS):
@@ -151,6 +153,8 @@ def _record_scales(model, scaler, rows):
         scaler.scale(loss).backward()
         s0 = scaler.get_scale()
         layers = [(r["name"], r["s"], r["unbound"], r["S_in"], r["S_out"]) for r in scaler.layer_scales()]
+        if factors is not None:
+            factors.append([r["weight_grad_scale"] for r in scaler.layer_scales()])
         scaler.step(opt)
         scaler.update()
         record.append((s0, layers, scaler.last_step["skipped"]))
@@ -173,9 +177,10 @@ def _scales_worker(rank, world, init, out, policy, reduce_scales):
     ddp = nn.parallel.DistributedDataParallel(model)
     # agree_scales=False: each rank chooses its scales from its own rows (what the previous version did)
     scaler = Scaler(model, scaler=policy, format="fp16", grad_format="fp8_e5m2", agree_scales=reduce_scales)
-    record = _record_scales(ddp, scaler, slice(rank * 16, rank * 16 + 16))
+    factors = []
+    record = _record_scales(ddp, scaler, slice(rank * 16, rank * 16 + 16), factors)
     reducer = scaler._reducer
-    torch.save({"record": record, "collectives": reducer.collectives if reducer else 0},
+    torch.save({"record": record, "factors": factors, "collectives": reducer.collectives if reducer else 0},
                os.path.join(out, f"rank{rank}.pt"))
     dist.barrier()
     del ddp
@@ -194,6 +199,9 @@ def test_ranks_take_the_whole_batchs_scales(method):
     policy = SCALE_POLICIES[method]
     r0, r1 = _run_two_scales(policy)
     assert r0["record"] == r1["record"]
+    # The weight-gradient factors too, and they are not all 1 (else agreeing would prove little).
+    assert r0["factors"] == r1["factors"]
+    assert any(f != 1 for step in r0["factors"] for f in step)
     model = _Residual()
     one = _record_scales(model, Scaler(model, scaler=policy, format="fp16", grad_format="fp8_e5m2"), slice(0, 32))
     assert r0["record"] == one
@@ -210,3 +218,4 @@ def test_without_the_reduction_the_ranks_choose_other_scales():
     other scales than the other rank."""
     r0, r1 = _run_two_scales(SCALE_POLICIES["measured"], reduce_scales=False)
     assert r0["record"] != r1["record"]
+    assert r0["factors"] != r1["factors"]
