@@ -336,7 +336,11 @@ TEST_CASE("cuda batch norm matches BatchNorm within one fp32 ulp (training and e
   test::require_cuda_device();
   cuda::CudaContext ctx;
   Rng rng(6);
-  for (const Shape& xs : {Shape{6, 4}, Shape{3, 5, 4, 7}}) {
+  // A channel's sums spread over one block per 2048 values (at most 64): the first two shapes take one
+  // block per channel, the others 3, 5 and 32 (64 on a GPU).
+  const std::int64_t many = test::gpu_or_cpu_target<std::int64_t>(160, 72);
+  for (const Shape& xs : {Shape{6, 4}, Shape{3, 5, 4, 7}, Shape{4100, 3}, Shape{40, 3, 16, 16},
+                          Shape{many, 2, 30, 30}}) {
     const std::int64_t channels = xs[1], plane = xs.size() == 4 ? xs[2] * xs[3] : 1;
     const cuda::BatchNormShape s{xs[0], channels, plane};
     const std::vector<float> x = normals(static_cast<std::size_t>(shape_size(xs)), rng, 2.0, 3.0);
@@ -366,9 +370,9 @@ TEST_CASE("cuda batch norm matches BatchNorm within one fp32 ulp (training and e
       const Tensor y = cpu.forward(bn, xt, training);
       auto d_y = test::sentinel_buffer<float>(x.size(), ctx);
       if (training)
-        cuda::batchnorm_forward_training(d_x.data(), s, d_gamma.data(), d_beta.data(), 1e-5, 0.1,
+        cuda::batchnorm_forward_training(ctx, d_x.data(), s, d_gamma.data(), d_beta.data(), 1e-5, 0.1,
                                          d_rmean.data(), d_rvar.data(), d_mean.data(), d_invstd.data(),
-                                         d_y.data(), ctx.stream());
+                                         d_y.data());
       else
         cuda::batchnorm_forward_eval(d_x.data(), s, d_gamma.data(), d_beta.data(), d_rmean.data(),
                                      d_rvar.data(), 1e-5, d_mean.data(), d_invstd.data(), d_y.data(),

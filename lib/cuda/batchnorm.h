@@ -25,11 +25,11 @@ struct BatchNormShape {
 // Training forward: batch mean and biased variance per channel (needs n·plane ≥ 2), written to
 // mean/invstd (double [channels], kept for the backward); running_mean/running_var (fp32 [channels])
 // ← (1 − momentum)·r + momentum·batch (unbiased variance); y ← the normalised output in fp32. gamma and
-// beta are the working copies (fp32 [channels], values in F). All device pointers; queued on `stream`.
-void batchnorm_forward_training(const float* x, const BatchNormShape& s, const float* gamma,
+// beta are the working copies (fp32 [channels], values in F). All device pointers; queued on
+// ctx.stream(), with ctx.scratch() for the per-channel partial sums (channels × up to 64 doubles).
+void batchnorm_forward_training(CudaContext& ctx, const float* x, const BatchNormShape& s, const float* gamma,
                                 const float* beta, double eps, double momentum, float* running_mean,
-                                float* running_var, double* mean, double* invstd, float* y,
-                                cudaStream_t stream);
+                                float* running_var, double* mean, double* invstd, float* y);
 // Eval forward: normalises with the running statistics (mean/invstd written as in training).
 void batchnorm_forward_eval(const float* x, const BatchNormShape& s, const float* gamma, const float* beta,
                             const float* running_mean, const float* running_var, double eps, double* mean,

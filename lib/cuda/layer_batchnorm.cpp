@@ -51,9 +51,9 @@ class CudaBatchNorm final : public DeviceLayer {
       GS_CHECK_SHAPE(s.n * s.plane > 1,
                      "layer '" << name_ << "': training needs more than one value per channel, got input "
                                << shape_string(x.shape()));
-      batchnorm_forward_training(x.data(), s, gamma_work_.data(), beta_work_.data(), eps_, momentum_,
-                                 running_mean, running_var, mean_.data(), invstd_.data(), output.data(),
-                                 stream);
+      batchnorm_forward_training(backend_.context(), x.data(), s, gamma_work_.data(), beta_work_.data(), eps_,
+                                 momentum_, running_mean, running_var, mean_.data(), invstd_.data(),
+                                 output.data());
     } else {
       batchnorm_forward_eval(x.data(), s, gamma_work_.data(), beta_work_.data(), running_mean, running_var,
                              eps_, mean_.data(), invstd_.data(), output.data(), stream);
