@@ -7,18 +7,23 @@
 #                                        another at nice ${FUZZ_NICE:-19}; prints seconds, executions,
 #                                        corpus, findings
 #   scripts/fuzz.sh --replay [TARGET...] run every committed seed once (what CI does: ctest runs this)
-# Environment: FUZZ_BUILD_DIR (default ${BUILD_DIR:-build}/fuzz), FUZZ_WORK (default
+# Environment: FUZZ_BUILD_DIR (default: ${BUILD_DIR:-build}/fuzz for --replay, the suite's unoptimised
+# copy; ${BUILD_DIR:-build}/fuzz-campaign, built with -O2, for campaigns), FUZZ_WORK (default
 # ${BUILD_DIR:-build}/fuzz-work: grown corpora, logs, crash inputs), JOBS, CXX_FUZZ (default clang++),
 # FUZZ_NICE (default 19; 0 when the fuzzer must not yield to other work, e.g. a timed campaign).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 all_targets=(config model_spec scaler_spec idx checkpoint ablation trace)
-build_dir=${FUZZ_BUILD_DIR:-${BUILD_DIR:-build}/fuzz}
+if [ "${1:-}" = "--replay" ]; then
+  build_dir=${FUZZ_BUILD_DIR:-${BUILD_DIR:-build}/fuzz}
+else
+  build_dir=${FUZZ_BUILD_DIR:-${BUILD_DIR:-build}/fuzz-campaign}
+fi
 work=${FUZZ_WORK:-${BUILD_DIR:-build}/fuzz-work}
 corpus_root=tests/fuzz/corpus
 
 build() {
-  cmake -S tests/fuzz -B "$build_dir" -DCMAKE_CXX_COMPILER="${CXX_FUZZ:-clang++}" >/dev/null
+  cmake -S tests/fuzz -B "$build_dir" -DCMAKE_CXX_COMPILER="${CXX_FUZZ:-clang++}" -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
   cmake --build "$build_dir" -j "${JOBS:-$(nproc)}"
 }
 
