@@ -29,7 +29,7 @@ build() {
 
 binary() {
   local bin="$build_dir/fuzz_$1"
-  [ -x "$bin" ] || { echo "fuzz.sh: $bin is not built (run scripts/fuzz.sh 0 to build)" >&2; exit 1; }
+  [ -x "$bin" ] || { echo "fuzz.sh: $bin is not built (the suite's build makes build/fuzz; scripts/fuzz.sh 0 builds build/fuzz-campaign)" >&2; exit 1; }
   echo "$bin"
 }
 
