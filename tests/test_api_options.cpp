@@ -13,8 +13,10 @@
 #include <gradscale/gradscale.h>
 
 #include "tests/weight_bits.h"
+#include "tests/precision_fp16.h"
 
 using namespace gradscale;
+using gradscale::testing::fp16;
 using gradscale::testing::weight_bits;
 using json = nlohmann::json;
 using Catch::Matchers::Contains;
@@ -53,12 +55,6 @@ std::unique_ptr<Model> options_net(std::uint64_t seed) {
   net->add(std::make_unique<Linear>("fc", Linear::Options{}.out_features(10)), {f});
   net->finalize({1, 28, 28}, rng);
   return net;
-}
-
-Precision fp16() {
-  Precision p;
-  p.format = Format::fp16;
-  return p;
 }
 
 }  // namespace

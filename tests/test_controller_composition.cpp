@@ -8,8 +8,10 @@
 #include <vector>
 
 #include <gradscale/gradscale.h>
+#include "tests/precision_fp16.h"
 
 using namespace gradscale;
+using gradscale::testing::fp16;
 using json = nlohmann::json;
 using Catch::Matchers::Contains;
 
@@ -79,12 +81,6 @@ struct Setup {
     for (int i = 0; i < 16; ++i) y.push_back(i % 4);
   }
 };
-
-Precision fp16() {
-  Precision p;
-  p.format = Format::fp16;
-  return p;
-}
 
 StepResult one_step(ScaledTraining& t, Setup& s, double lr = 0.1) {
   t.begin_step(true);

@@ -11,8 +11,10 @@
 #include <gradscale/gradscale.h>
 
 #include "lib/model/join.h"
+#include "tests/precision_fp16.h"
 
 using namespace gradscale;
+using gradscale::testing::fp16;
 using json = nlohmann::json;
 using Catch::Matchers::Contains;
 
@@ -22,12 +24,6 @@ std::vector<LayerInfo> two_linear_layers() {
   LayerInfo a{0, "fc1", "linear", true, 8, {8, 4}};
   LayerInfo b{1, "fc2", "linear", true, 3, {3, 8}};
   return {a, b};
-}
-
-Precision fp16() {
-  Precision p;
-  p.format = Format::fp16;
-  return p;
 }
 
 }  // namespace

@@ -12,8 +12,10 @@
 #include <gradscale/gradscale.h>
 
 #include "tests/cli_run.h"
+#include "tests/precision_fp16.h"
 
 using namespace gradscale;
+using gradscale::testing::fp16;
 using json = nlohmann::json;
 using Catch::Matchers::Contains;
 
@@ -30,12 +32,6 @@ std::unique_ptr<Model> small_net(const std::string& name) {
   net->add(std::make_unique<Linear>("fc", 4 * 14 * 14, 10, true, init, rng), {f});
   net->finalize({1, 28, 28});
   return net;
-}
-
-Precision fp16() {
-  Precision p;
-  p.format = Format::fp16;
-  return p;
 }
 
 }  // namespace
