@@ -21,6 +21,8 @@
 //                     layers that are not gradscale layers): the caller hands it the fp32 loss gradient,
 //                     each layer's upstream product, joins and weight gradients; it chooses S0 and the
 //                     local scales, rounds, measures, unscales and gives the verdict (gradscale.torch).
+//                     Its last argument names where the arrays live ("cpu", "cuda"): on a GPU its
+//                     roundings and statistics are lib/cuda's kernels (arrays(): ArrayOps).
 //   make_backend("cpu"|"cuda"|"cuda:N"), model.use_backend(*backend)   where the model computes (the
 //                     backend must outlive the model; docs/architecture.md, "The device seam"). On a
 //                     device, forward() takes host or device images and returns device logits

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "lib/backend/array_ops.h"
 #include "lib/layers/layer.h"
 #include "lib/layers/softmax_cross_entropy.h"
 #include "lib/optim/optimizer.h"
@@ -81,6 +82,9 @@ class Backend {
   virtual double gemm_seconds() { return -1.0; }
   // The optimizer's element loops for this backend's parameters (null: the host loops).
   virtual DeviceOptimizerKernels* optimizer_kernels() = 0;
+  // The precision steps on raw arrays in this backend's memory (lib/backend/array_ops.h), for a
+  // backward pass another engine computes (ExternalBackward).
+  virtual ArrayOps& array_ops() = 0;
 };
 
 // The host backend (stateless; one per process): every model's backend until Model::use_backend.

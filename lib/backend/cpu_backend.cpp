@@ -54,6 +54,7 @@ class CpuBackend final : public Backend {
     return first;
   }
   DeviceOptimizerKernels* optimizer_kernels() override { return nullptr; }
+  ArrayOps& array_ops() override { return host_array_ops(); }
 };
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "lib/cuda/adam.h"
+#include "lib/cuda/array_ops.h"
 #include "lib/cuda/elementwise.h"
 #include "lib/cuda/layers.h"
 #include "lib/cuda/nonfinite.h"
@@ -73,6 +74,7 @@ CudaBackend::CudaBackend(int device)
     : ctx_(device),
       memory_(ctx_),
       optimizer_(std::make_unique<CudaOptimizerKernels>(ctx_)),
+      array_ops_(make_array_ops(ctx_)),
       query_stats_(3),
       join_stats_(kMaxJoinParts),
       now_(8),

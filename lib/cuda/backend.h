@@ -85,6 +85,7 @@ class CudaBackend final : public Backend {
   void set_gemm_timing(bool on) override { ctx_.set_gemm_timing(on); }
   double gemm_seconds() override { return ctx_.take_gemm_seconds(); }
   DeviceOptimizerKernels* optimizer_kernels() override { return optimizer_.get(); }
+  ArrayOps& array_ops() override { return *array_ops_; }
 
   CudaContext& context() { return ctx_; }
 
@@ -187,6 +188,7 @@ class CudaBackend final : public Backend {
   CudaContext ctx_;
   CudaMemory memory_;
   std::unique_ptr<DeviceOptimizerKernels> optimizer_;
+  std::unique_ptr<ArrayOps> array_ops_;  // lib/cuda/array_ops.h, on ctx_
   DeviceBuffer<unsigned char> records_;
   PinnedBuffer<unsigned char> records_host_;
   std::size_t record_slots_ = 0;

@@ -58,6 +58,13 @@ void* CudaContext::scratch(std::size_t bytes) {
   return scratch_.data();
 }
 
+void CudaContext::set_stream(cudaStream_t s) {
+  if (s == stream()) return;
+  synchronize();
+  external_ = s;
+  GS_CUBLAS_CHECK(cublasSetStream(cublas_.get(), stream()));
+}
+
 void CudaContext::synchronize() const {
   ++waits_;
   GS_CUDA_CHECK(cudaStreamSynchronize(stream()));

@@ -35,8 +35,12 @@ class CudaContext {
   CudaContext& operator=(const CudaContext&) = delete;
 
   int device() const { return device_; }
-  // A blocking stream (it orders with the legacy default stream): kernels of the backend run here.
-  cudaStream_t stream() const { return stream_.get(); }
+  // A blocking stream (it orders with the legacy default stream): kernels of the backend run here —
+  // or on the caller's stream after set_stream (another library's: PyTorch's current stream).
+  cudaStream_t stream() const { return external_ != nullptr ? external_ : stream_.get(); }
+  // Queues the context's work (kernels, copies, cuBLAS) on `s`, which the caller keeps alive; null: the
+  // context's own stream again. Waits for the stream left first, so no queued work is left unordered.
+  void set_stream(cudaStream_t s);
   // cuBLAS on stream(), default math (no TF32) with reductions kept in the compute type (gemm.h).
   cublasHandle_t cublas() const { return cublas_.get(); }
   // Device scratch of at least `bytes`, for work queued on stream(); valid until the next call. Entries
@@ -68,6 +72,7 @@ class CudaContext {
   int device_;
   std::unique_ptr<CUstream_st, StreamDeleter> stream_;  // destroyed after the handle that uses it
   std::unique_ptr<cublasContext, CublasDeleter> cublas_;
+  cudaStream_t external_ = nullptr;  // set_stream's (not owned)
   DeviceBuffer<unsigned char> scratch_;
   struct EventDeleter {
     void operator()(cudaEvent_t e) const noexcept { (void)cudaEventDestroy(e); }

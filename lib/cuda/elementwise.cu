@@ -25,6 +25,12 @@ __global__ void add_kernel(const float* a, const float* b, float* y, std::size_t
     y[i] = a[i] + b[i];
 }
 
+__global__ void divide_kernel(float* p, std::size_t n, float divisor) {
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
+    p[i] = p[i] / divisor;
+}
+
 }  // namespace
 
 void fill(float* p, std::size_t n, float value, cudaStream_t stream) {
@@ -45,6 +51,13 @@ void add(const float* a, const float* b, float* y, std::size_t n, cudaStream_t s
   if (n == 0) return;
   GS_CHECK(a != nullptr && b != nullptr && y != nullptr, "cuda::add of " << n << " elements got a null pointer");
   add_kernel<<<grid_for(n, 4), kBlock, 0, stream>>>(a, b, y, n);
+  GS_CUDA_CHECK_LAUNCH();
+}
+
+void divide(float* p, std::size_t n, float divisor, cudaStream_t stream) {
+  if (n == 0) return;
+  GS_CHECK(p != nullptr, "cuda::divide of " << n << " elements got a null pointer");
+  divide_kernel<<<grid_for(n, 4), kBlock, 0, stream>>>(p, n, divisor);
   GS_CUDA_CHECK_LAUNCH();
 }
 

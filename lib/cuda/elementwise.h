@@ -1,5 +1,6 @@
 // Small elementwise kernels of the CUDA backend's seam (lib/cuda/backend.h): a fill for Tensor, the
-// join's scaled sum (SPEC §5) and the Add layer's sum — the CPU's fp32 operations, so the same bits.
+// join's scaled sum (SPEC §5), the Add layer's sum and the unscale of ArrayOps — the CPU's fp32
+// operations, so the same bits.
 #pragma once
 
 #ifndef GRADSCALE_HAS_CUDA
@@ -18,5 +19,7 @@ void fill(float* p, std::size_t n, float value, cudaStream_t stream);
 void scale_add(const float* src, float factor, float* dst, std::size_t n, cudaStream_t stream);
 // y[i] = a[i] + b[i] (lib/layers/add.cpp).
 void add(const float* a, const float* b, float* y, std::size_t n, cudaStream_t stream);
+// p[i] = p[i] / divisor in fp32 (the unscale of a weight gradient handed over by another engine).
+void divide(float* p, std::size_t n, float divisor, cudaStream_t stream);
 
 }  // namespace gradscale::cuda

@@ -22,11 +22,11 @@ std::unique_ptr<Scaler> scaler_from(const nlohmann::json& config, const Precisio
 }
 
 // round_gradient without statistics: the found_inf check, charged to `layer` (-1: outside every layer).
-void round_unrecorded(float* d, std::size_t n, float multiplier, GradSite site, const Precision& p,
-                      StepMonitor& monitor, int layer) {
+void round_unrecorded(ArrayOps& ops, float* d, std::size_t n, float multiplier, GradSite site,
+                      const Precision& p, StepMonitor& monitor, int layer) {
   StepMonitor scratch;
   scratch.gradient_edge = monitor.gradient_edge;                     // popart_als counts every weight gradient
-  const float m = round_gradient(d, n, multiplier, site, 0, p, scratch);  // record is off: layer 0 is never read
+  const float m = ops.round_gradient(d, n, multiplier, site, 0, p, scratch);  // record off: layer 0 never read
   monitor.grad_below_edge += scratch.grad_below_edge;
   monitor.grad_above_edge += scratch.grad_above_edge;
   if (scratch.found_inf) monitor.note_overflow(site, layer, m, scratch.nonfinite_stored);
@@ -35,9 +35,12 @@ void round_unrecorded(float* d, std::size_t n, float multiplier, GradSite site, 
 }  // namespace
 
 ExternalBackward::ExternalBackward(std::vector<LayerInfo> layers, const Precision& precision,
-                                   std::unique_ptr<Scaler> scaler)
+                                   std::unique_ptr<Scaler> scaler, const std::string& device)
     : layers_(std::move(layers)),
       precision_(precision),
+      device_(device),
+      backend_(device == "cpu" ? nullptr : make_backend(device)),
+      ops_(backend_ ? &backend_->array_ops() : &host_array_ops()),
       scaler_(std::move(scaler)),
       loss_scale_(std::numeric_limits<double>::quiet_NaN()) {
   GS_CHECK_CONFIG(scaler_ != nullptr, "ExternalBackward: no scaler given (use {\"policy\": \"none\"} for none)");
@@ -60,8 +63,8 @@ ExternalBackward::ExternalBackward(std::vector<LayerInfo> layers, const Precisio
 }
 
 ExternalBackward::ExternalBackward(std::vector<LayerInfo> layers, const Precision& precision,
-                                   const nlohmann::json& scaler)
-    : ExternalBackward(std::move(layers), precision, scaler_from(scaler, precision)) {}
+                                   const nlohmann::json& scaler, const std::string& device)
+    : ExternalBackward(std::move(layers), precision, scaler_from(scaler, precision), device) {}
 
 ExternalBackward::~ExternalBackward() = default;
 
@@ -105,15 +108,23 @@ double ExternalBackward::loss_gradient(float* g, std::int64_t n) {
   GS_CHECK_SHAPE(n >= 0 && (n == 0 || g != nullptr), "ExternalBackward::loss_gradient: " << n << " values");
   if (std::isnan(loss_scale_)) {
     const auto t0 = std::chrono::steady_clock::now();
-    const double s0 = choose_loss_scale(*scaler_, g, Shape{n}, steps_, precision_, reducer_);
+    // A policy that looks at the loss gradient reads it on the host (small: the outputs' size).
+    std::vector<float> host;
+    const float* view = g;
+    if (!ops_->host_memory() && scaler_->loss_needs()) {
+      host.resize(static_cast<std::size_t>(n));
+      ops_->to_host(g, host.size(), host.data());
+      view = host.data();
+    }
+    const double s0 = choose_loss_scale(*scaler_, view, Shape{n}, steps_, precision_, reducer_);
     loss_scale_ = s0;
     monitor_.scaler_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
   // The loss gradient is attributed to the last layer (as gradscale's own models do: the layer whose
   // output the loss reads), so a non-finite loss gradient names it.
   const int last = static_cast<int>(layers_.size()) - 1;
-  const float m = round_gradient(g, static_cast<std::size_t>(n), static_cast<float>(loss_scale_), GradSite::loss,
-                                 last, precision_, monitor_);
+  const float m = ops_->round_gradient(g, static_cast<std::size_t>(n), static_cast<float>(loss_scale_),
+                                       GradSite::loss, last, precision_, monitor_);
   if (m > monitor_.loss_grad_max_abs || std::isnan(m)) monitor_.loss_grad_max_abs = m;
   return loss_scale_;
 }
@@ -155,7 +166,7 @@ double ExternalBackward::upstream(int layer, float* upstream, const Shape& upstr
                     "ExternalBackward::upstream: method element_wise needs the partial products of gradscale's "
                     "own Linear/Conv2d; it is not available for layers computed elsewhere");
     QueryStatistics stats;
-    stats.attach(needs, q, precision_.round);
+    ops_->attach(stats, needs, q, precision_.round);
     if (reducer_) stats.reduce(*reducer_, q);  // every rank decides on the whole batch's statistics
     decision = checked_decision(*controller, q, scaler_->policy(), monitor_, t0);
   }
@@ -163,8 +174,9 @@ double ExternalBackward::upstream(int layer, float* upstream, const Shape& upstr
   r.local_scale = decision.s;
   r.unbound_scale = decision.unbound;
   r.sent_grad = true;
-  const float m = round_gradient(upstream, static_cast<std::size_t>(shape_size(upstream_shape)),
-                                 static_cast<float>(decision.s), GradSite::upstream, layer, precision_, monitor_);
+  const float m = ops_->round_gradient(upstream, static_cast<std::size_t>(shape_size(upstream_shape)),
+                                       static_cast<float>(decision.s), GradSite::upstream, layer, precision_,
+                                       monitor_);
   if (m > r.sent_max_abs || std::isnan(m)) r.sent_max_abs = m;
   r.scale_out = decision.s * scale_in;
   return decision.s;
@@ -178,14 +190,14 @@ double ExternalBackward::join_target(std::vector<double> max_abs, const std::vec
 void ExternalBackward::round_join(int layer, float* sum, std::int64_t n) {
   check_layer(layer, true, "round_join");
   if (layer < 0)
-    round_unrecorded(sum, static_cast<std::size_t>(n), 1.0f, GradSite::join, precision_, monitor_, -1);
+    round_unrecorded(*ops_, sum, static_cast<std::size_t>(n), 1.0f, GradSite::join, precision_, monitor_, -1);
   else
-    round_gradient(sum, static_cast<std::size_t>(n), 1.0f, GradSite::join, layer, precision_, monitor_);
+    ops_->round_gradient(sum, static_cast<std::size_t>(n), 1.0f, GradSite::join, layer, precision_, monitor_);
 }
 
 void ExternalBackward::round_received(int layer, float* g, std::int64_t n) {
   check_layer(layer, false, "round_received");
-  round_unrecorded(g, static_cast<std::size_t>(n), 1.0f, GradSite::join, precision_, monitor_, layer);
+  round_unrecorded(*ops_, g, static_cast<std::size_t>(n), 1.0f, GradSite::join, precision_, monitor_, layer);
 }
 
 void ExternalBackward::weight_gradient(int layer, float* g, std::int64_t n, double scale) {
@@ -202,7 +214,7 @@ void ExternalBackward::weight_gradient(int layer, float* g, std::int64_t n, doub
     q.step = steps_;
     q.format = precision_.gradient_format();
     q.scale_in = scale;
-    q.max_abs = max_abs(g, count);
+    q.max_abs = ops_->max_abs(g, count);
     // Data-parallel: each rank holds its rows' part (the framework averages the true gradients later),
     // so the ranks take r from the largest of their maxima and store their parts alike.
     if (reducer_) reducer_->reduce_max(&q.max_abs, 1);
@@ -217,9 +229,9 @@ void ExternalBackward::weight_gradient(int layer, float* g, std::int64_t n, doub
     wgrad_seen_[static_cast<std::size_t>(layer)] = 1;
   }
   if (layer < 0)
-    round_unrecorded(g, count, 1.0f, GradSite::weight, precision_, monitor_, -1);
+    round_unrecorded(*ops_, g, count, 1.0f, GradSite::weight, precision_, monitor_, -1);
   else
-    round_gradient(g, count, static_cast<float>(r), GradSite::weight, layer, precision_, monitor_);
+    ops_->round_gradient(g, count, static_cast<float>(r), GradSite::weight, layer, precision_, monitor_);
   // As accumulate_weight_grad: a scale outside float32's range cannot be divided out, so the step
   // counts as non-finite (the scaler skips it).
   if (!scale_in_float_range(r * scale)) {
@@ -227,8 +239,7 @@ void ExternalBackward::weight_gradient(int layer, float* g, std::int64_t n, doub
     return;
   }
   // Unscale in fp32 (SPEC §4), as accumulate_weight_grad does: g / (r·S), exact for powers of two.
-  const auto s = static_cast<float>(r * scale);
-  for (std::size_t i = 0; i < count; ++i) g[i] /= s;
+  ops_->divide(g, count, static_cast<float>(r * scale));
 }
 
 std::vector<double> ExternalBackward::agreement_buffer() const {

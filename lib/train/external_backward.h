@@ -9,10 +9,12 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "lib/backend/backend.h"
 #include "lib/instrument/statistics_reducer.h"
 #include "lib/instrument/step_monitor.h"
 #include "lib/layers/layer.h"
@@ -25,10 +27,14 @@ class ExternalBackward {
  public:
   // `layers`: the caller's layer table (ids 0..L-1 in order; `parametric` layers with `reduction` K and
   // `weight_shape` ask the controller for a local scale, the others send their gradient at s = 1).
-  // The scaler (owned) is bound to it for the gradient format of `precision`.
-  ExternalBackward(std::vector<LayerInfo> layers, const Precision& precision, std::unique_ptr<Scaler> scaler);
+  // The scaler (owned) is bound to it for the gradient format of `precision`. `device` is where the
+  // arrays handed over live (make_backend's names: "cpu", "cuda", "cuda:N"): every rounding, statistic
+  // and maximum is taken there (lib/backend/array_ops.h), the decisions on the host.
+  ExternalBackward(std::vector<LayerInfo> layers, const Precision& precision, std::unique_ptr<Scaler> scaler,
+                   const std::string& device = "cpu");
   // The same with the scaler built from a configuration (as ScaledTraining: an object or CLI text).
-  ExternalBackward(std::vector<LayerInfo> layers, const Precision& precision, const nlohmann::json& scaler);
+  ExternalBackward(std::vector<LayerInfo> layers, const Precision& precision, const nlohmann::json& scaler,
+                   const std::string& device = "cpu");
   ~ExternalBackward();
   // The caller's graph, once it knows it (the plug-in learns it from autograd at the first backward,
   // after the table was made): inputs[i] = the ids of the layers whose outputs layer i reads (-1: the
@@ -107,6 +113,10 @@ class ExternalBackward {
   std::vector<LayerScale> layer_scales() const;
   const std::vector<LayerInfo>& layers() const { return layers_; }
   const Precision& precision() const { return precision_; }
+  // The steps on the caller's arrays, in their memory (a GPU's when the device is one): also for the
+  // caller's own roundings of forward values (quantize) and maxima (a join's parts).
+  ArrayOps& arrays() { return *ops_; }
+  const std::string& device() const { return device_; }
   Scaler& scaler() { return *scaler_; }
   // {"steps", "scaler": {"config", "state"}, "layers": [names]}; restore_state refuses another scaler
   // configuration or layer table (ConfigError naming what differs).
@@ -119,6 +129,9 @@ class ExternalBackward {
 
   std::vector<LayerInfo> layers_;
   Precision precision_;
+  std::string device_;
+  std::unique_ptr<Backend> backend_;  // the device's (null on the host)
+  ArrayOps* ops_;
   std::unique_ptr<Scaler> scaler_;
   StatisticsReducer* reducer_ = nullptr;
   StepMonitor monitor_;

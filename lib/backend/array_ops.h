@@ -1,0 +1,49 @@
+// The precision model's steps on raw float32 arrays in a backend's memory (SPEC §3–§5), for a backward
+// pass that another engine computes: ExternalBackward (lib/train/external_backward.h), and through it
+// the PyTorch plug-in, hands over the addresses of PyTorch's tensors — host memory on the CPU, device
+// memory on a GPU — and every rounding, statistic and maximum it needs is taken here, where the data
+// lives. The host's are lib/instrument's and round_gradient as gradscale's own layers use them; lib/cuda's
+// are its kernels (CudaBackend::array_ops), with the same counts and bits (docs/gpu.md).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "lib/layers/layer.h"
+
+namespace gradscale {
+
+class ArrayOps {
+ public:
+  virtual ~ArrayOps() = default;
+  // round_gradient's contract (lib/layers/layer.h) on n values at `d`: the multiplier in fp32, the
+  // site's statistics into `monitor` when it records, popart_als's counts of a weight gradient, the
+  // found_inf check, the one rounding. Returns max|d| before rounding (inf when something is not finite).
+  virtual float round_gradient(float* d, std::size_t n, float multiplier, GradSite site, int node,
+                               const Precision& p, StepMonitor& monitor) = 0;
+  // max|d[i]| (inf when one is not finite), as lib/instrument's max_abs.
+  virtual float max_abs(const float* d, std::size_t n) = 0;
+  // d[i] = d[i] / divisor in fp32 (the unscale of SPEC §4).
+  virtual void divide(float* d, std::size_t n, float divisor) = 0;
+  // d[i] = quantize(d[i], f): a forward value or working weight rounded to F.
+  virtual void quantize(float* d, std::size_t n, Format f, RoundOptions round) = 0;
+  // SPEC §3's counts, histogram and moments of n values against f.
+  virtual TensorStats statistics(const float* d, std::size_t n, Format f, RoundOptions round) = 0;
+  // QueryStatistics::attach's work for a query whose raw views (grad, weight, upstream) point into this
+  // memory: the statistics `needs` names into `stats`, the query pointed at them. A device leaves the
+  // query without raw views (a controller decides from the statistics). Not the product range (it
+  // needs gradscale's own layers).
+  virtual void attach(QueryStatistics& stats, StatNeeds needs, LocalScaleQuery& q, RoundOptions round) = 0;
+  // n values at `d` into host memory.
+  virtual void to_host(const float* d, std::size_t n, float* host) = 0;
+  // Orders this work on the caller's stream (a cudaStream_t as an integer, 0: the backend's own); the
+  // host has none. Every entry above returns after its work has finished on the device.
+  virtual void set_stream(std::uintptr_t /*stream*/) {}
+  // Whether the arrays live in host memory (their addresses may be read by the caller directly).
+  virtual bool host_memory() const = 0;
+};
+
+// The host's (stateless): every entry is the lib/instrument / lib/layers function of the same name.
+ArrayOps& host_array_ops();
+
+}  // namespace gradscale

@@ -1,0 +1,41 @@
+// The host's ArrayOps (array_ops.h): the functions gradscale's own CPU layers use, on the caller's arrays.
+#include <algorithm>
+
+#include "lib/backend/array_ops.h"
+#include "lib/instrument/finite_scan.h"
+#include "lib/instrument/histogram.h"
+
+namespace gradscale {
+namespace {
+
+class HostArrayOps final : public ArrayOps {
+ public:
+  float round_gradient(float* d, std::size_t n, float multiplier, GradSite site, int node, const Precision& p,
+                       StepMonitor& monitor) override {
+    return gradscale::round_gradient(d, n, multiplier, site, node, p, monitor);
+  }
+  float max_abs(const float* d, std::size_t n) override { return gradscale::max_abs(d, n); }
+  void divide(float* d, std::size_t n, float divisor) override {
+    for (std::size_t i = 0; i < n; ++i) d[i] /= divisor;
+  }
+  void quantize(float* d, std::size_t n, Format f, RoundOptions round) override {
+    if (f != Format::fp32) gradscale::quantize(d, d, n, f, round);
+  }
+  TensorStats statistics(const float* d, std::size_t n, Format f, RoundOptions round) override {
+    return tensor_stats(d, n, f, round);
+  }
+  void attach(QueryStatistics& stats, StatNeeds needs, LocalScaleQuery& q, RoundOptions round) override {
+    stats.attach(needs, q, round);
+  }
+  void to_host(const float* d, std::size_t n, float* host) override { std::copy(d, d + n, host); }
+  bool host_memory() const override { return true; }
+};
+
+}  // namespace
+
+ArrayOps& host_array_ops() {
+  static HostArrayOps ops;
+  return ops;
+}
+
+}  // namespace gradscale

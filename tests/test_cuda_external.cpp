@@ -1,0 +1,217 @@
+// ExternalBackward on device arrays (device "cuda": lib/cuda's ArrayOps, the PyTorch plug-in's path for
+// CUDA tensors) against the same calls on host arrays: one scripted backward of two layers with a join
+// and weight gradients, twelve steps with an overflow among them, under global and per-layer policies.
+// Every returned scale, every array's bits after each call, every layer row and statistic and every
+// verdict must be the same — lib/cuda's counts and roundings are the host's — except what is derived
+// from the moments' sums (see Log), to 1e-9 relative.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <deque>
+#include <functional>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <gradscale/gradscale.h>
+
+#include "tests/cuda_test.h"
+#include "tests/precision_fp16.h"
+
+using namespace gradscale;
+using json = nlohmann::json;
+
+namespace {
+
+// Arrays of one side: host vectors, or device buffers (filled by a synchronous copy; read back through
+// the ExternalBackward's own ArrayOps, after the work queued on its stream).
+class Arrays {
+ public:
+  explicit Arrays(ArrayOps& ops) : ops_(ops) {}
+  float* put(const std::vector<float>& v) {
+    if (ops_.host_memory()) return host_.emplace_back(v).data();
+    cuda::DeviceBuffer<float>& b = device_buffers_.emplace_back(v.size());
+    GS_CUDA_CHECK(cudaMemcpy(b.data(), v.data(), v.size() * sizeof(float), cudaMemcpyHostToDevice));
+    return b.data();
+  }
+  std::vector<float> get(const float* p, std::size_t n) const {
+    std::vector<float> out(n);
+    ops_.to_host(p, n, out.data());
+    return out;
+  }
+
+ private:
+  ArrayOps& ops_;
+  std::deque<std::vector<float>> host_;
+  std::deque<cuda::DeviceBuffer<float>> device_buffers_;
+};
+
+// Values over many binades (some underflow in fp16 at scale 1, some are large), signs mixed.
+std::vector<float> spread(std::mt19937& rng, std::size_t n, int lo, int hi) {
+  std::uniform_int_distribution<int> e(lo, hi);
+  std::uniform_real_distribution<float> m(1.0f, 2.0f);
+  std::vector<float> v(n);
+  for (float& x : v) x = std::ldexp(m(rng), e(rng)) * (rng() % 2 ? 1.0f : -1.0f);
+  v[0] = 0.0f;
+  return v;
+}
+
+// Everything one side produced, in order: numbers and the bits of arrays. A number derived from the
+// moments' double sums (a controller's unbound scale, state kept from it) is marked inexact: the device
+// adds those sums in another order (lib/cuda/stats.h), so it agrees to 1e-9 relative, not bit for bit.
+struct Log {
+  std::vector<double> numbers;
+  std::vector<bool> exact;
+  std::vector<std::uint32_t> bits;
+  std::vector<std::string> labels;  // what numbers[i] is, for the report
+  void number(const std::string& what, double v, bool is_exact = true) {
+    numbers.push_back(v);
+    exact.push_back(is_exact);
+    labels.push_back(what);
+  }
+  void state(const json& j) {  // every value of a state: floats inexact, the rest exact
+    if (j.is_structured()) {
+      for (const auto& [key, value] : j.items()) {
+        number("state key", double(std::hash<std::string>{}(key)));
+        state(value);
+      }
+    } else if (j.is_number_float()) {
+      number("state value", j.get<double>(), false);
+    } else {
+      number("state value", double(std::hash<std::string>{}(j.dump())));
+    }
+  }
+  void array(const std::vector<float>& a) {
+    for (float x : a) bits.push_back(test::bits_of(x));
+  }
+  void stats(const std::string& what, const TensorStats& s) {
+    for (double v : {double(s.zero), double(s.underflow), double(s.subnormal), double(s.normal), double(s.overflow),
+                     double(s.nonfinite), double(s.elements), s.max_abs})
+      number(what, v);
+  }
+};
+
+Log run(const std::string& device, const json& scaler, Format grad_format) {
+  Precision p = testing::fp16();
+  p.grad_format = grad_format;
+  std::vector<LayerInfo> layers = {{0, "fc1", "linear", true, 8, {8, 6}}, {1, "fc2", "linear", true, 4, {4, 8}}};
+  ExternalBackward eb(layers, p, scaler, device);
+  eb.set_layer_inputs({{-1}, {0}});
+  Arrays mem(eb.arrays());
+  Log log;
+  std::mt19937 rng(7);
+  for (int step = 0; step < 12; ++step) {
+    eb.begin_step(step % 3 != 2);
+    // The loss gradient (batch 5 × 4 outputs).
+    std::vector<float> g = spread(rng, 20, -34, -6);
+    float* dg = mem.put(g);
+    log.number("S0", eb.loss_gradient(dg, 20));
+    log.array(mem.get(dg, 20));
+    // fc2: the gradient it received (the rounded loss gradient), its upstream product and weight.
+    eb.round_received(1, dg, 20);
+    std::vector<float> up1 = spread(rng, 40, -30, -8);
+    if (step == 5) up1[3] = std::numeric_limits<float>::infinity();  // an overflow: the step is skipped
+    float* dup1 = mem.put(up1);
+    float* dw1 = mem.put(spread(rng, 32, -6, 0));
+    const double s1 = eb.upstream(1, dup1, {5, 8}, dg, {5, 4}, dw1, {4, 8}, eb.loss_scale());
+    log.number("s1", s1);
+    log.array(mem.get(dup1, 40));
+    float* dwg1 = mem.put(spread(rng, 32, -26, -2));
+    eb.weight_gradient(1, dwg1, 32, eb.loss_scale());
+    log.array(mem.get(dwg1, 32));
+    // A join at fc1's output: fc2's upstream (at S0·s1) and a shortcut's part (at S0).
+    std::vector<float> shortcut = spread(rng, 40, -28, -10);
+    float* dshort = mem.put(shortcut);
+    const double max_a = eb.arrays().max_abs(dup1, 40), max_b = eb.arrays().max_abs(dshort, 40);
+    log.number("max a", max_a);
+    log.number("max b", max_b);
+    const double t = eb.join_target({max_a, max_b}, {eb.loss_scale() * s1, eb.loss_scale()});
+    log.number("T", t);
+    const std::vector<float> a = mem.get(dup1, 40);
+    std::vector<float> sum(40);
+    for (std::size_t i = 0; i < sum.size(); ++i)
+      sum[i] = a[i] * static_cast<float>(t / (eb.loss_scale() * s1)) + shortcut[i] * static_cast<float>(t / eb.loss_scale());
+    float* dsum = mem.put(sum);
+    eb.round_join(0, dsum, 40);
+    log.array(mem.get(dsum, 40));
+    // fc1: upstream to the model's input, its weight gradient.
+    float* dup0 = mem.put(spread(rng, 30, -30, -8));
+    float* dw0 = mem.put(spread(rng, 48, -6, 0));
+    log.number("s0", eb.upstream(0, dup0, {5, 6}, dsum, {5, 8}, dw0, {8, 6}, t));
+    log.array(mem.get(dup0, 30));
+    float* dwg0 = mem.put(spread(rng, 48, -26, -2));
+    eb.weight_gradient(0, dwg0, 48, t);
+    log.array(mem.get(dwg0, 48));
+    // The forward roundings and statistics the plug-in takes with the same object.
+    float* dx = mem.put(spread(rng, 16, -20, 3));
+    eb.arrays().quantize(dx, 16, Format::fp8_e4m3, RoundOptions{});
+    log.array(mem.get(dx, 16));
+    log.stats("stats", eb.arrays().statistics(dx, 16, Format::fp8_e5m2, RoundOptions{}));
+
+    const StepResult r = eb.finish_step(0.5);
+    for (double v : {double(r.skipped), double(r.found_inf), double(r.first_nonfinite_layer), r.loss_scale,
+                     r.report.scale})
+      log.number("verdict", v);
+    for (const LayerScale& row : eb.layer_scales()) {
+      for (double v : {row.s, row.scale_in, row.scale_out, double(row.recorded), row.underflow_rate})
+        log.number("row " + row.name, v);
+      log.number("unbound " + row.name, row.unbound, false);
+    }
+    const StepMonitor& m = eb.monitor();
+    log.number("edge", double(m.grad_below_edge));
+    log.number("edge", double(m.grad_above_edge));
+    if (m.has_loss_grad) log.stats("loss grad", m.loss_grad);
+    for (const LayerRecord& rec : m.records) {
+      if (rec.has_activation_grad) log.stats("activation", rec.activation_grad);
+      if (rec.has_weight_grad) log.stats("weight", rec.weight_grad);
+      if (rec.has_joined_grad) log.stats("joined", rec.joined_grad);
+      log.number("sent max", rec.sent_max_abs);
+      log.number("r", rec.weight_grad_scale);
+    }
+    log.state(eb.state());
+  }
+  return log;
+}
+
+}  // namespace
+
+TEST_CASE("cuda external backward: device arrays give the host's scales, bits and statistics", "[cuda]") {
+  test::require_cuda_device();
+  const std::vector<std::pair<json, Format>> cases = {
+      {json("torch"), Format::fp16},
+      {json("static:1000"), Format::fp8_e5m2},  // not a power of two: the unscale divides
+      {json{{"policy", "adaptive"}, {"method", "measured"}}, Format::fp8_e5m2},
+      {json{{"policy", "adaptive"}, {"method", "measured"}, {"init_scale", "auto"}}, Format::fp16},
+      {json{{"policy", "adaptive"}, {"method", "approx_range"}}, Format::fp8_e4m3},
+      {json{{"policy", "adaptive"}, {"method", "abs_range"}, {"init_scale", "auto"}, {"cast_form", "lognormal"}},
+       Format::fp16},
+      {json("popart_als"), Format::fp16},
+  };
+  for (const auto& [scaler, grad_format] : cases) {
+    INFO("scaler " << scaler.dump() << ", gradients in " << format_name(grad_format));
+    const Log host = run("cpu", scaler, grad_format);
+    const Log device = run("cuda", scaler, grad_format);
+    REQUIRE(host.numbers.size() == device.numbers.size());
+    for (std::size_t i = 0; i < host.numbers.size(); ++i) {
+      INFO("number " << i << ": " << host.labels[i]);
+      if (std::isnan(host.numbers[i]))
+        CHECK(std::isnan(device.numbers[i]));
+      else if (host.exact[i])
+        CHECK(host.numbers[i] == device.numbers[i]);
+      else
+        CHECK(device.numbers[i] == Approx(host.numbers[i]).epsilon(1e-9));
+    }
+    REQUIRE(host.bits.size() == device.bits.size());
+    std::size_t differ = 0;
+    for (std::size_t i = 0; i < host.bits.size(); ++i) differ += host.bits[i] != device.bits[i];
+    CHECK(differ == 0);
+  }
+}
+
+TEST_CASE("cuda external backward: a device name the program cannot serve is refused by name", "[cuda]") {
+  test::require_cuda_device();
+  Precision p = testing::fp16();
+  std::vector<LayerInfo> layers = {{0, "fc", "linear", true, 4, {4, 4}}};
+  CHECK_THROWS_WITH(ExternalBackward(layers, p, json("torch"), "tpu"), Catch::Matchers::Contains("unknown device 'tpu'"));
+}
