@@ -83,7 +83,7 @@ phase "tests done"
 if [ "$bench" -eq 1 ]; then
   # The training step of resnet-mini at batch 256 on the GPU: static vs adaptive approx_range vs
   # measured (with the share in cuBLAS GEMMs), then PyTorch AMP (autocast fp16 + GradScaler) and fp32
-  # on the same model; the mlp on the GPU next to the CPU.
+  # on the same model; the mlp on the GPU next to the CPU; the plug-in on CUDA tensors.
   for scaler in static:1024 '{"policy":"adaptive","method":"approx_range"}' \
     '{"policy":"adaptive","method":"measured"}'; do
     echo "== gradscale bench step --model resnet-mini --format fp16 --batch 256 --scaler $scaler --device cuda"
@@ -103,6 +103,13 @@ if [ "$bench" -eq 1 ]; then
       tee -a "$logs/bench_step.txt" || status=1
   done
   phase "bench step and peer done"
+  if [ "$plugin" -eq 1 ]; then
+    # The plug-in on CUDA tensors (lib/cuda's roundings and statistics) next to PyTorch AMP.
+    echo "== python/examples/bench_overhead.py --device cuda"
+    (cd python && PYTHONUNBUFFERED=1 timeout 300 python3 examples/bench_overhead.py --device cuda --steps 20) 2>&1 |
+      tee "$logs/plugin_cuda.txt" || status=1
+    phase "plug-in bench done"
+  fi
   echo "== gradscale bench cuda"
   "$build/gradscale" bench cuda 2>&1 | tee "$logs/bench_cuda.txt" || status=1
   phase "bench cuda done"

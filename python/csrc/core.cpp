@@ -1,7 +1,8 @@
 // gradscale's C++ core for Python (module gradscale._core): the precision model of SPEC §4–§5
 // (ExternalBackward), rounding and statistics, and gradscale's own training engine for comparisons.
-// Tensors cross as (address, element count) of contiguous float32 host memory: no libtorch (or numpy)
-// type is compiled in, so one build serves every torch version. JSON crosses as text.
+// Tensors cross as (address, element count) of contiguous float32 memory — the host's, or a GPU's for an
+// ExternalBackward made for "cuda" (built with lib/cuda): no libtorch (or numpy) type is compiled in, so
+// one build serves every torch version. JSON crosses as text.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -14,6 +15,9 @@
 #include "lib/dist/communicator.h"
 #include "lib/dist/data_parallel.h"
 #include "lib/model/spec.h"
+#ifdef GS_CORE_CPU_TARGET
+#include "tests/cuda_on_cpu/memory.h"
+#endif
 
 namespace py = pybind11;
 using namespace gradscale;
@@ -196,15 +200,27 @@ struct Reducer {
 
 }  // namespace
 
-PYBIND11_MODULE(_core, m) {
+// The module's name: _core, or _core_cpu_target when built over lib/cuda's CPU execution target (the
+// tests' stand-in for a GPU, tests/cuda_on_cpu; CMakeLists.txt, gs_python_core).
+#ifndef GS_CORE_NAME
+#define GS_CORE_NAME _core
+#endif
+
+PYBIND11_MODULE(GS_CORE_NAME, m) {
   m.doc() = "gradscale's C++ core (SPEC §2-§7) for the PyTorch plug-in";
+#ifdef GS_CORE_CPU_TARGET
+  gs_emu::set_system_memory_is_device(true);  // CPU tensors stand in for device memory (memory.h)
+#endif
   m.attr("__version__") = GRADSCALE_VERSION;
-  // pybind11 tries the translators last-registered first: the base class goes first.
-  py::register_exception<Error>(m, "Error", PyExc_RuntimeError);
-  py::register_exception<ConfigError>(m, "ConfigError", PyExc_ValueError);
-  py::register_exception<DataError>(m, "DataError", PyExc_ValueError);
+  // pybind11 tries the translators last-registered first: the base class goes first. Types and
+  // translators are local to the module: _core and _core_cpu_target bind the same C++ types in one
+  // process (pybind11's registry is otherwise shared between modules).
+  py::register_local_exception<Error>(m, "Error", PyExc_RuntimeError);
+  py::register_local_exception<ConfigError>(m, "ConfigError", PyExc_ValueError);
+  py::register_local_exception<DataError>(m, "DataError", PyExc_ValueError);
 
   m.def("policies", &scaler_policies, "the registered scaler policies");
+  m.def("cuda_built", &cuda_backend_built, "whether this core has lib/cuda (ExternalBackward(device='cuda'))");
   m.def("check_format", [](const std::string& f) { return format_name(format_of(f)); },
         "the canonical name of a format (ValueError naming the allowed ones otherwise)");
   m.def("max_finite", [](const std::string& f) { return format_info(format_of(f)).max_finite; });
@@ -220,7 +236,7 @@ PYBIND11_MODULE(_core, m) {
   m.def("reference_run", &reference_run);
 
   // The per-layer trace of SPEC §8 (docs/trace.md), the same writer the CLI uses.
-  py::class_<TraceWriter>(m, "TraceWriter")
+  py::class_<TraceWriter>(m, "TraceWriter", py::module_local())
       .def(py::init([](const std::string& base, const std::string& header, std::int64_t every, bool histograms) {
         return std::make_unique<TraceWriter>(base, json::parse(header), every, histograms);
       }))
@@ -241,19 +257,31 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("json_path", &TraceWriter::json_path);
 
   // Data-parallel statistics over torch.distributed (see PythonCommunicator).
-  py::class_<Reducer>(m, "Reducer")
+  py::class_<Reducer>(m, "Reducer", py::module_local())
       .def(py::init<int, int, py::function>(), py::arg("rank"), py::arg("size"), py::arg("collective"))
       .def_property_readonly("collectives", [](const Reducer& r) { return r.dp.counts().statistics_collectives; })
       .def_property_readonly("bytes", [](const Reducer& r) { return r.dp.counts().statistics_bytes; })
       .def_property_readonly("seconds", [](const Reducer& r) { return r.dp.counts().statistics_seconds; });
 
-  py::class_<ExternalBackward>(m, "ExternalBackward")
+  py::class_<ExternalBackward>(m, "ExternalBackward", py::module_local())
       .def(py::init([](const std::vector<py::dict>& layers, const std::string& format, const std::string& grad_format,
-                       bool quantize_weight_grads, const std::string& scaler) {
+                       bool quantize_weight_grads, const std::string& scaler, const std::string& device) {
              return std::make_unique<ExternalBackward>(layer_table(layers),
                                                        precision_of(format, grad_format, quantize_weight_grads),
-                                                       json::parse(scaler));
-           }))
+                                                       json::parse(scaler), device);
+           }),
+           py::arg("layers"), py::arg("format"), py::arg("grad_format"), py::arg("quantize_weight_grads"),
+           py::arg("scaler"), py::arg("device") = "cpu")
+      .def_property_readonly("device", &ExternalBackward::device)
+      // The caller's own steps on arrays of that device: forward values and working weights rounded to
+      // a format, a join part's maximum; set_stream orders the device's work on the caller's stream.
+      .def("quantize_", [](ExternalBackward& e, std::uintptr_t p, std::int64_t n, const std::string& f) {
+        e.arrays().quantize(address(p), static_cast<std::size_t>(n), format_of(f), e.precision().round);
+      })
+      .def("max_abs", [](ExternalBackward& e, std::uintptr_t p, std::int64_t n) {
+        return static_cast<double>(e.arrays().max_abs(address(p), static_cast<std::size_t>(n)));
+      })
+      .def("set_stream", [](ExternalBackward& e, std::uintptr_t stream) { e.arrays().set_stream(stream); })
       .def("set_layer_inputs", &ExternalBackward::set_layer_inputs)
       .def("layer_inputs", [](const ExternalBackward& e) {
         std::vector<std::vector<int>> inputs;

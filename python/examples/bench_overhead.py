@@ -1,15 +1,18 @@
-"""What the plug-in costs per training step on the CPU: plain PyTorch (fp32, no scaler) against the
-plug-in emulating fp16 storage with a global policy (`torch`) and with adaptive `measured`.
+"""What the plug-in costs per training step: plain PyTorch (fp32, no scaler) against the plug-in
+emulating fp16 storage with a global policy (`torch`) and with adaptive `measured` — on the CPU, or
+with --device cuda on a GPU, where PyTorch's own mixed precision (autocast fp16 + GradScaler) runs in
+the same turns for comparison.
 
-    .venv/bin/python python/examples/bench_overhead.py [--steps 30] [--threads 1]
+    .venv/bin/python python/examples/bench_overhead.py [--steps 30] [--threads 1] [--device cuda]
 
 Prints one Markdown row per model: milliseconds per step of each configuration (median of --steps
-after 3 warm-up steps; the configurations take turns step by step) and the ratio of adaptive
-`measured` to the emulated global-policy step.
+after 3 warm-up steps; the configurations take turns step by step; on a GPU each step ends with a
+synchronisation) and the ratio of adaptive `measured` to the emulated global-policy step.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
@@ -37,18 +40,30 @@ def models():
 class Run:
     """One configuration: its own copy of the model, optimizer and (maybe) scaler."""
 
-    def __init__(self, make, data, scaler_cfg):
+    def __init__(self, make, data, scaler_cfg, device):
         torch.manual_seed(0)
-        self.model = make()
+        self.device = torch.device(device)
+        self.model = make().to(self.device)
         self.opt = torch.optim.SGD(self.model.parameters(), lr=0.01)
-        self.scaler = Scaler(self.model, scaler=scaler_cfg, format="fp16", record_every=0) if scaler_cfg else None
-        self.x, self.y = data
+        self.amp = scaler_cfg == "amp"  # PyTorch's autocast fp16 + GradScaler (a GPU only)
+        if self.amp:
+            self.scaler = (torch.amp.GradScaler("cuda") if hasattr(torch.amp, "GradScaler")
+                           else torch.cuda.amp.GradScaler())
+        else:
+            self.scaler = Scaler(self.model, scaler=scaler_cfg, format="fp16", record_every=0) if scaler_cfg else None
+        self.x, self.y = (t.to(self.device) for t in data)
         self.times = []
 
+    def _sync(self):
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
     def step(self, record):
+        self._sync()
         t0 = time.perf_counter()
-        out = self.model(self.x)
-        loss = F.cross_entropy(out.reshape(-1, out.shape[-1]), self.y.reshape(-1))
+        with torch.autocast("cuda", dtype=torch.float16) if self.amp else contextlib.nullcontext():
+            out = self.model(self.x)
+            loss = F.cross_entropy(out.reshape(-1, out.shape[-1]), self.y.reshape(-1))
         self.opt.zero_grad()
         if self.scaler:
             self.scaler.scale(loss).backward()
@@ -57,14 +72,15 @@ class Run:
         else:
             loss.backward()
             self.opt.step()
+        self._sync()
         if record:
             self.times.append(time.perf_counter() - t0)
 
 
-def time_configs(make, data, configs, steps):
+def time_configs(make, data, configs, steps, device):
     """Medians in ms; the configurations take turns step by step, so a change in the machine's load
     falls on all of them alike."""
-    runs = [Run(make, data, c) for c in configs]
+    runs = [Run(make, data, c, device) for c in configs]
     for i in range(steps + 3):
         for r in runs:
             r.step(record=i >= 3)
@@ -75,15 +91,24 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--device", default="cpu", help="cpu, or cuda (adds PyTorch AMP to the comparison)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    print(f"threads {args.threads}, torch {torch.__version__}")
-    print("| model | plain PyTorch fp32 | plug-in fp16, `torch` | plug-in fp16, adaptive `measured` | measured / torch |")
-    print("|---|---|---|---|---|")
+    gpu = args.device.startswith("cuda")
+    where = torch.cuda.get_device_name(torch.device(args.device)) if gpu else f"cpu, threads {args.threads}"
+    print(f"{where}, torch {torch.__version__}")
+    configs = [None, "torch", {"policy": "adaptive", "method": "measured"}] + (["amp"] if gpu else [])
+    amp_header = " PyTorch AMP (autocast fp16 + GradScaler) | measured / AMP |" if gpu else ""
+    print("| model | plain PyTorch fp32 | plug-in fp16, `torch` | plug-in fp16, adaptive `measured` | measured / torch |"
+          + amp_header)
+    print("|---|---|---|---|---|" + ("---|---|" if gpu else ""))
     for name, make, data in models():
-        plain, glob, meas = time_configs(make, data, [None, "torch", {"policy": "adaptive", "method": "measured"}],
-                                         args.steps)
-        print(f"| {name} | {plain:.1f} ms | {glob:.1f} ms | {meas:.1f} ms | {meas / glob:.2f} |", flush=True)
+        times = time_configs(make, data, configs, args.steps, args.device)
+        plain, glob, meas = times[:3]
+        row = f"| {name} | {plain:.1f} ms | {glob:.1f} ms | {meas:.1f} ms | {meas / glob:.2f} |"
+        if gpu:
+            row += f" {times[3]:.2f} ms | {meas / times[3]:.2f} |"
+        print(row, flush=True)
 
 
 if __name__ == "__main__":

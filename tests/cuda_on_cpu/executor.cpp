@@ -505,7 +505,8 @@ void run_kernel(const LaunchConfig& c, void (*body)(void*), void* data) {
     return;
   }
   for (int i = 0; i < c.pointer_count; ++i) {
-    if (c.pointers[i] == nullptr || find_allocation(c.pointers[i], 0) != nullptr) continue;
+    if (c.pointers[i] == nullptr || find_allocation(c.pointers[i], 0) != nullptr || system_memory_is_device())
+      continue;
     std::ostringstream os;
     os << where(c) << ": argument " << c.pointer_index[i] << " (" << c.pointers[i]
        << ") points outside device memory";
@@ -528,7 +529,7 @@ void run_kernel(const LaunchConfig& c, void (*body)(void*), void* data) {
   g_exec.threads = static_cast<unsigned>(threads);
   g_exec.fault.clear();
 
-  if (!order_check_due(c)) {
+  if (system_memory_is_device() || !order_check_due(c)) {
     run_grid(false);
     g_exec.config = nullptr;
     if (!g_exec.fault.empty()) report_fault(cudaErrorLaunchFailure, where(c) + ": " + g_exec.fault);

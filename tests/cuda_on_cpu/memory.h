@@ -24,6 +24,14 @@ const Allocation* find_allocation(const void* p, std::size_t bytes);
 // Every live allocation, device and page-locked host, in address order.
 std::vector<Allocation> allocations();
 
+// The plug-in's core over this target (gradscale._core_cpu_target) hands the kernels PyTorch's CPU
+// tensors as device memory: with this on, memory outside every allocation counts as device memory
+// (as system memory does on a GPU with heterogeneous memory management) for launches and copies, and
+// each launch runs once, in one order (the two-order check restores only the registered allocations,
+// and would apply an in-place kernel twice to the rest). Off by default: the C++ tests keep every check.
+void set_system_memory_is_device(bool on);
+bool system_memory_is_device();
+
 // Records a fault for the next cudaGetLastError (and cudaStreamSynchronize) and says on stderr why:
 // the status alone ("invalid argument") would not name the copy or the kernel.
 void report_fault(cudaError_t e, const std::string& why);

@@ -5,6 +5,7 @@
 #include <cuda_runtime_api.h>
 
 #include <chrono>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
@@ -83,6 +84,7 @@ std::string check_side(const char* side, const void* p, std::size_t bytes, bool 
   std::lock_guard<std::mutex> lock(g_mutex);
   const Allocation* a = find_locked(p, bytes);
   if (device) {
+    if (a == nullptr && system_memory_is_device() && find_locked(p, 0) == nullptr) return "";
     if (a == nullptr || a->kind != MemoryKind::device)
       return std::string("the ") + side + " " + describe(p) + " (" + std::to_string(bytes) +
              " bytes) is not within one device allocation";
@@ -153,6 +155,18 @@ cudaError_t release(void* p, MemoryKind kind, const char* call) {
 }
 
 }  // namespace
+
+namespace {
+std::atomic<bool> g_system_memory_is_device{false};
+}  // namespace
+
+void set_system_memory_is_device(bool on) {
+  g_system_memory_is_device = on;
+}
+
+bool system_memory_is_device() {
+  return g_system_memory_is_device;
+}
 
 const Allocation* find_allocation(const void* p, std::size_t bytes) {
   std::lock_guard<std::mutex> lock(g_mutex);

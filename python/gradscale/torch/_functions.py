@@ -19,15 +19,16 @@ def _owned_copy(g: torch.Tensor) -> torch.Tensor:
     # Gradients handed to a backward may be shared with other edges (AddBackward passes one tensor to
     # both inputs): round a private, contiguous fp32 copy.
     if g.dtype != torch.float32:
-        raise TypeError(f"gradscale.torch: gradients must be float32 on the CPU, got {g.dtype} on {g.device}")
+        raise TypeError(f"gradscale.torch: gradients must be float32, got {g.dtype} on {g.device}")
     return g.detach().to(memory_format=torch.contiguous_format).clone()
 
 
-def round_forward(x: torch.Tensor, fmt: str, core_module) -> torch.Tensor:
-    """A new tensor: x rounded to the forward format (the identity copy for fp32)."""
+def round_forward(x: torch.Tensor, fmt: str, core) -> torch.Tensor:
+    """A new tensor: x rounded to the forward format (the identity copy for fp32), by `core` (an
+    ExternalBackward) where x lives."""
     out = x.detach().contiguous().clone()
     if fmt != "fp32":
-        core_module.quantize_(out.data_ptr(), out.numel(), fmt)
+        core.quantize_(out.data_ptr(), out.numel(), fmt)
     return out
 
 
@@ -35,7 +36,7 @@ def _boundary_forward(ctx, x, session, layer_id, call):
     ctx.session = session
     ctx.layer_id = layer_id
     ctx.call = call  # pairs a layer call's Exit with its Enter (a module may be called twice)
-    return round_forward(x, session.format, session.core_module)
+    return round_forward(x, session.format, session.core)
 
 
 def _boundary_backward(ctx, g, handler):

@@ -37,9 +37,8 @@ def _is_leaf_node(node) -> bool:
 class Session:
     """The plug-in's per-pass state around the core's ExternalBackward."""
 
-    def __init__(self, core, core_module, layers: List[Layer], fmt: str):
+    def __init__(self, core, layers: List[Layer], fmt: str):
         self.core = core
-        self.core_module = core_module
         self.layers = layers
         self.format = fmt
         self.owner = param_owner(layers)
@@ -214,7 +213,7 @@ class Session:
             if not parts:
                 return None
             contiguous = [(j, g.contiguous(), s) for j, g, s in parts]
-            target = self.core.join_target([self.core_module.max_abs(g.data_ptr(), g.numel()) for _, g, _ in contiguous],
+            target = self.core.join_target([self.core.max_abs(g.data_ptr(), g.numel()) for _, g, _ in contiguous],
                                            [s for _, _, s in contiguous])
             if len({s for _, _, s in contiguous}) > 1:
                 self.joins += 1

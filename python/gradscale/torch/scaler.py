@@ -15,7 +15,9 @@ so `unscale_` has nothing left to divide and only marks the optimizer (clip afte
 model, before its one rounding (SPEC §5), so the loss's own graph runs unscaled in fp32.
 
 Every decision (S0, each layer's s, joins, rounding, found_inf, skip) is made by gradscale's C++ core
-(`gradscale._core`); this module only finds where on the autograd graph to ask for it. CPU only.
+(`gradscale._core`); this module only finds where on the autograd graph to ask for it. Tensors in float32
+on the CPU, or on a GPU when the core was built with CUDA: there the core's rounding, statistics and
+maxima are lib/cuda's kernels, on PyTorch's current stream.
 """
 from __future__ import annotations
 
@@ -65,6 +67,7 @@ class Scaler:
         agree_scales: with a process group, reduce the statistics the scales are chosen from (True,
             the default: a few collectives per layer inside backward); False: each rank chooses S0
             and its layers' scales from its own rows (the verdict is still the group's).
+        The model's parameters must all be on one device, the CPU or a GPU (the core then works there).
         trace: write the per-layer trace of SPEC §8 to `trace`.jsonl while training (and `trace`.json
             at `close()`), in the `gradscale.trace/1` schema `gradscale inspect` and
             scripts/plot_trace.py read; `trace_every` steps with full statistics (plus every skipped,
@@ -75,7 +78,7 @@ class Scaler:
                  grad_format: Optional[str] = None, layers: Optional[Sequence[Union[str, nn.Module]]] = None,
                  weight_grads: str = "format", record_every: int = 10, process_group: Any = None,
                  trace: Optional[str] = None, trace_every: int = 10, trace_hist: bool = False,
-                 agree_scales: bool = True):
+                 agree_scales: bool = True, _cpu_target: bool = False):
         if not isinstance(model, nn.Module):
             raise ValueError(f"gradscale.torch: Scaler needs an nn.Module, got {type(model).__name__}")
         if weight_grads not in ("format", "fp32"):
@@ -91,8 +94,12 @@ class Scaler:
         self._agree_scales = agree_scales
         self._model = model
         self._layers = build_layers(model, layers)
+        self._device = _model_device(model)
+        # _cpu_target (the tests'): the core over lib/cuda's CPU execution target, whose "device memory"
+        # is the host's, so the CUDA path runs on CPU tensors (tests/cuda_on_cpu, docs/pytorch.md).
+        self._core_module, core_device = _core_for(self._device, _cpu_target)
         self._core_args = ([l.row() for l in self._layers], self.format, self.grad_format, weight_grads == "format",
-                           _policy_json(scaler))
+                           _policy_json(scaler), core_device)
         self._attach_core()
         self._trace = None
         if trace is not None:
@@ -104,7 +111,8 @@ class Scaler:
                       "format": self.format, "grad_format": self.grad_format,
                       "scaler": json.loads(self._core.scaler_config()), "seed": int(torch.initial_seed()),
                       "layers": trace_table(self._layers, model)}
-            self._trace = _core.TraceWriter(str(trace), json.dumps(header), trace_every, bool(trace_hist))
+            self._trace = self._core_module.TraceWriter(str(trace), json.dumps(header), trace_every,
+                                                        bool(trace_hist))
             self._trace_counts = {"skipped": 0, "overflows": 0}  # every such step is traced
         self._started = time.time()
         self._phase = _IDLE
@@ -285,9 +293,10 @@ class Scaler:
         new = self.__class__.__new__(self.__class__)
         memo[id(self)] = new
         for key, value in self.__dict__.items():
-            if key not in ("_core", "_session", "_calls", "_process_group", "_trace", "_reducer"):
+            if key not in ("_core", "_session", "_calls", "_process_group", "_trace", "_reducer", "_core_module"):
                 setattr(new, key, copy.deepcopy(value, memo))
         new._process_group = self._process_group
+        new._core_module = self._core_module
         new._trace = None  # a copy does not write into the original's trace
         new._calls = itertools.count()
         new._attach_core()
@@ -296,9 +305,9 @@ class Scaler:
 
     # ---- internals -----------------------------------------------------------------------------
     def _attach_core(self) -> None:
-        self._core = _core.ExternalBackward(*self._core_args)
+        self._core = self._core_module.ExternalBackward(*self._core_args)
         self._reducer = None
-        self._session = Session(self._core, _core, self._layers, self.format)
+        self._session = Session(self._core, self._layers, self.format)
         self._session.on_backward_done = self._backward_done
 
     def _expect_backwarded(self, call: str) -> None:
@@ -317,7 +326,7 @@ class Scaler:
             # overflows to the same layers (SPEC §6.5).
             verdict = self._core.agreement_buffer()
             overflows = self._core.overflow_buffer()
-            buf = torch.tensor(verdict + overflows, dtype=torch.float64)
+            buf = torch.tensor(verdict + overflows, dtype=torch.float64, device=_collective_device(group))
             torch.distributed.all_reduce(buf, group=group)
             summed = buf.tolist()
             self._core.agree(summed[:len(verdict)])
@@ -353,7 +362,7 @@ class Scaler:
         if group is None or self._reducer is not None:
             return
         size = torch.distributed.get_world_size(group)
-        self._reducer = _core.Reducer(torch.distributed.get_rank(group), size, _collective(group, size))
+        self._reducer = self._core_module.Reducer(torch.distributed.get_rank(group), size, _collective(group, size))
         self._core.set_reducer(self._reducer)
 
     def _backward_done(self) -> None:
@@ -366,7 +375,7 @@ class Scaler:
         self._masters = []
         for p in self._model.parameters():
             master = p.data
-            p.data = round_forward(master, self.format, _core)
+            p.data = round_forward(master, self.format, self._core)
             self._masters.append((p, master))
 
     def _restore_masters(self) -> None:
@@ -377,6 +386,8 @@ class Scaler:
         self._masters = None
 
     def _model_pre_hook(self, module, inputs):
+        if self._device.type == "cuda":  # the core's kernels run on PyTorch's current stream
+            self._core.set_stream(torch.cuda.current_stream(self._device).cuda_stream)
         self._use_working_weights()
         return None
 
@@ -384,7 +395,8 @@ class Scaler:
         if not torch.is_grad_enabled():
             self._restore_masters()  # inference: no backward will read the working weights
             return None
-        return _map_tensors(output, lambda t: LossEdge.apply(t, self._session) if t.requires_grad else t)
+        return _map_tensors(output, self._device,
+                            lambda t: LossEdge.apply(t, self._session) if t.requires_grad else t)
 
     # The layer hooks are partials of bound methods, not closures: copy.deepcopy(model) then binds the
     # copy's hooks to the scaler's copy (a closure would be shared, and drive this scaler).
@@ -400,8 +412,8 @@ class Scaler:
     def _enter(self, layer_id: int, call: int, x):
         """One argument of a layer call: a floating tensor gets its `Enter` (rounded to `format`)."""
         grad = torch.is_grad_enabled()
-        return _wrap(x, lambda t: Enter.apply(t, self._session, layer_id, call) if grad and t.requires_grad
-                     else round_forward(t, self.format, _core))
+        return _wrap(x, self._device, lambda t: Enter.apply(t, self._session, layer_id, call)
+                     if grad and t.requires_grad else round_forward(t, self.format, self._core))
 
     def _enter_keywords(self, layer_id: int, kwargs: dict) -> dict:
         """The keyword arguments of the call the layer's pre-hook just opened, treated as its positional
@@ -419,14 +431,22 @@ class Scaler:
         stack = self._open_calls.get(layer_id)
         call = stack.pop() if stack else -1
         grad = torch.is_grad_enabled()
-        return _map_tensors(output, lambda t: Exit.apply(t, self._session, layer_id, call)
-                            if grad and t.requires_grad else round_forward(t, self.format, _core))
+        return _map_tensors(output, self._device, lambda t: Exit.apply(t, self._session, layer_id, call)
+                            if grad and t.requires_grad else round_forward(t, self.format, self._core))
+
+
+def _collective_device(group) -> torch.device:
+    """Where a collective's buffer goes: NCCL reduces CUDA tensors only, the other backends host ones."""
+    if torch.distributed.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 def _collective(group, size: int):
     """The collectives gradscale's data-parallel reductions need (lib/dist/communicator.h), on `group`:
     what the core's Reducer calls with (op, values) and expects the result of."""
     dist = torch.distributed
+    device = _collective_device(group)
     ops = {"sum_int": (torch.int64, dist.ReduceOp.SUM), "sum_float": (torch.float32, dist.ReduceOp.SUM),
            "max": (torch.float64, dist.ReduceOp.MAX)}
 
@@ -435,14 +455,14 @@ def _collective(group, size: int):
             dist.barrier(group=group)
             return []
         if op == "gather":
-            mine = torch.tensor(values, dtype=torch.float64)
+            mine = torch.tensor(values, dtype=torch.float64, device=device)
             every = [torch.empty_like(mine) for _ in range(size)]
             dist.all_gather(every, mine, group=group)
             return torch.cat(every).tolist()
         if op not in ops:
             raise ValueError(f"gradscale.torch: unknown collective {op!r}")
         dtype, reduce_op = ops[op]
-        buf = torch.tensor(values, dtype=dtype)
+        buf = torch.tensor(values, dtype=dtype, device=device)
         dist.all_reduce(buf, op=reduce_op, group=group)
         return buf.tolist()
     return run
@@ -482,24 +502,58 @@ class _KeywordInputs:
                 self.module.forward = self.inner
 
 
-def _wrap(x, fn):
+def _model_device(model: nn.Module) -> torch.device:
+    """The one device of the model's parameters (ValueError when they are spread over several)."""
+    devices = {p.device for p in model.parameters()}
+    if len(devices) > 1:
+        raise ValueError("gradscale.torch: the model's parameters are on several devices "
+                         f"({', '.join(sorted(str(d) for d in devices))}); a Scaler works on one")
+    return devices.pop() if devices else torch.device("cpu")  # no parameters: build_layers refused it
+
+
+def _core_for(device: torch.device, cpu_target: bool):
+    """The core module and the device its ExternalBackward works on, for a model on `device`."""
+    if cpu_target:
+        if device.type != "cpu":
+            raise ValueError("gradscale.torch: the CPU execution target takes CPU tensors")
+        try:
+            from .. import _core_cpu_target
+        except ImportError as e:
+            raise RuntimeError("gradscale.torch: the core over lib/cuda's CPU execution target was not built "
+                               "(a build with CUDA and the tests: scripts/build.sh)") from e
+        return _core_cpu_target, "cuda"
+    if device.type == "cpu":
+        return _core, "cpu"
+    if device.type == "cuda":
+        if not _core.cuda_built():
+            raise ValueError(f"gradscale.torch: the model is on {device}, but this gradscale core was built "
+                             "without CUDA (rebuild with the CUDA toolkit: scripts/build.sh with nvcc on PATH)")
+        return _core, f"cuda:{device.index if device.index is not None else torch.cuda.current_device()}"
+    raise ValueError(f"gradscale.torch: the model is on {device}; the core works on the CPU and on CUDA GPUs")
+
+
+def _wrap(x, device: torch.device, fn):
     if isinstance(x, torch.Tensor) and x.is_floating_point():
-        if x.device.type != "cpu":
-            raise RuntimeError(f"gradscale.torch runs on the CPU in this version; got a tensor on {x.device}")
+        if x.device != device:
+            raise RuntimeError(f"gradscale.torch: a tensor on {x.device} met layers whose parameters are on "
+                               f"{device}")
         if x.dtype != torch.float32:
-            raise TypeError(f"gradscale.torch emulates every format in float32 tensors; got {x.dtype} "
-                            "(do not combine it with torch.autocast)")
+            raise TypeError(
+                f"gradscale.torch emulates every format in float32 tensors; got {x.dtype}. Under "
+                "torch.autocast PyTorch rounds each layer's backward product to 16 bits at the scale the "
+                "layer received, before gradscale could apply the layer's own scale s (SPEC §5 rounds "
+                "s·product once): run the model in float32 and choose format=/grad_format= instead")
         return fn(x)
     return x
 
 
-def _map_tensors(value, fn):
+def _map_tensors(value, device: torch.device, fn):
     if isinstance(value, torch.Tensor):
-        return _wrap(value, fn)
+        return _wrap(value, device, fn)
     if isinstance(value, tuple) and hasattr(value, "_fields"):  # namedtuple
-        return type(value)(*(_map_tensors(v, fn) for v in value))
+        return type(value)(*(_map_tensors(v, device, fn) for v in value))
     if isinstance(value, (tuple, list)):
-        return type(value)(_map_tensors(v, fn) for v in value)
+        return type(value)(_map_tensors(v, device, fn) for v in value)
     if isinstance(value, dict):
-        return type(value)((k, _map_tensors(v, fn)) for k, v in value.items())
+        return type(value)((k, _map_tensors(v, device, fn)) for k, v in value.items())
     return value
