@@ -117,6 +117,8 @@ class ExternalBackward {
   // caller's own roundings of forward values (quantize) and maxima (a join's parts).
   ArrayOps& arrays() { return *ops_; }
   const std::string& device() const { return device_; }
+  // How many times the host has waited for the device so far (0 on the host): Backend::host_waits.
+  std::int64_t host_waits() const { return backend_ ? backend_->host_waits() : 0; }
   Scaler& scaler() { return *scaler_; }
   // {"steps", "scaler": {"config", "state"}, "layers": [names]}; restore_state refuses another scaler
   // configuration or layer table (ConfigError naming what differs).

@@ -273,6 +273,7 @@ PYBIND11_MODULE(GS_CORE_NAME, m) {
            py::arg("layers"), py::arg("format"), py::arg("grad_format"), py::arg("quantize_weight_grads"),
            py::arg("scaler"), py::arg("device") = "cpu")
       .def_property_readonly("device", &ExternalBackward::device)
+      .def_property_readonly("host_waits", &ExternalBackward::host_waits)
       // The caller's own steps on arrays of that device: forward values and working weights rounded to
       // a format, a join part's maximum; set_stream orders the device's work on the caller's stream.
       .def("quantize_", [](ExternalBackward& e, std::uintptr_t p, std::int64_t n, const std::string& f) {

@@ -109,6 +109,13 @@ def main():
         if gpu:
             row += f" {times[3]:.2f} ms | {meas / times[3]:.2f} |"
         print(row, flush=True)
+    if gpu:  # the plug-in's waits for the device (each measured rounding, each controller's statistics)
+        for name, make, data in models():
+            run = Run(make, data, {"policy": "adaptive", "method": "measured"}, args.device)
+            run.step(False)
+            before = run.scaler.host_waits
+            run.step(False)
+            print(f"{name}: adaptive measured waits for the GPU {run.scaler.host_waits - before} times a step")
 
 
 if __name__ == "__main__":

@@ -145,3 +145,22 @@ def test_a_trace_on_the_cuda_path(tmp_path):
     records = [json.loads(line) for line in lines[1:-1]]  # between the header and the summary
     assert [r["step"] for r in records] == [1, 2, 3]
     assert all("wgrad" in layer for r in records for layer in r["layers"])  # statistics every step
+
+
+@needs_cpu_target
+def test_the_host_waits_for_the_device_a_fixed_number_of_times_per_step():
+    """The CUDA path's cost beyond its kernels: every measured rounding and every controller's
+    statistics is one wait (docs/pytorch.md gives the counts). None on the host."""
+    for name, model, x, y, vocab in _models():
+        twin = copy.deepcopy(model)
+        host = Scaler(model, scaler={"policy": "adaptive", "method": "measured"})
+        _train(model, host, x, y, vocab, 2)
+        assert host.host_waits == 0
+        dev = Scaler(twin, scaler={"policy": "adaptive", "method": "measured"}, _cpu_target=True)
+        counts = []
+        for _ in range(3):
+            before = dev.host_waits
+            _train(twin, dev, x, y, vocab, 1)
+            counts.append(dev.host_waits - before)
+        assert counts[0] > 0 and len(set(counts[1:])) == 1, (name, counts)
+        print(f"{name}: {counts[-1]} host waits per step, {len(dev.layer_scales())} layers")

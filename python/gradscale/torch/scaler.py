@@ -229,6 +229,12 @@ class Scaler:
         gradient it sent upstream, on recorded steps; else None)."""
         return self._core.layer_scales()
 
+    @property
+    def host_waits(self) -> int:
+        """How many times the core has waited for the GPU since the Scaler was made (0 on the CPU):
+        every rounding it measures and every statistic a controller asks for is one."""
+        return int(self._core.host_waits)
+
     def loss_grad_stats(self) -> Optional[dict]:
         """The SPEC §3 statistics of the last step's loss gradient where it entered the model: the fp32
         values S0·g before their one rounding, against `grad_format` — zero, underflow, subnormal,
