@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 
 #include "lib/layers/layer.h"
 
@@ -16,11 +17,19 @@ namespace gradscale {
 class ArrayOps {
  public:
   virtual ~ArrayOps() = default;
-  // round_gradient's contract (lib/layers/layer.h) on n values at `d`: the multiplier in fp32, the
-  // site's statistics into `monitor` when it records, popart_als's counts of a weight gradient, the
-  // found_inf check, the one rounding. Returns max|d| before rounding (inf when something is not finite).
-  virtual float round_gradient(float* d, std::size_t n, float multiplier, GradSite site, int node,
-                               const Precision& p, StepMonitor& monitor) = 0;
+  // round_gradient's contract (lib/layers/layer.h) on n values at `d`: the multiplier in fp32 and the
+  // one rounding now; the records — the site's statistics into `monitor` when it records, popart_als's
+  // counts of a weight gradient, the found_inf check — then `then(max|d| before rounding)` (inf when
+  // something is not finite; `then` may be empty), in the order the calls were made: at once on the
+  // host, at the next flush() on a device, where every queued measurement comes back in one copy.
+  // `monitor` must live until then.
+  virtual void queue_rounding(float* d, std::size_t n, float multiplier, GradSite site, int node,
+                              const Precision& p, StepMonitor& monitor, std::function<void(float)> then) = 0;
+  // `f` in order with the queued roundings' records (a monitor change whose order with theirs matters:
+  // which layer was the first non-finite one). At once on the host.
+  virtual void queue(std::function<void()> f) = 0;
+  // Makes every queued record and runs what was queued, in order (one wait on a device).
+  virtual void flush() = 0;
   // max|d[i]| (inf when one is not finite), as lib/instrument's max_abs.
   virtual float max_abs(const float* d, std::size_t n) = 0;
   // d[i] = d[i] / divisor in fp32 (the unscale of SPEC §4).
@@ -37,7 +46,7 @@ class ArrayOps {
   // n values at `d` into host memory.
   virtual void to_host(const float* d, std::size_t n, float* host) = 0;
   // Orders this work on the caller's stream (a cudaStream_t as an integer, 0: the backend's own); the
-  // host has none. Every entry above returns after its work has finished on the device.
+  // host has none. An entry that returns something measured waits for it; the others are queued.
   virtual void set_stream(std::uintptr_t /*stream*/) {}
   // Whether the arrays live in host memory (their addresses may be read by the caller directly).
   virtual bool host_memory() const = 0;

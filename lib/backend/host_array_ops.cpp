@@ -10,10 +10,13 @@ namespace {
 
 class HostArrayOps final : public ArrayOps {
  public:
-  float round_gradient(float* d, std::size_t n, float multiplier, GradSite site, int node, const Precision& p,
-                       StepMonitor& monitor) override {
-    return gradscale::round_gradient(d, n, multiplier, site, node, p, monitor);
+  void queue_rounding(float* d, std::size_t n, float multiplier, GradSite site, int node, const Precision& p,
+                      StepMonitor& monitor, std::function<void(float)> then) override {
+    const float m = gradscale::round_gradient(d, n, multiplier, site, node, p, monitor);
+    if (then) then(m);
   }
+  void queue(std::function<void()> f) override { f(); }
+  void flush() override {}
   float max_abs(const float* d, std::size_t n) override { return gradscale::max_abs(d, n); }
   void divide(float* d, std::size_t n, float divisor) override {
     for (std::size_t i = 0; i < n; ++i) d[i] /= divisor;

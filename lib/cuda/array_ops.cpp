@@ -1,8 +1,9 @@
-// lib/cuda's ArrayOps (see array_ops.h): round_gradient's records from one statistics kernel and one
-// copy, as CudaBackend::round_gradient queues them, but measured at once — the caller (ExternalBackward)
-// reads the maximum as soon as the rounding is made.
+// lib/cuda's ArrayOps (see array_ops.h): each rounding queues its statistics kernel into a slot, as
+// CudaBackend::round_gradient does, and flush() brings every slot to the host in one copy and makes the
+// records in the order the roundings were queued.
 #include "lib/cuda/array_ops.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -23,36 +24,81 @@ float max_of(const TensorStats& s) {  // lib/instrument's max_abs: infinite when
 
 class CudaArrayOps final : public ArrayOps {
  public:
-  explicit CudaArrayOps(CudaContext& ctx) : ctx_(ctx), stats_(3), edge_(1) {}
+  explicit CudaArrayOps(CudaContext& ctx) : ctx_(ctx), stats_(3) {}
 
-  float round_gradient(float* d, std::size_t n, float multiplier, GradSite site, int node, const Precision& p,
-                       StepMonitor& monitor) override {
+  void queue_rounding(float* d, std::size_t n, float multiplier, GradSite site, int node, const Precision& p,
+                      StepMonitor& monitor, std::function<void(float)> then) override {
     const Format f = p.gradient_format();
-    const bool quantized = site != GradSite::weight || p.quantize_weight_grads;
+    Queued e;
+    e.rounding = true;
+    e.site = site;
+    e.node = node;
+    e.quantized = site != GradSite::weight || p.quantize_weight_grads;
+    e.precision = p;
+    e.monitor = &monitor;
+    e.then = std::move(then);
+    e.slot = rounding_count_++;
     cudaStream_t stream = ctx_.stream();
     if (multiplier != 1.0f) cuda::quantize(d, d, n, Format::fp32, p.round, multiplier, stream);  // d·multiplier
-    tensor_stats(ctx_, d, n, f, p.round, stats_.data());
-    const bool edge = site == GradSite::weight && monitor.gradient_edge > 0;
-    if (edge) {  // popart_als counts the weight gradients about its edge as they will be stored
-      edge_.fill_bytes(0, stream);
+    tensor_stats(ctx_, d, n, f, p.round, slot(e.slot));
+    e.edge = site == GradSite::weight && monitor.gradient_edge > 0;
+    any_edge_ = any_edge_ || e.edge;
+    if (e.edge) {  // popart_als counts the weight gradients about its edge as they will be stored
+      DeviceEdgeCounts* counts = edge_slot(e.slot);
+      GS_CUDA_CHECK(cudaMemsetAsync(counts, 0, sizeof(DeviceEdgeCounts), stream));
       count_about_edge(d, n,
-                       edge_threshold_bits(static_cast<float>(monitor.gradient_edge), quantized ? f : Format::fp32,
-                                           p.round),
-                       edge_.data(), stream);
+                       edge_threshold_bits(static_cast<float>(monitor.gradient_edge),
+                                           e.quantized ? f : Format::fp32, p.round),
+                       counts, stream);
     }
-    if (quantized) cuda::quantize(d, d, n, f, p.round, 1.0f, stream);
-    const TensorStats s = download_stats(ctx_, stats_.data(), 1).at(0);
-    if (monitor.record) store_gradient_statistics(monitor, site, node, s);
-    if (edge) {
-      DeviceEdgeCounts c{};
-      edge_.download(&c, 1, stream);
-      ctx_.synchronize();
-      monitor.grad_below_edge += c.below;
-      monitor.grad_above_edge += c.above;
+    if (e.quantized) cuda::quantize(d, d, n, f, p.round, 1.0f, stream);
+    queued_.push_back(std::move(e));
+  }
+
+  void queue(std::function<void()> f) override {
+    if (queued_.empty()) {
+      f();  // nothing to keep the order with
+      return;
     }
-    const float m = max_of(s);
-    check_rounded_max(monitor, site, node, m, quantized, p);
-    return m;
+    Queued e;
+    e.run = std::move(f);
+    queued_.push_back(std::move(e));
+  }
+
+  void flush() override {
+    if (queued_.empty()) return;
+    // Every slot used, one copy per chunk, one wait.
+    std::vector<DeviceStats> stats(rounding_count_);
+    std::vector<DeviceEdgeCounts> edges(rounding_count_);
+    for (std::size_t c = 0; c * kChunk < rounding_count_; ++c) {
+      const std::size_t count = std::min(kChunk, rounding_count_ - c * kChunk);
+      GS_CUDA_CHECK(cudaMemcpyAsync(stats.data() + c * kChunk, stat_chunks_[c].data(), count * sizeof(DeviceStats),
+                                    cudaMemcpyDeviceToHost, ctx_.stream()));
+      if (any_edge_)
+        GS_CUDA_CHECK(cudaMemcpyAsync(edges.data() + c * kChunk, edge_chunks_[c].data(),
+                                      count * sizeof(DeviceEdgeCounts), cudaMemcpyDeviceToHost, ctx_.stream()));
+    }
+    ctx_.synchronize();
+    std::vector<Queued> queued;
+    queued.swap(queued_);  // a `then` may queue more (it runs at once then: nothing is left to order with)
+    rounding_count_ = 0;
+    any_edge_ = false;
+    for (Queued& e : queued) {
+      if (!e.rounding) {
+        e.run();
+        continue;
+      }
+      const TensorStats s = to_tensor_stats(stats[e.slot]);
+      StepMonitor& monitor = *e.monitor;
+      if (monitor.record) store_gradient_statistics(monitor, e.site, e.node, s);
+      if (e.edge) {
+        monitor.grad_below_edge += edges[e.slot].below;
+        monitor.grad_above_edge += edges[e.slot].above;
+      }
+      const float m = max_of(s);
+      check_rounded_max(monitor, e.site, e.node, m, e.quantized, e.precision);
+      if (e.then) e.then(m);
+    }
   }
 
   float max_abs(const float* d, std::size_t n) override {
@@ -114,9 +160,37 @@ class CudaArrayOps final : public ArrayOps {
   bool host_memory() const override { return false; }
 
  private:
+  // A queued rounding's records (or a queued function), made at flush.
+  struct Queued {
+    bool rounding = false;
+    GradSite site = GradSite::upstream;
+    int node = 0;
+    bool quantized = false, edge = false;
+    Precision precision;
+    StepMonitor* monitor = nullptr;
+    std::function<void(float)> then;
+    std::function<void()> run;
+    std::size_t slot = 0;
+  };
+  static constexpr std::size_t kChunk = 256;
+  // The statistics and edge counts of queued rounding i, in chunks that never move while kernels
+  // may write them.
+  DeviceStats* slot(std::size_t i) {
+    while (i / kChunk >= stat_chunks_.size()) {
+      stat_chunks_.emplace_back(kChunk);
+      edge_chunks_.emplace_back(kChunk);
+    }
+    return stat_chunks_[i / kChunk].data() + i % kChunk;
+  }
+  DeviceEdgeCounts* edge_slot(std::size_t i) { return edge_chunks_[i / kChunk].data() + i % kChunk; }
+
   CudaContext& ctx_;
-  DeviceBuffer<DeviceStats> stats_;  // one rounding's, or a query's three
-  DeviceBuffer<DeviceEdgeCounts> edge_;
+  DeviceBuffer<DeviceStats> stats_;  // a measurement returned at once: one tensor's, or a query's three
+  std::vector<DeviceBuffer<DeviceStats>> stat_chunks_;
+  std::vector<DeviceBuffer<DeviceEdgeCounts>> edge_chunks_;
+  std::vector<Queued> queued_;
+  std::size_t rounding_count_ = 0;
+  bool any_edge_ = false;  // some queued rounding counts about popart_als's edge
 };
 
 }  // namespace

@@ -2,7 +2,8 @@
 // device memory, with the kernels CudaBackend's own layers use (quantize, the SPEC §3 statistics,
 // popart_als's edge counts), so a backward pass computed elsewhere (PyTorch's, through ExternalBackward)
 // gets the same counts and bits as gradscale's. Work is queued on the context's stream (the caller's,
-// after set_stream); an entry that returns something measured waits for it (one wait per rounding).
+// after set_stream); a rounding's measurements wait in device slots until flush() (one copy, one wait),
+// and an entry that returns something measured (a maximum, statistics) waits for it.
 #pragma once
 
 #ifndef GRADSCALE_HAS_CUDA

@@ -1,11 +1,13 @@
 // The precision model for a backward pass computed by another engine (see external_backward.h). Every
-// rounding goes through round_gradient (lib/layers/precision_ops.cpp) and every local scale through the
-// checked controller decision, exactly as for gradscale's own layers.
+// rounding keeps round_gradient's contract (lib/layers/precision_ops.cpp; on a device its records are
+// made at the next flush, in order) and every local scale goes through the checked controller decision,
+// exactly as for gradscale's own layers.
 #include "lib/train/external_backward.h"
 
 #include <chrono>
 #include <cmath>
 #include <limits>
+#include <memory>
 
 #include "lib/core/json_read.h"
 #include "lib/layers/upstream_decision.h"
@@ -24,12 +26,14 @@ std::unique_ptr<Scaler> scaler_from(const nlohmann::json& config, const Precisio
 // round_gradient without statistics: the found_inf check, charged to `layer` (-1: outside every layer).
 void round_unrecorded(ArrayOps& ops, float* d, std::size_t n, float multiplier, GradSite site,
                       const Precision& p, StepMonitor& monitor, int layer) {
-  StepMonitor scratch;
-  scratch.gradient_edge = monitor.gradient_edge;                     // popart_als counts every weight gradient
-  const float m = ops.round_gradient(d, n, multiplier, site, 0, p, scratch);  // record off: layer 0 never read
-  monitor.grad_below_edge += scratch.grad_below_edge;
-  monitor.grad_above_edge += scratch.grad_above_edge;
-  if (scratch.found_inf) monitor.note_overflow(site, layer, m, scratch.nonfinite_stored);
+  auto scratch = std::make_shared<StepMonitor>();  // lives until the records are made
+  scratch->gradient_edge = monitor.gradient_edge;  // popart_als counts every weight gradient
+  // Record off: the scratch's layer 0 is never read.
+  ops.queue_rounding(d, n, multiplier, site, 0, p, *scratch, [scratch, &monitor, site, layer](float m) {
+    monitor.grad_below_edge += scratch->grad_below_edge;
+    monitor.grad_above_edge += scratch->grad_above_edge;
+    if (scratch->found_inf) monitor.note_overflow(site, layer, m, scratch->nonfinite_stored);
+  });
 }
 
 }  // namespace
@@ -94,6 +98,7 @@ void ExternalBackward::check_layer(int layer, bool allow_none, const char* call)
 }
 
 void ExternalBackward::begin_step(bool record_statistics) {
+  ops_->flush();  // what an abandoned pass queued goes to its own records, which the reset clears
   monitor_.reset(static_cast<int>(layers_.size()), record_statistics, scaler_->gradient_edge());
   wgrad_seen_.assign(layers_.size(), 0);
   const auto t0 = std::chrono::steady_clock::now();
@@ -123,9 +128,10 @@ double ExternalBackward::loss_gradient(float* g, std::int64_t n) {
   // The loss gradient is attributed to the last layer (as gradscale's own models do: the layer whose
   // output the loss reads), so a non-finite loss gradient names it.
   const int last = static_cast<int>(layers_.size()) - 1;
-  const float m = ops_->round_gradient(g, static_cast<std::size_t>(n), static_cast<float>(loss_scale_),
-                                       GradSite::loss, last, precision_, monitor_);
-  if (m > monitor_.loss_grad_max_abs || std::isnan(m)) monitor_.loss_grad_max_abs = m;
+  ops_->queue_rounding(g, static_cast<std::size_t>(n), static_cast<float>(loss_scale_), GradSite::loss, last,
+                       precision_, monitor_, [this](float m) {
+                         if (m > monitor_.loss_grad_max_abs || std::isnan(m)) monitor_.loss_grad_max_abs = m;
+                       });
   return loss_scale_;
 }
 
@@ -174,10 +180,12 @@ double ExternalBackward::upstream(int layer, float* upstream, const Shape& upstr
   r.local_scale = decision.s;
   r.unbound_scale = decision.unbound;
   r.sent_grad = true;
-  const float m = ops_->round_gradient(upstream, static_cast<std::size_t>(shape_size(upstream_shape)),
-                                       static_cast<float>(decision.s), GradSite::upstream, layer, precision_,
-                                       monitor_);
-  if (m > r.sent_max_abs || std::isnan(m)) r.sent_max_abs = m;
+  ops_->queue_rounding(upstream, static_cast<std::size_t>(shape_size(upstream_shape)),
+                       static_cast<float>(decision.s), GradSite::upstream, layer, precision_, monitor_,
+                       [this, layer](float m) {
+                         LayerRecord& sent = monitor_.record_of(layer);
+                         if (m > sent.sent_max_abs || std::isnan(m)) sent.sent_max_abs = m;
+                       });
   r.scale_out = decision.s * scale_in;
   return decision.s;
 }
@@ -192,7 +200,7 @@ void ExternalBackward::round_join(int layer, float* sum, std::int64_t n) {
   if (layer < 0)
     round_unrecorded(*ops_, sum, static_cast<std::size_t>(n), 1.0f, GradSite::join, precision_, monitor_, -1);
   else
-    ops_->round_gradient(sum, static_cast<std::size_t>(n), 1.0f, GradSite::join, layer, precision_, monitor_);
+    ops_->queue_rounding(sum, static_cast<std::size_t>(n), 1.0f, GradSite::join, layer, precision_, monitor_, {});
 }
 
 void ExternalBackward::round_received(int layer, float* g, std::int64_t n) {
@@ -231,18 +239,19 @@ void ExternalBackward::weight_gradient(int layer, float* g, std::int64_t n, doub
   if (layer < 0)
     round_unrecorded(*ops_, g, count, 1.0f, GradSite::weight, precision_, monitor_, -1);
   else
-    ops_->round_gradient(g, count, static_cast<float>(r), GradSite::weight, layer, precision_, monitor_);
+    ops_->queue_rounding(g, count, static_cast<float>(r), GradSite::weight, layer, precision_, monitor_, {});
   // As accumulate_weight_grad: a scale outside float32's range cannot be divided out, so the step
-  // counts as non-finite (the scaler skips it).
+  // counts as non-finite (the scaler skips it), after the rounding's own check.
   if (!scale_in_float_range(r * scale)) {
-    monitor_.note_nonfinite(layer);
+    ops_->queue([this, layer] { monitor_.note_nonfinite(layer); });
     return;
   }
   // Unscale in fp32 (SPEC §4), as accumulate_weight_grad does: g / (r·S), exact for powers of two.
   ops_->divide(g, count, static_cast<float>(r * scale));
 }
 
-std::vector<double> ExternalBackward::agreement_buffer() const {
+std::vector<double> ExternalBackward::agreement_buffer() {
+  ops_->flush();
   // [found_inf, below edge, above edge, found outside every layer, one slot per layer: named first]
   std::vector<double> b(layers_.size() + 4, 0.0);
   b[0] = monitor_.found_inf ? 1 : 0;
@@ -277,7 +286,8 @@ namespace {
 constexpr std::size_t kOverflowHead = 3, kOverflowPerLayer = 4;  // overflow_buffer's layout
 }  // namespace
 
-std::vector<double> ExternalBackward::overflow_buffer() const {
+std::vector<double> ExternalBackward::overflow_buffer() {
+  ops_->flush();
   // [a stored value not finite, loss overflow, its max; per layer: overflow upstream, weight, join, max]
   std::vector<double> b(kOverflowHead + kOverflowPerLayer * layers_.size(), 0.0);
   b[0] = monitor_.nonfinite_stored ? 1 : 0;
@@ -315,6 +325,7 @@ void ExternalBackward::agree_overflows(const std::vector<double>& summed) {
 
 StepResult ExternalBackward::finish_step(double loss) {
   check_layer(-1, true, "finish_step");
+  ops_->flush();
   StepResult r;
   r.loss = loss;
   r.loss_scale = loss_scale_;

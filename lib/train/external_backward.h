@@ -95,19 +95,22 @@ class ExternalBackward {
   // any rank named first, the summed counts. Each rank's weight gradients are already true gradients
   // (divided by its own scales), so summing them over ranks mixes no scales even where the ranks'
   // local scales differ.
-  std::vector<double> agreement_buffer() const;
+  std::vector<double> agreement_buffer();
   void agree(const std::vector<double>& summed);
   // The same for where the step overflowed (SPEC §6.5's charges and skip rule), 3 + 4 per layer values:
   // whether a stored value was not finite, the loss gradient's overflow and each layer's sites, with
   // their maxima. After the sum every rank has every rank's overflow sites, and as each maximum the sum
   // of the ranks' (at least the largest: a back-off sized from it is no smaller than any rank's, and
   // the same on every rank).
-  std::vector<double> overflow_buffer() const;
+  std::vector<double> overflow_buffer();
   void agree_overflows(const std::vector<double>& summed);
   // The verdict: the controller's end_step, then scaler.update. `loss` is reported in the result.
   StepResult finish_step(double loss = 0);
 
   // ---- reading and state --------------------------------------------------------------------------
+  // On a device the roundings' records (statistics, found_inf, maxima) are made in one piece when the
+  // step's measurements are needed — agreement_buffer, overflow_buffer, finish_step (ArrayOps::flush):
+  // read the monitor and the layer rows after those, as after every step.
   std::int64_t steps() const { return steps_; }
   const StepMonitor& monitor() const { return monitor_; }
   std::vector<LayerScale> layer_scales() const;
