@@ -28,6 +28,7 @@ class CudaArrayOps final : public ArrayOps {
 
   void queue_rounding(float* d, std::size_t n, float multiplier, GradSite site, int node, const Precision& p,
                       StepMonitor& monitor, std::function<void(float)> then) override {
+    select_device();
     const Format f = p.gradient_format();
     Queued e;
     e.rounding = true;
@@ -67,6 +68,7 @@ class CudaArrayOps final : public ArrayOps {
 
   void flush() override {
     if (queued_.empty()) return;
+    select_device();
     // Every slot used, one copy per chunk, one wait.
     std::vector<DeviceStats> stats(rounding_count_);
     std::vector<DeviceEdgeCounts> edges(rounding_count_);
@@ -105,18 +107,24 @@ class CudaArrayOps final : public ArrayOps {
     return max_of(statistics(d, n, Format::fp32, RoundOptions{}));
   }
 
-  void divide(float* d, std::size_t n, float divisor) override { cuda::divide(d, n, divisor, ctx_.stream()); }
+  void divide(float* d, std::size_t n, float divisor) override {
+    select_device();
+    cuda::divide(d, n, divisor, ctx_.stream());
+  }
 
   void quantize(float* d, std::size_t n, Format f, RoundOptions round) override {
+    select_device();
     if (f != Format::fp32) cuda::quantize(d, d, n, f, round, 1.0f, ctx_.stream());
   }
 
   TensorStats statistics(const float* d, std::size_t n, Format f, RoundOptions round) override {
+    select_device();
     tensor_stats(ctx_, d, n, f, round, stats_.data());
     return download_stats(ctx_, stats_.data(), 1).at(0);
   }
 
   void attach(QueryStatistics& stats, StatNeeds needs, LocalScaleQuery& q, RoundOptions round) override {
+    select_device();
     std::vector<StatsJob> jobs;
     std::vector<TensorStats*> targets;
     std::vector<const TensorStats**> slots;
@@ -149,11 +157,13 @@ class CudaArrayOps final : public ArrayOps {
 
   void to_host(const float* d, std::size_t n, float* host) override {
     if (n == 0) return;
+    select_device();
     GS_CUDA_CHECK(cudaMemcpyAsync(host, d, n * sizeof(float), cudaMemcpyDeviceToHost, ctx_.stream()));
     ctx_.synchronize();
   }
 
   void set_stream(std::uintptr_t stream) override {
+    select_device();
     ctx_.set_stream(reinterpret_cast<cudaStream_t>(stream));  // NOLINT: the caller's stream handle
   }
 
@@ -172,6 +182,10 @@ class CudaArrayOps final : public ArrayOps {
     std::function<void()> run;
     std::size_t slot = 0;
   };
+  // The caller may be another thread than the one that made the context — PyTorch runs backward on
+  // its own worker thread per device — and a thread's current device is its own: every entry that
+  // queues work selects the context's device first.
+  void select_device() const { GS_CUDA_CHECK(cudaSetDevice(ctx_.device())); }
   static constexpr std::size_t kChunk = 256;
   // The statistics and edge counts of queued rounding i, in chunks that never move while kernels
   // may write them.
