@@ -2,7 +2,9 @@
 (the core's ExternalBackward on device "cuda"). Here it runs on lib/cuda's CPU execution target
 (gradscale._core_cpu_target: the same core over the kernels compiled for the CPU, host memory standing
 in for the device's), where it must give the host path's scales, verdicts and weights bit for bit; on
-a GPU the same comparison runs with CUDA tensors. Models on other devices and autocast are refused."""
+a GPU the same comparison runs with CUDA tensors. Under torch.autocast the layers keep computing in
+float32 (the ops between them keep autocast's dtype). Models on other devices are refused."""
+import contextlib
 import copy
 import json
 
@@ -107,6 +109,27 @@ def test_cuda_tensors_on_a_gpu(policy):
             assert (p - q.cpu()).abs().max() < 1e-2, name
 
 
+@needs_gpu
+def test_cuda_autocast_leaves_the_layers_in_float32():
+    """On a GPU under autocast fp16: an MLP of layers trains with the bits it has without autocast."""
+    runs = []
+    for autocast in (False, True):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)).cuda()
+        scaler = Scaler(model, scaler={"policy": "adaptive", "method": "measured"}, format="fp16")
+        opt = torch.optim.SGD(model.parameters(), lr=0.5)
+        x, y = torch.randn(16, 16).cuda(), (torch.arange(16) % 4).cuda()
+        for _ in range(3):
+            opt.zero_grad()
+            with torch.autocast("cuda", dtype=torch.float16) if autocast else contextlib.nullcontext():
+                out = model(x)
+            scaler.scale(F.cross_entropy(out, y)).backward()
+            scaler.step(opt)
+            scaler.update()
+        runs.append([p.detach().clone() for p in model.parameters()])
+    assert all(torch.equal(p, q) for p, q in zip(*runs))
+
+
 def test_a_model_on_several_devices_or_an_unknown_one_is_refused():
     model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2, device="meta"))
     with pytest.raises(ValueError, match="several devices"):
@@ -115,13 +138,89 @@ def test_a_model_on_several_devices_or_an_unknown_one_is_refused():
         Scaler(nn.Linear(4, 2, device="meta"))
 
 
-def test_autocast_is_refused_with_the_reason():
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(16, 8), nn.ReLU(), nn.Linear(8, 4))
-    scaler = Scaler(model, scaler={"policy": "adaptive", "method": "measured"})
-    with pytest.raises(TypeError, match="autocast.*before gradscale could apply"):
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            scaler.scale(model(torch.randn(4, 16)).sum())
+def _autocast_bf16():
+    return torch.autocast("cpu", dtype=torch.bfloat16)
+
+
+def test_under_autocast_the_layers_still_compute_in_float32():
+    """Inside a torch.autocast region the layers run without autocast (SPEC §5 needs their backward
+    products in fp32, multiplied by s before their one rounding), so an MLP whose every op is a layer
+    or elementwise trains bit for bit as without autocast."""
+    runs = []
+    for autocast in (False, True):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+        scaler = Scaler(model, scaler={"policy": "adaptive", "method": "measured"}, format="bf16",
+                        grad_format="fp8_e5m2")
+        opt = torch.optim.SGD(model.parameters(), lr=0.5)
+        x, y = torch.randn(16, 16, generator=torch.Generator().manual_seed(1)), torch.arange(16) % 4
+        log = []
+        for _ in range(5):
+            opt.zero_grad()
+            with _autocast_bf16() if autocast else contextlib.nullcontext():
+                out = model(x)
+            assert out.dtype == torch.float32
+            scaler.scale(F.cross_entropy(out, y)).backward()
+            scaler.step(opt)
+            scaler.update()
+            log.append([(r["s"], r["S_in"]) for r in scaler.layer_scales()] + [scaler.last_step["loss_scale"]])
+        runs.append((log, [p.detach().clone() for p in model.parameters()]))
+    assert runs[0][0] == runs[1][0]
+    assert all(torch.equal(p, q) for p, q in zip(runs[0][1], runs[1][1]))
+
+
+class _Probe(nn.Linear):
+    """A Linear that notes whether autocast was on while it computed."""
+    seen: list = []
+
+    def forward(self, x):
+        _Probe.seen.append((torch.is_autocast_cpu_enabled(), x.dtype))
+        return super().forward(x)
+
+
+def test_under_autocast_ops_outside_the_layers_keep_autocasts_dtype():
+    """Between layers, autocast's ops run in its dtype: under autocast, a matmul of two layers' outputs
+    gives the bits of the same model that casts to bfloat16 itself, without autocast — the layers run
+    in float32 either way, and the bfloat16 gradient reaches them in float32, rounded to grad_format
+    where it enters them."""
+
+    class Net(nn.Module):
+        def __init__(self, explicit):
+            super().__init__()
+            self.explicit = explicit
+            self.q, self.k, self.head = _Probe(8, 8), _Probe(8, 8), _Probe(8, 3)
+
+        def forward(self, x):
+            q, k = self.q(x), self.k(x)
+            if self.explicit:
+                q, k = q.bfloat16(), k.bfloat16()
+            scores = q @ k.transpose(-1, -2)  # outside every layer: autocast's bf16
+            assert scores.dtype == torch.bfloat16
+            return self.head(scores).mean(dim=1)
+
+    x, y = torch.randn(4, 8, 8, generator=torch.Generator().manual_seed(2)), torch.tensor([0, 1, 2, 0])
+    runs = []
+    for explicit in (False, True):
+        torch.manual_seed(0)
+        model = Net(explicit)
+        scaler = Scaler(model, scaler={"policy": "adaptive", "method": "measured"}, format="fp16")
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        _Probe.seen.clear()
+        for _ in range(3):
+            opt.zero_grad()
+            with contextlib.nullcontext() if explicit else _autocast_bf16():
+                out = model(x)
+            scaler.scale(F.cross_entropy(out, y)).backward()
+            assert scaler.step(opt)
+            scaler.update()
+        assert _Probe.seen and all(not on and dtype == torch.float32 for on, dtype in _Probe.seen)
+        runs.append([p.detach().clone() for p in model.parameters()])
+    assert all(torch.equal(p, q) for p, q in zip(*runs))
+
+
+def test_half_precision_parameters_are_refused():
+    with pytest.raises(ValueError, match="parameters must be float32.*torch.float16"):
+        Scaler(nn.Linear(4, 2).half())
 
 
 def test_a_tensor_on_another_device_than_the_layers_is_refused():

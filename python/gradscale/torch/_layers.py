@@ -58,6 +58,10 @@ def build_layers(model: nn.Module, layers: Optional[Sequence[Union[str, nn.Modul
     parameters directly. ValueError for a model without parameters or a name naming no module."""
     if not any(p.requires_grad for p in model.parameters()):
         raise ValueError(f"gradscale.torch: model {type(model).__name__} has no trainable parameters")
+    other = sorted({str(p.dtype) for p in model.parameters() if p.dtype != torch.float32})
+    if other:
+        raise ValueError(f"gradscale.torch: the model's parameters must be float32 (the masters; format= chooses "
+                         f"the stored values), got {', '.join(other)}")
     names: Dict[int, str] = {id(m): (n or "model") for n, m in model.named_modules()}
     if layers is None:
         chosen = [m for _, m in model.named_modules() if _owns_params(m)]

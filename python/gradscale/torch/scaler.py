@@ -21,6 +21,7 @@ maxima are lib/cuda's kernels, on PyTorch's current stream.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import itertools
@@ -495,9 +496,13 @@ class _KeywordInputs:
 
     def __call__(self, *args, **kwargs):
         kwargs = self.scaler._enter_keywords(self.layer_id, kwargs)
-        if self.inner is not None:
-            return self.inner(*args, **kwargs)
-        return type(self.module).forward(self.module, *args, **kwargs)
+        # Under torch.autocast the layer still computes in float32 on values of `format` (SPEC §4-§5:
+        # its backward product must reach the core in fp32, to be multiplied by s before its one
+        # rounding); what runs outside the layers keeps autocast's dtype.
+        with _autocast_off(self.scaler._device):
+            if self.inner is not None:
+                return self.inner(*args, **kwargs)
+            return type(self.module).forward(self.module, *args, **kwargs)
 
     def remove(self) -> None:
         """Puts the module's own forward back (as a hook handle's remove() does)."""
@@ -538,17 +543,25 @@ def _core_for(device: torch.device, cpu_target: bool):
     raise ValueError(f"gradscale.torch: the model is on {device}; the core works on the CPU and on CUDA GPUs")
 
 
+def _autocast_off(device: torch.device):
+    """A context without autocast on `device` when autocast is on there (else nothing)."""
+    try:
+        on = torch.is_autocast_enabled(device.type)  # torch >= 2.4
+    except TypeError:
+        on = torch.is_autocast_cpu_enabled() if device.type == "cpu" else torch.is_autocast_enabled()
+    return torch.autocast(device.type, enabled=False) if on else contextlib.nullcontext()
+
+
 def _wrap(x, device: torch.device, fn):
     if isinstance(x, torch.Tensor) and x.is_floating_point():
         if x.device != device:
             raise RuntimeError(f"gradscale.torch: a tensor on {x.device} met layers whose parameters are on "
                                f"{device}")
+        if x.dtype in (torch.float16, torch.bfloat16):
+            x = x.float()  # from an op under autocast: a layer boundary holds float32 (values of a format)
         if x.dtype != torch.float32:
-            raise TypeError(
-                f"gradscale.torch emulates every format in float32 tensors; got {x.dtype}. Under "
-                "torch.autocast PyTorch rounds each layer's backward product to 16 bits at the scale the "
-                "layer received, before gradscale could apply the layer's own scale s (SPEC §5 rounds "
-                "s·product once): run the model in float32 and choose format=/grad_format= instead")
+            raise TypeError(f"gradscale.torch emulates every format in float32 tensors; got {x.dtype} "
+                            "(keep the model in float32 and choose format= / grad_format=)")
         return fn(x)
     return x
 
