@@ -78,29 +78,12 @@ void CudaBackend::scale_upstream_grad(const Layer& layer, const ScaledGrad& grad
   q.scale_in = host_scale(grad_output, ctx.monitor);
   const StatNeeds needs = controller->needs(layer.id());
   QueryStatistics stats;
-  std::vector<StatsJob> jobs;
-  std::vector<TensorStats*> targets;
-  std::vector<const TensorStats**> slots;
-  const auto ask = [&](const Tensor& t, Format f, TensorStats* target, const TensorStats** slot) {
-    jobs.push_back(job_of(t.data(), t.size(), f, ctx.precision.round));
-    targets.push_back(target);
-    slots.push_back(slot);
-  };
-  if (needs & kNeedGradMoments) ask(grad_output.g, q.format, &stats.grad_moments, &q.grad_moments);
-  if (needs & kNeedWeightMoments) ask(product.weight, q.format, &stats.weight_moments, &q.weight_moments);
-  if (needs & kNeedUpstreamStats) ask(gx.g, q.format, &stats.upstream_stats, &q.upstream_stats);
-  if (!jobs.empty()) {
-    const std::vector<TensorStats> got = statistics_now(jobs);
-    for (std::size_t i = 0; i < got.size(); ++i) {
-      *targets[i] = got[i];
-      *slots[i] = targets[i];
-    }
-  }
-  if (needs & kNeedGradLogMoments) {  // on the host, from a copy
-    const Tensor host = grad_output.g.to_host();
-    stats.grad_log_moments = log_abs_moments(host.data(), static_cast<std::size_t>(host.size()));
-    q.grad_log_moments = &stats.grad_log_moments;
-  }
+  // The statistics from the tensors' device views, batched into one copy (ArrayOps::attach, which
+  // leaves the query without raw views); the log-moments from a host copy.
+  q.grad = grad_output.g.data();
+  q.weight = product.weight.size() > 0 ? product.weight.data() : nullptr;  // none without a GEMM
+  q.upstream = gx.g.data();
+  array_ops_->attach(stats, needs, q, ctx.precision.round);
   if ((needs & kNeedProductRange) && product.product_range) {  // the layer's closure copies to the host
     stats.products = product.product_range();
     q.products = &stats.products;
