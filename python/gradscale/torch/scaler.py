@@ -233,7 +233,9 @@ class Scaler:
     @property
     def host_waits(self) -> int:
         """How many times the core has waited for the GPU since the Scaler was made (0 on the CPU):
-        every rounding it measures and every statistic a controller asks for is one."""
+        one for each statistic a decision needs at once (a controller's query, the maximum a
+        weight-gradient factor or a join target is chosen from) and one a step for the measurements
+        of every rounding together (docs/pytorch.md, "On a GPU")."""
         return int(self._core.host_waits)
 
     def loss_grad_stats(self) -> Optional[dict]:
