@@ -80,6 +80,41 @@ status=0
 (cd "$build" && ctest --output-on-failure -j 4 "${filter[@]}") 2>&1 | tee "$logs/tests.txt" || status=1
 phase "tests done"
 
+# Data-parallel on the GPU (docs/distributed.md, "On GPUs"): 2 ranks against one process, the same
+# decisions expected at every step. `host` collectives (one GPU takes both ranks); NCCL too when the
+# machine has two GPUs. Only when the machine has mpirun and this build found MPI.
+echo "== mpirun -np 2 gradscale train --device cuda against one process"
+if command -v mpirun >/dev/null 2>&1 && ldd "$build/gradscale" | grep -q libmpi; then
+  dp=(train --model deep-mlp:depth=6,width=64,gain=0.5 --data synthetic:1024 --format fp8_e5m2 --batch 64
+      --max-steps 16 --threads 1 --trace-every 1 --quiet --device cuda
+      --scaler '{"policy":"adaptive","method":"measured"}')
+  mpi=(mpirun --oversubscribe -np 2)
+  [ "$(id -u)" -eq 0 ] && mpi+=(--allow-run-as-root)
+  kinds=(host)
+  [ "$(nvidia-smi -L 2>/dev/null | grep -c GPU)" -ge 2 ] && kinds+=(nccl)
+  "$build/gradscale" "${dp[@]}" --trace "$logs/dp_one" >"$logs/dp.txt" 2>&1 || status=1
+  for kind in "${kinds[@]}"; do
+    env OMPI_MCA_btl_vader_single_copy_mechanism=none "${mpi[@]}" "$build/gradscale" "${dp[@]}" \
+      --gpu-collectives "$kind" --trace "$logs/dp_two_$kind" --result "$logs/dp_two_$kind.json" >>"$logs/dp.txt" 2>&1 || status=1
+    python3 - "$logs/dp_one.jsonl" "$logs/dp_two_$kind.jsonl" "$kind" <<'PY' 2>&1 | tee -a "$logs/dp.txt" || status=1
+import json, sys
+def steps(p):
+    return [j for j in map(json.loads, open(p)) if j.get("type") == "step"]
+a, b = steps(sys.argv[1]), steps(sys.argv[2])
+keys = ("S0", "skipped", "found_inf", "phi")
+diff = sum(x.get(k) != y.get(k) for x, y in zip(a, b) for k in keys)
+layers = [(u, v) for x, y in zip(a, b) for u, v in zip(x["layers"], y["layers"])]
+ldiff = sum(u.get(k) != v.get(k) for u, v in layers for k in ("s", "S", "S_in"))
+print(f"data-parallel {sys.argv[3]}: {len(a)}/{len(b)} steps, {diff} step decisions and {ldiff} of "
+      f"{3 * len(layers)} layer decisions differ from one process")
+sys.exit(0 if len(a) == len(b) and diff == 0 and ldiff == 0 else 1)
+PY
+  done
+  phase "data-parallel done"
+else
+  echo "skipped: no mpirun on this machine, or this build has no MPI" | tee -a "$logs/dp.txt"
+fi
+
 if [ "$bench" -eq 1 ]; then
   # The training step of resnet-mini at batch 256 on the GPU: static vs adaptive approx_range vs
   # measured (with the share in cuBLAS GEMMs), then PyTorch AMP (autocast fp16 + GradScaler) and fp32

@@ -42,7 +42,10 @@ int run_train(const std::vector<std::string>& args) {
   desc.add_options()("result", po::value<std::string>(), "write the result JSON here (atomically)")(
       "quiet", po::bool_switch(), "no progress lines")(
       "dist-timeout", po::value<double>()->default_value(300.0),
-      "under mpirun: seconds a collective waits for the other ranks before this rank gives up");
+      "under mpirun: seconds a collective waits for the other ranks before this rank gives up")(
+      "gpu-collectives", po::value<std::string>()->default_value("auto"),
+      "under mpirun with --device cuda: what sums the weight gradients on the GPUs: nccl, host (through "
+      "host memory over MPI; several ranks may share a GPU), auto (nccl when this build has it)");
   po::variables_map vm;
   if (!parse_options("gradscale train [options]", desc, args, vm)) return 0;
 
@@ -63,6 +66,9 @@ int run_train(const std::vector<std::string>& args) {
       check_output_file(config.trace_path + ext, "--trace", input_files(vm));
   train_files(vm, config, result_path).check();
 
+  const std::string collectives = vm["gpu-collectives"].as<std::string>();
+  GS_CHECK_CONFIG(collectives == "auto" || collectives == "nccl" || collectives == "host",
+                  "--gpu-collectives must be auto, nccl or host, got '" << collectives << "'");
   const double timeout = vm["dist-timeout"].as<double>();
   GS_CHECK_CONFIG(timeout > 0 && timeout <= 1e6, "--dist-timeout must be in (0, 1e6] seconds, got " << timeout);
   const std::unique_ptr<Communicator> comm = make_communicator(timeout);
@@ -82,7 +88,8 @@ int run_train(const std::vector<std::string>& args) {
 int train(const TrainConfig& config, const po::variables_map& vm, const std::string& result_path,
           Communicator& comm) {
   const bool rank0 = comm.rank() == 0;
-  Trainer trainer(config, vm["quiet"].as<bool>() || !rank0 ? nullptr : &std::cerr, &comm);
+  Trainer trainer(config, vm["quiet"].as<bool>() || !rank0 ? nullptr : &std::cerr, &comm,
+                  vm["gpu-collectives"].as<std::string>());
   const json result = trainer.run();
   if (!rank0) return result["diverged"].get<bool>() ? kExitDiverged : 0;
   if (!result["diverged"].get<bool>())

@@ -13,6 +13,8 @@
 #include <vector>
 
 #include "lib/backend/array_ops.h"
+#include "lib/dist/communicator.h"
+#include "lib/instrument/statistics_reducer.h"
 #include "lib/layers/layer.h"
 #include "lib/layers/softmax_cross_entropy.h"
 #include "lib/optim/optimizer.h"
@@ -39,23 +41,27 @@ class Backend {
   // returns the layer itself.
   virtual std::unique_ptr<Layer> adopt(std::unique_ptr<Layer> layer, const LayerPlacement& placement) = 0;
 
-  // SPEC §5's join at a forked tensor (lib/model/join.h): out = round(Σ g_i·T/S_i) at scale T.
+  // SPEC §5's join at a forked tensor (lib/model/join.h): out = round(Σ g_i·T/S_i) at scale T. With a
+  // `reducer` (data-parallel training) T is chosen from the parts' maxima over the ranks.
   virtual void join(const std::vector<const ScaledGrad*>& parts, ScaledGrad& out, const Precision& p,
-                    StepMonitor& monitor, int node_id) = 0;
+                    StepMonitor& monitor, int node_id, StatisticsReducer* reducer) = 0;
   // Softmax cross-entropy of logits on this backend (lib/layers/softmax_cross_entropy.h), labels on the
   // host: the loss alone (evaluation); waits for it.
   virtual LossResult softmax_cross_entropy(const Tensor& logits, const std::vector<std::int32_t>& labels) = 0;
   // The start of a training step's backward pass (SPEC §5): grad ← the loss gradient times S0, rounded
   // to F at the loss site (its statistics recorded under layer_id). The loss and the correct count go to
   // monitor.loss and monitor.correct by the time finish_backward returns: a device backend copies them
-  // at the end of the pass with its measurements instead of waiting for the device here.
+  // at the end of the pass with its measurements instead of waiting for the device here. `mean_over`
+  // (0: the logits' rows) is the count the loss is the mean over: data-parallel training gives the
+  // whole batch's, so a rank's rows of the gradient are the one process's rows and its loss its share.
   virtual void loss_backward(const Tensor& logits, const std::vector<std::int32_t>& labels, double loss_scale,
-                             const Precision& p, ScaledGrad& grad, StepMonitor& monitor, int layer_id) = 0;
+                             const Precision& p, ScaledGrad& grad, StepMonitor& monitor, int layer_id,
+                             std::int64_t mean_over) = 0;
   // The fp32 loss gradient at scale 1, before any rounding, into `host_grad` (host memory, resized to
   // the logits' shape): what a policy that chooses S0 from the loss gradient looks at (small: the
-  // logits' size). Returns the loss.
+  // logits' size). Returns the loss. `mean_over` as for loss_backward.
   virtual LossResult loss_gradient_fp32(const Tensor& logits, const std::vector<std::int32_t>& labels,
-                                        Tensor& host_grad) = 0;
+                                        Tensor& host_grad, std::int64_t mean_over) = 0;
   // Model::backward's note that layer_id runs backward on gradient g (lib/layers/layer.h's
   // note_backward: the layer record's S_in). A device backend that holds g's scale on the device
   // (ScaledGrad::device_scale) fills the record in by finish_backward.
@@ -85,6 +91,11 @@ class Backend {
   // The precision steps on raw arrays in this backend's memory (lib/backend/array_ops.h), for a
   // backward pass another engine computes (ExternalBackward).
   virtual ArrayOps& array_ops() = 0;
+  // Data-parallel training over `comm`: the collectives that sum this backend's weight gradients where
+  // they are (lib/dist/communicator.h), or null for host memory (the communicator sums those). `kind`:
+  // "auto", "nccl" or "host" (a device's gradients through host memory over `comm`). ConfigError for a
+  // kind this backend or build does not have. The result must not outlive this backend or `comm`.
+  virtual std::unique_ptr<DeviceCollectives> device_collectives(Communicator& comm, const std::string& kind) = 0;
 };
 
 // The host backend (stateless; one per process): every model's backend until Model::use_backend.
@@ -96,5 +107,7 @@ Backend& cpu_backend();
 std::unique_ptr<Backend> make_backend(const std::string& device);
 // Whether this program has the CUDA backend: it links gradscale::cuda (lib/cuda).
 bool cuda_backend_built();
+// How many CUDA devices this process sees (0 without the CUDA backend or without a GPU). Never throws.
+int cuda_device_count();
 
 }  // namespace gradscale

@@ -11,6 +11,7 @@
 // without that component links, and sees a null address. (gradscale::cuda's link interface asks the
 // linker for the symbol, so its object is taken from the static archive; CMakeLists.txt.)
 extern "C" gradscale::Backend* gradscale_make_cuda_backend(int device) __attribute__((weak));
+extern "C" int gradscale_cuda_device_count() __attribute__((weak));  // the same object defines it
 
 namespace gradscale {
 namespace {
@@ -24,22 +25,23 @@ class CpuBackend final : public Backend {
   DeviceMemory* memory() override { return nullptr; }
   std::unique_ptr<Layer> adopt(std::unique_ptr<Layer> layer, const LayerPlacement&) override { return layer; }
   void join(const std::vector<const ScaledGrad*>& parts, ScaledGrad& out, const Precision& p,
-            StepMonitor& monitor, int node_id) override {
-    join_scaled_grads(parts, out, p, monitor, node_id);
+            StepMonitor& monitor, int node_id, StatisticsReducer* reducer) override {
+    join_scaled_grads(parts, out, p, monitor, node_id, reducer);
   }
   LossResult softmax_cross_entropy(const Tensor& logits, const std::vector<std::int32_t>& labels) override {
     return gradscale::softmax_cross_entropy(logits, labels.data(), 1.0, Precision{}, nullptr, nullptr, -1);
   }
   void loss_backward(const Tensor& logits, const std::vector<std::int32_t>& labels, double loss_scale,
-                     const Precision& p, ScaledGrad& grad, StepMonitor& monitor, int layer_id) override {
-    const LossResult r =
-        gradscale::softmax_cross_entropy(logits, labels.data(), loss_scale, p, &grad, &monitor, layer_id);
+                     const Precision& p, ScaledGrad& grad, StepMonitor& monitor, int layer_id,
+                     std::int64_t mean_over) override {
+    const LossResult r = gradscale::softmax_cross_entropy(logits, labels.data(), loss_scale, p, &grad, &monitor,
+                                                          layer_id, mean_over);
     monitor.loss = r.loss;
     monitor.correct = r.correct;
   }
   LossResult loss_gradient_fp32(const Tensor& logits, const std::vector<std::int32_t>& labels,
-                                Tensor& host_grad) override {
-    return softmax_cross_entropy_fp32(logits, labels.data(), 1.0, &host_grad);
+                                Tensor& host_grad, std::int64_t mean_over) override {
+    return softmax_cross_entropy_fp32(logits, labels.data(), 1.0, &host_grad, mean_over);
   }
   void finish_backward(StepMonitor&) override {}  // round_gradient filled the monitor as it went
   void synchronize() override {}
@@ -55,6 +57,12 @@ class CpuBackend final : public Backend {
   }
   DeviceOptimizerKernels* optimizer_kernels() override { return nullptr; }
   ArrayOps& array_ops() override { return host_array_ops(); }
+  std::unique_ptr<DeviceCollectives> device_collectives(Communicator&, const std::string& kind) override {
+    GS_CHECK_CONFIG(kind == "auto" || kind == "host",
+                    "--gpu-collectives " << kind << " sums a GPU's gradients: the model is on the cpu, whose "
+                                         << "gradients the communicator sums (allowed here: auto, host)");
+    return nullptr;
+  }
 };
 
 }  // namespace
@@ -66,6 +74,10 @@ Backend& cpu_backend() {
 
 bool cuda_backend_built() {
   return gradscale_make_cuda_backend != nullptr;
+}
+
+int cuda_device_count() {
+  return gradscale_cuda_device_count != nullptr ? gradscale_cuda_device_count() : 0;
 }
 
 std::unique_ptr<Backend> make_backend(const std::string& device) {

@@ -3,6 +3,8 @@
 // backend_scales.cpp, backend_rounding.cpp, backend_gemm.cpp, backend_join.cpp and backend_loss.cpp.
 #include "lib/cuda/backend.h"
 
+#include "lib/cuda/collectives.h"
+
 #include <cstring>
 #include <limits>
 
@@ -204,6 +206,10 @@ std::vector<std::int64_t> CudaBackend::first_nonfinite(const std::vector<const T
   return first;
 }
 
+std::unique_ptr<DeviceCollectives> CudaBackend::device_collectives(Communicator& comm, const std::string& kind) {
+  return make_device_collectives(ctx_, comm, kind);
+}
+
 std::unique_ptr<Backend> make_cuda_backend(int device) {
   return std::make_unique<CudaBackend>(device);
 }
@@ -213,4 +219,9 @@ std::unique_ptr<Backend> make_cuda_backend(int device) {
 // What make_backend("cuda") calls (lib/backend/cpu_backend.cpp): the caller owns the result.
 extern "C" gradscale::Backend* gradscale_make_cuda_backend(int device) {
   return gradscale::cuda::make_cuda_backend(device).release();
+}
+
+// What cuda_device_count() calls (lib/backend/cpu_backend.cpp).
+extern "C" int gradscale_cuda_device_count() {
+  return gradscale::cuda::device_count();
 }

@@ -20,6 +20,12 @@
 // under an adaptive one alike. It waits elsewhere only where the host decides from device values: a
 // controller without a device rule (its query's statistics), a policy that chooses S0 from the loss
 // gradient, and a layer that runs on the host (HostLayer in host_layer.cpp). host_waits() counts the waits.
+//
+// Data-parallel training (a StatisticsReducer in the BackwardContext, docs/distributed.md): every
+// decision is then the host's, from the statistics copied there and reduced over the ranks — the
+// CPU engine's reductions, exactly — and each weight gradient is summed over the ranks on the device
+// (DeviceCollectives) before its one rounding. The device rules are not used then: their statistics
+// would have to be reduced on the device first.
 #pragma once
 
 #ifndef GRADSCALE_HAS_CUDA
@@ -71,12 +77,13 @@ class CudaBackend final : public Backend {
   DeviceMemory* memory() override { return &memory_; }
   std::unique_ptr<Layer> adopt(std::unique_ptr<Layer> layer, const LayerPlacement& placement) override;
   void join(const std::vector<const ScaledGrad*>& parts, ScaledGrad& out, const Precision& p,
-            StepMonitor& monitor, int node_id) override;
+            StepMonitor& monitor, int node_id, StatisticsReducer* reducer) override;
   LossResult softmax_cross_entropy(const Tensor& logits, const std::vector<std::int32_t>& labels) override;
   void loss_backward(const Tensor& logits, const std::vector<std::int32_t>& labels, double loss_scale,
-                     const Precision& p, ScaledGrad& grad, StepMonitor& monitor, int layer_id) override;
+                     const Precision& p, ScaledGrad& grad, StepMonitor& monitor, int layer_id,
+                     std::int64_t mean_over) override;
   LossResult loss_gradient_fp32(const Tensor& logits, const std::vector<std::int32_t>& labels,
-                                Tensor& host_grad) override;
+                                Tensor& host_grad, std::int64_t mean_over) override;
   void note_backward(int layer_id, const ScaledGrad& g, StepMonitor& monitor) override;
   void finish_backward(StepMonitor& monitor) override;
   void synchronize() override { ctx_.synchronize(); }
@@ -86,6 +93,9 @@ class CudaBackend final : public Backend {
   double gemm_seconds() override { return ctx_.take_gemm_seconds(); }
   DeviceOptimizerKernels* optimizer_kernels() override { return optimizer_.get(); }
   ArrayOps& array_ops() override { return *array_ops_; }
+  // "host" (through page-locked host memory over comm) or "nccl" (lib/cuda/collectives.h); "auto": nccl
+  // when this build has it.
+  std::unique_ptr<DeviceCollectives> device_collectives(Communicator& comm, const std::string& kind) override;
 
   CudaContext& context() { return ctx_; }
 
@@ -174,7 +184,7 @@ class CudaBackend final : public Backend {
   void copy_scales_to_host();          // queues the copy of the entries not yet on the host
   void resolve_scales(StepMonitor& monitor);  // after that copy: records, accept(), checks
   void host_join(const std::vector<const ScaledGrad*>& parts, ScaledGrad& out, const Precision& p,
-                 StepMonitor& monitor, int node_id);
+                 StepMonitor& monitor, int node_id, StatisticsReducer* reducer);
   void decide_on_device(ScaleRule rule, LayerController& controller, const Layer& layer,
                         const ScaledGrad& grad_output, const UpstreamProduct& product, ScaledGrad& gx,
                         BackwardContext& ctx);

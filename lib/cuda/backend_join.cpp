@@ -10,14 +10,14 @@
 namespace gradscale::cuda {
 
 void CudaBackend::join(const std::vector<const ScaledGrad*>& parts, ScaledGrad& out, const Precision& p,
-                       StepMonitor& monitor, int node_id) {
+                       StepMonitor& monitor, int node_id, StatisticsReducer* reducer) {
   GS_CHECK(!parts.empty(), "join of no gradients");
   for (const ScaledGrad* part : parts)
     GS_CHECK_SHAPE(part->g.shape() == parts[0]->g.shape(), "join: gradient shapes "
                                                                << shape_string(part->g.shape()) << " and "
                                                                << shape_string(parts[0]->g.shape()));
-  if (!device_decisions_ || parts.size() > static_cast<std::size_t>(kMaxJoinParts)) {
-    host_join(parts, out, p, monitor, node_id);
+  if (!device_decisions_ || reducer != nullptr || parts.size() > static_cast<std::size_t>(kMaxJoinParts)) {
+    host_join(parts, out, p, monitor, node_id, reducer);
     return;
   }
   // T on the device (join_scale.h) from the parts' max|g_i| and scales: no wait.
@@ -49,7 +49,7 @@ void CudaBackend::join(const std::vector<const ScaledGrad*>& parts, ScaledGrad& 
 }
 
 void CudaBackend::host_join(const std::vector<const ScaledGrad*>& parts, ScaledGrad& out, const Precision& p,
-                            StepMonitor& monitor, int node_id) {
+                            StepMonitor& monitor, int node_id, StatisticsReducer* reducer) {
   std::vector<StatsJob> jobs;
   std::vector<double> scales;
   for (const ScaledGrad* part : parts) {
@@ -59,6 +59,7 @@ void CudaBackend::host_join(const std::vector<const ScaledGrad*>& parts, ScaledG
   std::vector<double> max_abs_parts;
   for (const TensorStats& s : statistics_now(jobs))
     max_abs_parts.push_back(s.nonfinite > 0 ? std::numeric_limits<double>::infinity() : s.max_abs);
+  if (reducer) reducer->reduce_max(max_abs_parts.data(), max_abs_parts.size());  // as lib/model/join.cpp
   const double target = join_target_scale(max_abs_parts, scales, p.gradient_format());
   out.g.resize(parts[0]->g.shape());
   out.g.fill(0.0f);

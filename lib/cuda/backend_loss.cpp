@@ -49,30 +49,30 @@ LossResult CudaBackend::softmax_cross_entropy(const Tensor& logits, const std::v
 
 void CudaBackend::loss_backward(const Tensor& logits, const std::vector<std::int32_t>& labels,
                                 double loss_scale, const Precision& p, ScaledGrad& grad, StepMonitor& monitor,
-                                int layer_id) {
+                                int layer_id, std::int64_t mean_over) {
   upload_labels(logits, labels);
   start_pass();  // a backward pass starts here: nothing of an abandoned one is reported
   grad.g.resize(logits.shape());
   cuda::softmax_cross_entropy(ctx_, logits.data(), labels_.data(), logits.dim(0), logits.dim(1), loss_scale,
-                              grad.g.data(), &header()->loss);
+                              grad.g.data(), &header()->loss, mean_over);
   grad.scale = loss_scale;
   grad.device_scale = -1;
   round_gradient(grad.g.data(), static_cast<std::size_t>(grad.g.size()), 1.0f, GradSite::loss, layer_id, p,
                  monitor);
   loss_pending_ = true;  // copied at finish_backward, with the measurements
-  loss_batch_ = logits.dim(0);
+  loss_batch_ = mean_over > 0 ? mean_over : logits.dim(0);  // the loss: this rank's share of the mean
 }
 
 LossResult CudaBackend::loss_gradient_fp32(const Tensor& logits, const std::vector<std::int32_t>& labels,
-                                           Tensor& host_grad) {
+                                           Tensor& host_grad, std::int64_t mean_over) {
   upload_labels(logits, labels);
   const std::int64_t n = logits.dim(0);
   loss_grad_.resize(logits.shape());
   cuda::softmax_cross_entropy(ctx_, logits.data(), labels_.data(), n, logits.dim(1), 1.0, loss_grad_.data(),
-                              loss_.data());
+                              loss_.data(), mean_over);
   queue_loss_copy();
   host_grad.copy_from(loss_grad_);  // queued after the loss's copy, then waits: one wait for both
-  return queued_loss(n);
+  return queued_loss(mean_over > 0 ? mean_over : n);
 }
 
 }  // namespace gradscale::cuda

@@ -55,7 +55,7 @@ void CudaBackend::round_working_copy(const Parameter& master, Tensor& working, c
 void CudaBackend::scale_upstream_grad(const Layer& layer, const ScaledGrad& grad_output,
                                       const UpstreamProduct& product, ScaledGrad& gx, BackwardContext& ctx) {
   LayerController* controller = ctx.scaler.layer_controller();
-  if (controller != nullptr && device_decisions_) {
+  if (controller != nullptr && device_decisions_ && ctx.reducer == nullptr) {  // data-parallel: the host's
     if (std::optional<ScaleRule> rule = controller->device_rule(layer.id())) {
       decide_on_device(*rule, *controller, layer, grad_output, product, gx, ctx);
       return;
@@ -88,6 +88,7 @@ void CudaBackend::scale_upstream_grad(const Layer& layer, const ScaledGrad& grad
     stats.products = product.product_range();
     q.products = &stats.products;
   }
+  if (ctx.reducer) stats.reduce(*ctx.reducer, q);  // the whole batch's statistics, as the CPU's
   const LocalScale decision = checked_decision(*controller, q, layer, ctx, t0);
   r.local_scale = decision.s;
   r.unbound_scale = decision.unbound;
@@ -157,6 +158,9 @@ void CudaBackend::accumulate_weight_grads(const Layer& layer, std::initializer_l
   const Precision& p = ctx.precision;
   LayerRecord& record = ctx.monitor.record_of(layer.id());
   record.weight_grad_scale = 1;
+  if (ctx.reducer)  // data-parallel: each gradient summed over the ranks before its one rounding
+    for (const WeightGrad& w : grads)
+      ctx.reducer->reduce_sum_on_device(w.grad->data(), static_cast<std::size_t>(w.grad->size()));
   if (controller == nullptr || !controller->scales_weight_grads() || !p.quantize_weight_grads) {  // r = 1
     for (const WeightGrad& w : grads) accumulate_weight_grad(*w.grad, at, *w.param, layer.id(), p, ctx.monitor);
     return;

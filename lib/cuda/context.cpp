@@ -2,7 +2,9 @@
 // device queries the tests and the benchmark use to skip or explain themselves.
 #include "lib/cuda/context.h"
 
+#include <chrono>
 #include <iomanip>
+#include <thread>
 #include <sstream>
 
 namespace gradscale::cuda {
@@ -67,7 +69,20 @@ void CudaContext::set_stream(cudaStream_t s) {
 
 void CudaContext::synchronize() const {
   ++waits_;
-  GS_CUDA_CHECK(cudaStreamSynchronize(stream()));
+  if (!watch_) {
+    GS_CUDA_CHECK(cudaStreamSynchronize(stream()));
+    return;
+  }
+  // Polled: back to back for the first millisecond (a step's waits are short), then every 100 µs.
+  const auto start = std::chrono::steady_clock::now();
+  for (;;) {
+    const cudaError_t e = cudaStreamQuery(stream());
+    if (e == cudaSuccess) return;
+    if (e != cudaErrorNotReady) GS_CUDA_CHECK(e);
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    watch_(waited);
+    if (waited > 1e-3) std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
 }
 
 void CudaContext::set_gemm_timing(bool on) {

@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -49,6 +50,11 @@ class CudaContext {
   // Waits for everything queued on stream(); throws CudaError for a fault of that work. Every wait of
   // the backend for its device goes through here (a copy to the host is queued, then waited for).
   void synchronize() const;
+  // While a watch is set, synchronize() polls the stream instead of blocking, and calls
+  // watch(seconds waited so far) between polls; the watch ends a wait that must not go on by throwing
+  // (work on the stream that waits for other processes: NCCL's collectives, lib/cuda/collectives.h).
+  // An empty function removes it.
+  void set_wait_watch(std::function<void(double)> watch) { watch_ = std::move(watch); }
   // How many times synchronize() has been called: the host's waits for the device (`bench step`).
   std::int64_t waits() const { return waits_; }
 
@@ -82,6 +88,7 @@ class CudaContext {
   std::vector<Event> gemm_events_;  // start, stop, start, stop, ...: reused from one take to the next
   std::size_t gemm_events_used_ = 0;
   mutable std::int64_t waits_ = 0;
+  std::function<void(double)> watch_;
 };
 
 }  // namespace gradscale::cuda

@@ -77,7 +77,8 @@ void launch_softmax_cross_entropy(const float* logits, const std::int32_t* label
 }  // namespace
 
 void softmax_cross_entropy(CudaContext& ctx, const float* logits, const std::int32_t* labels, std::int64_t n,
-                           std::int64_t classes, double loss_scale, float* grad, DeviceLoss* result) {
+                           std::int64_t classes, double loss_scale, float* grad, DeviceLoss* result,
+                           std::int64_t mean_over) {
   GS_CHECK_SHAPE(n >= 1 && classes >= 1,
                  "cuda::softmax_cross_entropy: logits must be [n >= 1, classes >= 1], got ["
                      << n << ", " << classes << "]");
@@ -85,7 +86,8 @@ void softmax_cross_entropy(CudaContext& ctx, const float* logits, const std::int
                    "cuda::softmax_cross_entropy: loss scale must be finite and > 0, got " << loss_scale);
   GS_CHECK(logits != nullptr && labels != nullptr && result != nullptr,
            "cuda::softmax_cross_entropy got a null pointer");
-  const auto scale_over_n = static_cast<float>(loss_scale / static_cast<double>(n));  // as the CPU
+  const std::int64_t over = mean_over > 0 ? mean_over : n;
+  const auto scale_over_n = static_cast<float>(loss_scale / static_cast<double>(over));  // as the CPU
   auto* rows = static_cast<RowResult*>(ctx.scratch(static_cast<std::size_t>(n) * sizeof(RowResult)));
   launch_softmax_cross_entropy(logits, labels, n, classes, scale_over_n, grad, rows, result, ctx.stream());
 }

@@ -23,10 +23,12 @@ struct DeviceLoss {
 };
 
 // logits [n, classes] (fp32 device, values in F), labels [n] (int32 device). When grad is not null:
-// grad [n, classes] ← (softmax − onehot) · float(S0 / n) in fp32, unrounded. *result ← the sums above.
+// grad [n, classes] ← (softmax − onehot) · float(S0 / N) in fp32, unrounded, with N = mean_over (0: n;
+// data-parallel training gives the whole batch's count). *result ← the sums above.
 // Uses ctx.scratch() and ctx.stream(). Throws ShapeError for n < 1 or classes < 1, NumericError for a
 // loss scale that is not finite and > 0, Error for null pointers.
 void softmax_cross_entropy(CudaContext& ctx, const float* logits, const std::int32_t* labels, std::int64_t n,
-                           std::int64_t classes, double loss_scale, float* grad, DeviceLoss* result);
+                           std::int64_t classes, double loss_scale, float* grad, DeviceLoss* result,
+                           std::int64_t mean_over = 0);
 
 }  // namespace gradscale::cuda

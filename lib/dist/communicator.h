@@ -29,6 +29,10 @@ class Communicator {
   virtual int rank() const = 0;
   virtual int size() const = 0;
   virtual std::string backend() const = 0;  // "local", "mpi"
+  // This rank's index among the ranks on its machine (which GPU it takes when each has its own).
+  virtual int local_rank() const { return rank(); }
+  // How long a collective waits for the other ranks before it throws (0: it waits as long as it takes).
+  virtual double timeout_seconds() const { return 0.0; }
   // In place: data[i] = Σ over ranks. Integer sums are exact and order-free.
   virtual void all_reduce_sum(std::uint64_t* data, std::size_t n) = 0;
   // In place, fp32 (the gradients): the order of the sum is the backend's, the same on every rank.
@@ -43,6 +47,19 @@ class Communicator {
   virtual void barrier() = 0;
   // Ends every rank now with `code` (after an error on this rank, so the others do not wait for it).
   [[noreturn]] virtual void abort(int code) = 0;
+};
+
+// Collectives over device memory: a GPU's weight gradients, summed without leaving the device (NCCL),
+// or through the host over a Communicator (lib/cuda/collectives.h). Bound to one device and stream when
+// made; the same contract as Communicator's (every rank, the same order and n, the same result).
+class DeviceCollectives {
+ public:
+  virtual ~DeviceCollectives() = default;
+  // "nccl 2.28.9", "host (mpi)": for logs and results.
+  virtual std::string backend() const = 0;
+  // In place over n floats of device memory: data[i] = Σ over ranks, the same bits on every rank.
+  // Ordered after the work queued on the stream before it; the work queued after it sees the sum.
+  virtual void all_reduce_sum(float* device_data, std::size_t n) = 0;
 };
 
 // One process: rank 0 of 1; the collectives leave their buffers as they are.

@@ -213,6 +213,19 @@ void DataParallel::reduce_sum(float* values, std::size_t n) {
   counts_.gradient_bytes += 4 * n;
 }
 
+void DataParallel::reduce_sum_on_device(float* device_values, std::size_t n) {
+  if (comm_.size() == 1) return;
+  if (device_ == nullptr) {
+    StatisticsReducer::reduce_sum_on_device(device_values, n);  // throws: no device collectives
+    return;
+  }
+  // Queued on the device (NCCL), or waited for (through the host): the time is what the host spent.
+  const Timed t(counts_.gradient_seconds);
+  device_->all_reduce_sum(device_values, n);
+  counts_.gradient_collectives += 1;
+  counts_.gradient_bytes += 4 * n;
+}
+
 void DataParallel::check_same_config(const nlohmann::json& config) {
   if (comm_.size() == 1) return;
   std::string text = config.dump();
@@ -249,8 +262,11 @@ void DataParallel::check_same_config(const nlohmann::json& config) {
 void DataParallel::check_same_weights(const std::vector<Parameter*>& params, const std::string& what) {
   if (comm_.size() == 1) return;
   std::uint64_t h = 0;
-  for (const Parameter* p : params)
-    h = xxh64(p->value.data(), static_cast<std::size_t>(p->value.size()) * sizeof(float), h);
+  for (const Parameter* p : params) {
+    const Tensor host = p->value.on_host() ? Tensor() : p->value.to_host();  // a GPU's weights: copied
+    const Tensor& v = p->value.on_host() ? p->value : host;
+    h = xxh64(v.data(), static_cast<std::size_t>(v.size()) * sizeof(float), h);
+  }
   // Two 32-bit halves, each exact in a double; max and max of the negation give the range over ranks.
   const auto hi = static_cast<double>(h >> 32), lo = static_cast<double>(h & 0xffffffffu);
   double v[4] = {hi, -hi, lo, -lo};

@@ -10,7 +10,9 @@
 //   the loss is the mean over the whole batch (the loss gradient is divided by the whole batch's count).
 // Integer counts and maxima are reduced exactly; sums of doubles are added in rank order (the same
 // bits on every rank and in every run, not the one process's order); fp32 gradient sums are the
-// backend's all-reduce. CPU backend only.
+// backend's all-reduce. On a GPU (the CUDA backend) the statistics are reduced on the host, after the
+// backend copies them there, and the weight gradients in device memory by the backend's
+// DeviceCollectives (NCCL, or through the host: use_device).
 #pragma once
 
 #include <cstdint>
@@ -49,6 +51,12 @@ class DataParallel final : public StatisticsReducer {
   void reduce(ProductRange& r) override;
   void reduce_max(double* values, std::size_t n) override;
   void reduce_sum(float* values, std::size_t n) override;  // counted as gradient bytes
+  // Through the device collectives given to use_device (counted as gradient bytes).
+  void reduce_sum_on_device(float* device_values, std::size_t n) override;
+
+  // The collectives for weight gradients in device memory (borrowed; null: none, the host backend's).
+  void use_device(DeviceCollectives* device) { device_ = device; }
+  DeviceCollectives* device() const { return device_; }
 
   // Σ over ranks of `local` (the whole batch's sample count from each rank's rows).
   std::int64_t total(std::int64_t local);
@@ -76,6 +84,7 @@ class DataParallel final : public StatisticsReducer {
   void count_statistics(std::uint64_t collectives, std::uint64_t bytes);
 
   Communicator& comm_;
+  DeviceCollectives* device_ = nullptr;
   ReductionCounts counts_;
 };
 

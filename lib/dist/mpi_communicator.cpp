@@ -37,6 +37,11 @@ class MpiCommunicator final : public Communicator {
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
     GS_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank_));
     GS_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &size_));
+    // The ranks that share this machine's memory, numbered from 0: which GPU a rank takes.
+    MPI_Comm node = MPI_COMM_NULL;
+    GS_MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node));
+    GS_MPI_CHECK(MPI_Comm_rank(node, &local_rank_));
+    MPI_Comm_free(&node);
   }
   ~MpiCommunicator() override {
     if (owns_) MPI_Finalize();
@@ -45,6 +50,8 @@ class MpiCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string backend() const override { return "mpi"; }
+  int local_rank() const override { return local_rank_; }
+  double timeout_seconds() const override { return timeout_; }
 
   void all_reduce_sum(std::uint64_t* data, std::size_t n) override {
     MPI_Request req;
@@ -112,7 +119,7 @@ class MpiCommunicator final : public Communicator {
   }
 
   double timeout_;
-  int rank_ = 0, size_ = 1;
+  int rank_ = 0, size_ = 1, local_rank_ = 0;
   bool owns_ = false;
 };
 

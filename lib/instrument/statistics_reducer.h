@@ -8,6 +8,9 @@
 #pragma once
 
 #include <cstddef>
+#include <string>
+
+#include "lib/core/error.h"
 
 #include "lib/instrument/histogram.h"
 #include "lib/instrument/log_moments.h"
@@ -31,6 +34,14 @@ class StatisticsReducer {
   // its one rounding to the gradient format (so it is rounded as the whole batch's would be). The order
   // of the sum is the backend's (the same on every rank, not the one process's GEMM order).
   virtual void reduce_sum(float* values, std::size_t n) = 0;
+  // The same for a weight gradient in device memory (a GPU backend's), summed where it is. A reducer
+  // without device collectives cannot: it throws Error, naming what is missing.
+  virtual void reduce_sum_on_device(float* device_values, std::size_t n);
 };
+
+inline void StatisticsReducer::reduce_sum_on_device(float*, std::size_t n) {
+  throw Error("data-parallel training: a weight gradient of " + std::to_string(n) +
+              " values is in device memory, and this reducer has no collectives for device memory");
+}
 
 }  // namespace gradscale

@@ -186,10 +186,8 @@ void Model::backward(const ScaledGrad& grad_output, BackwardContext& ctx) {
       } else {
         parts.clear();
         for (const ScaledGrad& p : pending_[k]) parts.push_back(&p);
-        if (ctx.reducer)  // data-parallel (CPU only): the join's maxima over the ranks
-          join_scaled_grads(parts, joined_[k], ctx.precision, ctx.monitor, static_cast<int>(k), ctx.reducer);
-        else
-          backend_->join(parts, joined_[k], ctx.precision, ctx.monitor, static_cast<int>(k));
+        // data-parallel (a reducer): the join's maxima over the ranks
+        backend_->join(parts, joined_[k], ctx.precision, ctx.monitor, static_cast<int>(k), ctx.reducer);
         g = &joined_[k];
       }
     }

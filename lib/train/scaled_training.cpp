@@ -138,11 +138,9 @@ double ScaledTraining::loss_scale(const Tensor& logits, const std::vector<std::i
       logits.rank() == 2 && logits.dim(0) == static_cast<std::int64_t>(labels.size()),
       "loss_scale: logits " << shape_string(logits.shape()) << " and " << labels.size() << " labels");
   // A policy that chooses S0 from the loss gradient sees that gradient in fp32 at scale 1 first.
-  if (parallel_) {  // this rank's rows of the whole batch's gradient
-    const std::int64_t total = batch_total(static_cast<std::int64_t>(labels.size()));
-    if (scaler_->loss_needs()) softmax_cross_entropy_fp32(logits, labels.data(), 1.0, &loss_fp32_, total);
-  } else if (scaler_->loss_needs()) {
-    model_.backend().loss_gradient_fp32(logits, labels, loss_fp32_);
+  if (scaler_->loss_needs()) {  // data-parallel: this rank's rows of the whole batch's gradient
+    const std::int64_t over = parallel_ ? batch_total(static_cast<std::int64_t>(labels.size())) : 0;
+    model_.backend().loss_gradient_fp32(logits, labels, loss_fp32_, over);
   }
   return choose_loss_scale(loss_fp32_);
 }
@@ -205,15 +203,10 @@ LossResult ScaledTraining::loss_backward(const Tensor& logits, const std::vector
       logits.rank() == 2 && logits.dim(0) == static_cast<std::int64_t>(labels.size()),
       "loss_backward: logits " << shape_string(logits.shape()) << " and " << labels.size() << " labels");
   Backend& backend = model_.backend();
-  if (parallel_) {  // the mean over the whole batch: this rank's rows of its gradient, its share of the loss
-    const LossResult r =
-        softmax_cross_entropy(logits, labels.data(), loss_scale, precision_, &loss_grad_, &monitor_,
-                              model_.num_layers() - 1, batch_total(static_cast<std::int64_t>(labels.size())));
-    monitor_.loss = r.loss;
-    monitor_.correct = r.correct;
-  } else {
-    backend.loss_backward(logits, labels, loss_scale, precision_, loss_grad_, monitor_, model_.num_layers() - 1);
-  }
+  // Data-parallel: the mean over the whole batch (this rank's rows of its gradient, its share of the loss).
+  const std::int64_t over = parallel_ ? batch_total(static_cast<std::int64_t>(labels.size())) : 0;
+  backend.loss_backward(logits, labels, loss_scale, precision_, loss_grad_, monitor_, model_.num_layers() - 1,
+                        over);
   model_.zero_grads();
   BackwardContext ctx{precision_, *scaler_, monitor_, steps_, parallel_.get()};
   model_.backward(loss_grad_, ctx);
@@ -377,14 +370,15 @@ nlohmann::json ScaledTraining::trace_header(const nlohmann::json& config) const 
   return header;
 }
 
-void ScaledTraining::distribute(Communicator& comm) {
+void ScaledTraining::distribute(Communicator& comm, const std::string& gpu_collectives) {
   GS_CHECK_AS(Error, phase_ == Phase::idle, "ScaledTraining::distribute is called inside an iteration");
   if (comm.size() == 1) return;  // one process: nothing to reduce
-  GS_CHECK_CONFIG(model_.device() == Device::cpu,
-                  "data-parallel training runs on the CPU backend only in this version (the model is on "
-                      << device_name(model_.device()) << ")");
-  parallel_ = std::make_unique<DataParallel>(comm);
-  parallel_->check_same_config(identity());
+  auto parallel = std::make_unique<DataParallel>(comm);
+  parallel->check_same_config(identity());
+  // After the check, so that ranks with different configs stop there, before NCCL starts.
+  device_collectives_ = model_.backend().device_collectives(comm, gpu_collectives);
+  parallel->use_device(device_collectives_.get());
+  parallel_ = std::move(parallel);
   mix_rank_into_rng();
 }
 

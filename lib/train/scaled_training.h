@@ -108,11 +108,14 @@ class ScaledTraining {
   // depends on — S0, each layer's s, the join targets, found_inf, φ and the skip — are reduced over the
   // ranks so every rank takes the decisions one process with the whole batch takes, and the master
   // gradients are summed before the optimizer step. Checks first that every rank built the same model,
-  // formats and scaler (DistributedError naming the ranks and the key). CPU backend only. With a loss
-  // of your own (backward()), give each rank's rows of the whole batch's loss gradient and its share of
-  // the loss. Dropout masks are drawn per rank. Save from one rank; load on every rank (any N). A
-  // communicator of one rank changes nothing.
-  void distribute(Communicator& comm);
+  // formats and scaler (DistributedError naming the ranks and the key). On a GPU (a model on the CUDA
+  // backend, each rank its own context) every decision is taken on the host from the reduced statistics,
+  // and the weight gradients are summed on the device by `gpu_collectives`: "nccl", "host" (through host
+  // memory over comm) or "auto" (nccl when the build has it; lib/cuda/collectives.h); ignored on the CPU.
+  // With a loss of your own (backward(), CPU backend), give each rank's rows of the whole batch's loss
+  // gradient and its share of the loss. Dropout masks are drawn per rank. Save from one rank; load on
+  // every rank (any N). A communicator of one rank changes nothing.
+  void distribute(Communicator& comm, const std::string& gpu_collectives = "auto");
   // The reductions (null unless distribute() was called): rank, size and what they moved.
   const DataParallel* data_parallel() const { return parallel_.get(); }
 
@@ -180,6 +183,7 @@ class ScaledTraining {
   std::int64_t steps_ = 0;
   StepResult current_;  // filled while the iteration runs
   std::unique_ptr<DataParallel> parallel_;  // data-parallel: this rank's reductions (distribute())
+  std::unique_ptr<DeviceCollectives> device_collectives_;  // a GPU model's: what parallel_ sums its gradients with
   std::int64_t batch_total_ = -1;           // the whole batch's count in this iteration (-1: not yet)
 };
 

@@ -15,7 +15,7 @@
 
 namespace gradscale {
 
-Trainer::Trainer(TrainConfig config, std::ostream* log, Communicator* comm)
+Trainer::Trainer(TrainConfig config, std::ostream* log, Communicator* comm, const std::string& gpu_collectives)
     : config_(std::move(config)), log_(log), comm_(comm && comm->size() > 1 ? comm : nullptr) {
   writes_ = comm_ == nullptr || comm_->rank() == 0;
   if (config_.threads > 0) set_threads(config_.threads);
@@ -29,7 +29,10 @@ Trainer::Trainer(TrainConfig config, std::ostream* log, Communicator* comm)
   if (config_.model_spec.is_null()) config_.model_spec = builtin_model_spec(config_.model);
   Rng init_rng(config_.seed);
   model_ = build_model(config_.model_spec, init_rng);
-  backend_ = make_backend(config_.device);
+  // Data-parallel on GPUs: each rank on its machine its own device where there are enough ("cuda"
+  // names none); "cuda:N" is taken as given.
+  const int devices = comm_ && config_.device == "cuda" ? cuda_device_count() : 0;
+  backend_ = make_backend(devices > 0 ? "cuda:" + std::to_string(comm_->local_rank() % devices) : config_.device);
   model_->use_backend(*backend_);
   if (log_ && config_.device != "cpu") *log_ << "device: " << backend_->description() << "\n";
   Shape sample(data_.train.images.shape().begin() + 1, data_.train.images.shape().end());
@@ -57,9 +60,6 @@ Trainer::Trainer(TrainConfig config, std::ostream* log, Communicator* comm)
   config_.schedule = schedule_->config();
 
   if (comm_) {
-    GS_CHECK_CONFIG(config_.device == "cpu", "data-parallel training (" << comm_->size()
-                                                 << " ranks) runs on --device cpu only in this version, got '"
-                                                 << config_.device << "'");
     GS_CHECK_CONFIG(config_.batch >= comm_->size(), "--batch " << config_.batch << " is smaller than the "
                                                                << comm_->size() << " ranks: each needs a row");
     const std::int64_t last = data_.train.images.dim(0) % config_.batch;  // an epoch's partial batch
@@ -69,9 +69,11 @@ Trainer::Trainer(TrainConfig config, std::ostream* log, Communicator* comm)
                                                         << comm_->size()
                                                         << " ranks: choose a batch that leaves none or at least "
                                                            "one sample per rank");
-    training_->distribute(*comm_);  // checks the model, formats and scaler agree
+    training_->distribute(*comm_, gpu_collectives);  // checks the model, formats and scaler agree
     DataParallel(*comm_).check_same_config(config_.to_json());
-    if (log_) *log_ << "data-parallel: " << comm_->size() << " ranks (" << comm_->backend() << "), "
+    const DeviceCollectives* device = training_->data_parallel()->device();
+    if (log_) *log_ << "data-parallel: " << comm_->size() << " ranks (" << comm_->backend()
+                    << (device ? ", GPU gradients: " + device->backend() : std::string()) << "), "
                     << config_.batch << " samples per batch split over them\n";
   }
   if (!config_.resume_dir.empty()) load_checkpoint(config_.resume_dir);
@@ -223,7 +225,9 @@ nlohmann::json Trainer::run() {
     result["ranks"] = comm_->size();
     // What the reductions moved, per rank (docs/distributed.md: the cost model these figures check).
     const ReductionCounts& n = training_->data_parallel()->counts();
+    const DeviceCollectives* device = training_->data_parallel()->device();
     result["data_parallel"] = {{"backend", comm_->backend()},
+                               {"gpu_collectives", device ? nlohmann::json(device->backend()) : nlohmann::json()},
                                {"statistics_collectives", n.statistics_collectives},
                                {"statistics_bytes", n.statistics_bytes},
                                {"gradient_collectives", n.gradient_collectives},

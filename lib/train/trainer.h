@@ -44,7 +44,10 @@ class Trainer {
   // (docs/distributed.md) — every rank loads the same data and draws the same batches, trains on its
   // rows of each (rank r of N: rows [r·b/N, (r+1)·b/N) of a batch of b), and takes the same decisions;
   // only rank 0 writes the trace and checkpoints (and should be the one to log and write the result).
-  explicit Trainer(TrainConfig config, std::ostream* log = nullptr, Communicator* comm = nullptr);
+  // On a GPU ("device": "cuda"), rank r takes device (its rank on its machine) mod (the devices it
+  // sees), and `gpu_collectives` sums the weight gradients (ScaledTraining::distribute).
+  explicit Trainer(TrainConfig config, std::ostream* log = nullptr, Communicator* comm = nullptr,
+                   const std::string& gpu_collectives = "auto");
   ~Trainer();
 
   // Trains for config.epochs (or until max_steps, or until the run diverges); returns the result

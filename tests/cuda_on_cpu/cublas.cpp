@@ -86,6 +86,7 @@ cublasStatus_t gemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb
                     cudaDataType bt, int ldb, long long sb, const void* beta_p, void* C, cudaDataType ct,
                     int ldc, long long sc, int batch, cublasComputeType_t compute) {
   if (h == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
+  const std::lock_guard<std::recursive_mutex> device(gs_emu::device_lock());
   if (m < 0 || n < 0 || k < 0 || batch < 0 || alpha_p == nullptr || beta_p == nullptr)
     return CUBLAS_STATUS_INVALID_VALUE;
   if ((ta != CUBLAS_OP_N && ta != CUBLAS_OP_T) || (tb != CUBLAS_OP_N && tb != CUBLAS_OP_T))

@@ -491,6 +491,7 @@ void note_pointer(LaunchConfig& c, int index, const void* p) {
 }
 
 void run_kernel(const LaunchConfig& c, void (*body)(void*), void* data) {
+  const std::lock_guard<std::recursive_mutex> device(device_lock());
   const unsigned long long threads = static_cast<unsigned long long>(c.block.x) * c.block.y * c.block.z;
   if (threads == 0 || threads > kMaxThreads || c.block.z > 64 || c.grid.x == 0 || c.grid.y == 0 ||
       c.grid.z == 0 || c.grid.y > 65535 || c.grid.z > 65535) {
@@ -536,7 +537,20 @@ void run_kernel(const LaunchConfig& c, void (*body)(void*), void* data) {
     return;
   }
   // Forward, then reversed over the same starting bytes; the forward run's bytes are what stays.
-  const std::vector<Allocation> memory = allocations();
+  // Every device allocation, and the page-locked host ones the kernel was handed: the others are the
+  // host's to write at any time (another host thread's staging buffer, tests/test_cuda_distributed.cpp),
+  // and restoring them would undo its writes.
+  std::vector<Allocation> memory = allocations();
+  memory.erase(std::remove_if(memory.begin(), memory.end(),
+                              [&c](const Allocation& a) {
+                                if (a.kind == MemoryKind::device) return false;
+                                for (int i = 0; i < c.pointer_count; ++i) {
+                                  const auto* p = static_cast<const unsigned char*>(c.pointers[i]);
+                                  if (p >= a.base && p < a.base + a.size) return false;
+                                }
+                                return true;
+                              }),
+               memory.end());
   std::size_t total = 0;
   for (const Allocation& a : memory) total += a.size;
   static std::vector<unsigned char> before, forward;  // reused: launches are many, memory is small

@@ -6,6 +6,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,12 @@ std::vector<Allocation> allocations();
 // and would apply an in-place kernel twice to the rest). Off by default: the C++ tests keep every check.
 void set_system_memory_is_device(bool on);
 bool system_memory_is_device();
+
+// One device for the whole process, as one GPU's queue: a launch, a copy, a fill, a GEMM, an allocation
+// and a release hold this lock while they run, so host threads that drive contexts of their own (two
+// ranks as two threads, tests/test_cuda_distributed.cpp) never overlap a kernel's two-order check
+// (which saves and restores every allocation's bytes).
+std::recursive_mutex& device_lock();
 
 // Records a fault for the next cudaGetLastError (and cudaStreamSynchronize) and says on stderr why:
 // the status alone ("invalid argument") would not name the copy or the kernel.

@@ -35,6 +35,15 @@ std::set<const CUstream_st*> g_streams;
 std::set<const CUevent_st*> g_events;
 cudaError_t g_last_error = cudaSuccess;
 
+}  // namespace
+
+std::recursive_mutex& device_lock() {
+  static std::recursive_mutex lock;
+  return lock;
+}
+
+namespace {
+
 cudaError_t fail(cudaError_t e, const std::string& why) {
   report_fault(e, why);
   return e;
@@ -98,6 +107,7 @@ std::string check_side(const char* side, const void* p, std::size_t bytes, bool 
 
 cudaError_t copy(const char* call, void* dst, const void* src, std::size_t count, cudaMemcpyKind kind,
                  cudaStream_t stream) {
+  const std::lock_guard<std::recursive_mutex> device(device_lock());
   if (!stream_ok(stream)) return fail(cudaErrorInvalidResourceHandle, std::string(call) + ": unknown stream");
   if (count == 0) return cudaSuccess;
   if (dst == nullptr || src == nullptr)
@@ -126,6 +136,7 @@ cudaError_t copy(const char* call, void* dst, const void* src, std::size_t count
 }
 
 cudaError_t allocate(void** p, std::size_t bytes, MemoryKind kind, const char* call) {
+  const std::lock_guard<std::recursive_mutex> device(device_lock());
   if (p == nullptr) return fail(cudaErrorInvalidValue, std::string(call) + ": null result pointer");
   *p = nullptr;
   if (bytes == 0) return cudaSuccess;
@@ -139,6 +150,7 @@ cudaError_t allocate(void** p, std::size_t bytes, MemoryKind kind, const char* c
 }
 
 cudaError_t release(void* p, MemoryKind kind, const char* call) {
+  const std::lock_guard<std::recursive_mutex> device(device_lock());
   if (p == nullptr) return cudaSuccess;
   {
     std::lock_guard<std::mutex> lock(g_mutex);
@@ -298,6 +310,12 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
 
 // The work queued on a stream has run already; a fault of it was reported by the launch check, or is
 // reported here if nothing asked since.
+// The same: a queried stream is always idle.
+cudaError_t cudaStreamQuery(cudaStream_t s) {
+  if (!gs_emu::stream_ok(s)) return cudaErrorInvalidResourceHandle;
+  return cudaGetLastError();
+}
+
 cudaError_t cudaStreamSynchronize(cudaStream_t s) {
   if (!gs_emu::stream_ok(s)) return cudaErrorInvalidResourceHandle;
   return cudaGetLastError();
@@ -326,6 +344,7 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, cudaMemcpy
 cudaError_t cudaMemsetAsync(void* p, int value, size_t count, cudaStream_t s) {
   if (!gs_emu::stream_ok(s)) return fail(cudaErrorInvalidResourceHandle, "cudaMemsetAsync: unknown stream");
   if (count == 0) return cudaSuccess;
+  const std::lock_guard<std::recursive_mutex> device(gs_emu::device_lock());
   const std::string bad = gs_emu::check_side("destination", p, count, true);
   if (!bad.empty()) return fail(cudaErrorInvalidValue, "cudaMemsetAsync: " + bad);
   std::memset(p, value, count);

@@ -1,0 +1,191 @@
+// Collectives over a GPU's memory (see collectives.h).
+#include "lib/cuda/collectives.h"
+
+#include <cstdlib>
+#include <sstream>
+#include <vector>
+
+#include "lib/cuda/device_buffer.h"
+
+#ifdef GRADSCALE_HAS_NCCL
+#include <dlfcn.h>
+#include <nccl.h>
+#endif
+
+namespace gradscale::cuda {
+namespace {
+
+// Through the host: device → page-locked host (one wait), the communicator's sum, host → device.
+class HostCollectives final : public DeviceCollectives {
+ public:
+  HostCollectives(CudaContext& ctx, Communicator& comm) : ctx_(ctx), comm_(comm) {}
+  std::string backend() const override { return "host (" + comm_.backend() + ")"; }
+  void all_reduce_sum(float* device_data, std::size_t n) override {
+    if (n == 0) return;
+    // The previous call's copy back has finished: this call's copy out is queued after it, and waited for.
+    if (staging_.size() < n) staging_ = PinnedBuffer<float>(n);
+    GS_CUDA_CHECK(cudaMemcpyAsync(staging_.data(), device_data, n * sizeof(float), cudaMemcpyDeviceToHost,
+                                  ctx_.stream()));
+    ctx_.synchronize();
+    comm_.all_reduce_sum(staging_.data(), n);
+    GS_CUDA_CHECK(cudaMemcpyAsync(device_data, staging_.data(), n * sizeof(float), cudaMemcpyHostToDevice,
+                                  ctx_.stream()));
+  }
+
+ private:
+  CudaContext& ctx_;
+  Communicator& comm_;
+  PinnedBuffer<float> staging_;
+};
+
+#ifdef GRADSCALE_HAS_NCCL
+
+// The NCCL entries gradscale calls, from the library loaded at run time.
+struct NcclApi {
+  decltype(&ncclGetVersion) get_version = nullptr;
+  decltype(&ncclGetUniqueId) get_unique_id = nullptr;
+  decltype(&ncclCommInitRank) comm_init_rank = nullptr;
+  decltype(&ncclAllReduce) all_reduce = nullptr;
+  decltype(&ncclCommDestroy) comm_destroy = nullptr;
+  decltype(&ncclCommAbort) comm_abort = nullptr;
+  decltype(&ncclCommGetAsyncError) comm_get_async_error = nullptr;
+  decltype(&ncclGetErrorString) get_error_string = nullptr;
+  int version = 0;
+};
+
+template <class F>
+void bind(void* lib, const char* name, F& f, const std::string& path) {
+  f = reinterpret_cast<F>(dlsym(lib, name));
+  GS_CHECK_CONFIG(f != nullptr, "NCCL library '" << path << "' has no " << name);
+}
+
+// Loaded once per process; ConfigError (every time) when it cannot be.
+const NcclApi& nccl_api() {
+  static const NcclApi api = [] {
+    std::vector<std::string> candidates;
+    if (const char* env = std::getenv("GRADSCALE_NCCL_LIBRARY"); env && *env) {
+      candidates.push_back(env);
+    } else {
+      candidates.push_back("libnccl.so.2");
+#ifdef GRADSCALE_NCCL_LIBRARY_PATH
+      candidates.push_back(GRADSCALE_NCCL_LIBRARY_PATH);
+#endif
+    }
+    void* lib = nullptr;
+    std::string path, why;
+    for (const std::string& c : candidates) {
+      lib = dlopen(c.c_str(), RTLD_NOW | RTLD_LOCAL);
+      if (lib) {
+        path = c;
+        break;
+      }
+      const char* e = dlerror();
+      why += (why.empty() ? "" : "; ") + std::string(e ? e : c + ": not loaded");
+    }
+    GS_CHECK_CONFIG(lib != nullptr, "--gpu-collectives nccl: cannot load NCCL (" << why
+                                        << "); set GRADSCALE_NCCL_LIBRARY to libnccl.so.2's path, or use "
+                                        << "--gpu-collectives host");
+    NcclApi a;
+    bind(lib, "ncclGetVersion", a.get_version, path);
+    bind(lib, "ncclGetUniqueId", a.get_unique_id, path);
+    bind(lib, "ncclCommInitRank", a.comm_init_rank, path);
+    bind(lib, "ncclAllReduce", a.all_reduce, path);
+    bind(lib, "ncclCommDestroy", a.comm_destroy, path);
+    bind(lib, "ncclCommAbort", a.comm_abort, path);
+    bind(lib, "ncclCommGetAsyncError", a.comm_get_async_error, path);
+    bind(lib, "ncclGetErrorString", a.get_error_string, path);
+    GS_CHECK_CONFIG(a.get_version(&a.version) == ncclSuccess, "NCCL library '" << path << "': ncclGetVersion failed");
+    return a;  // the library stays loaded for the process
+  }();
+  return api;
+}
+
+class NcclCollectives final : public DeviceCollectives {
+ public:
+  NcclCollectives(CudaContext& ctx, Communicator& comm) : api_(nccl_api()), ctx_(ctx), comm_(comm) {
+    ncclUniqueId id{};
+    if (comm.rank() == 0) check(api_.get_unique_id(&id), "ncclGetUniqueId");
+    comm.broadcast(&id, sizeof id, 0);  // over the host communicator, with its deadline
+    GS_CUDA_CHECK(cudaSetDevice(ctx.device()));
+    check(api_.comm_init_rank(&nccl_, comm.size(), id, comm.rank()), "ncclCommInitRank");
+    ctx_.set_wait_watch([this](double waited) { watch(waited); });
+  }
+  ~NcclCollectives() override {
+    ctx_.set_wait_watch({});
+    if (nccl_) api_.comm_destroy(nccl_);
+  }
+  NcclCollectives(const NcclCollectives&) = delete;
+  NcclCollectives& operator=(const NcclCollectives&) = delete;
+
+  std::string backend() const override {
+    const int v = api_.version;  // 22809: 2.28.9
+    return "nccl " + std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." + std::to_string(v % 100);
+  }
+  void all_reduce_sum(float* device_data, std::size_t n) override {
+    GS_CHECK_AS(DistributedError, nccl_ != nullptr, "NCCL's communicator was aborted after an earlier error");
+    if (n == 0) return;
+    check(api_.all_reduce(device_data, device_data, n, ncclFloat32, ncclSum, nccl_, ctx_.stream()),
+          "ncclAllReduce");
+  }
+
+ private:
+  void check(ncclResult_t r, const char* call) const {
+    if (r == ncclSuccess) return;
+    std::ostringstream msg;
+    msg << "rank " << comm_.rank() << " of " << comm_.size() << ": " << call << " failed: "
+        << api_.get_error_string(r);
+    if (r == ncclInvalidUsage) msg << " (one GPU per rank: NCCL refuses two ranks on one device; --gpu-collectives host shares one)";
+    throw DistributedError(msg.str());
+  }
+  // Between the polls of a wait for the device (CudaContext::synchronize).
+  void watch(double waited) {
+    if (!nccl_) return;
+    ncclResult_t async = ncclSuccess;
+    api_.comm_get_async_error(nccl_, &async);
+    const double limit = comm_.timeout_seconds();
+    if (async == ncclSuccess && (limit <= 0 || waited <= limit)) return;
+    api_.comm_abort(nccl_);  // makes its kernels return, so the stream can drain
+    nccl_ = nullptr;
+    std::ostringstream msg;
+    msg << "rank " << comm_.rank() << " of " << comm_.size() << ": ";
+    if (async != ncclSuccess)
+      msg << "NCCL reported an error: " << api_.get_error_string(async);
+    else
+      msg << "a wait for the GPU (behind an NCCL all-reduce) did not complete within " << limit
+          << " s: another rank died, hangs, or runs another config (--dist-timeout sets the limit)";
+    throw DistributedError(msg.str());
+  }
+
+  const NcclApi& api_;
+  CudaContext& ctx_;
+  Communicator& comm_;
+  ncclComm_t nccl_ = nullptr;
+};
+
+#endif  // GRADSCALE_HAS_NCCL
+
+}  // namespace
+
+bool nccl_built() {
+#ifdef GRADSCALE_HAS_NCCL
+  return true;
+#else
+  return false;
+#endif
+}
+
+std::unique_ptr<DeviceCollectives> make_device_collectives(CudaContext& ctx, Communicator& comm,
+                                                           const std::string& kind) {
+  GS_CHECK_CONFIG(kind == "auto" || kind == "nccl" || kind == "host",
+                  "unknown --gpu-collectives '" << kind << "' (allowed: auto, nccl, host)");
+  const bool nccl = kind == "nccl" || (kind == "auto" && nccl_built());
+#ifdef GRADSCALE_HAS_NCCL
+  if (nccl) return std::make_unique<NcclCollectives>(ctx, comm);
+#else
+  GS_CHECK_CONFIG(!nccl, "--gpu-collectives nccl: this gradscale was built without NCCL (CMake found no "
+                         "nccl.h); use --gpu-collectives host");
+#endif
+  return std::make_unique<HostCollectives>(ctx, comm);
+}
+
+}  // namespace gradscale::cuda

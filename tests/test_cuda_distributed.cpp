@@ -1,0 +1,125 @@
+// Data-parallel training on the CUDA backend (docs/distributed.md, "On GPUs"): two ranks — two threads
+// of this process, each with its own CUDA context — take the decisions one process with the whole batch
+// takes on the same backend, with the weight gradients summed on the device through the host; and the
+// GPU collectives' choices and errors (lib/cuda/collectives.h). On the CPU execution target here; on a
+// GPU as they are. The NCCL case needs a GPU.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "lib/cuda/backend.h"
+#include "lib/cuda/collectives.h"
+#include "lib/dist/data_parallel.h"
+#include "tests/cuda_test.h"
+#include "tests/thread_ranks.h"
+
+using namespace gradscale;
+using Catch::Matchers::Contains;
+
+namespace {
+
+// The largest |a − b| over two runs' weights.
+double max_weight_difference(const test::RankRecord& a, const test::RankRecord& b) {
+  REQUIRE(a.weights.size() == b.weights.size());
+  double d = 0;
+  for (std::size_t i = 0; i < a.weights.size(); ++i) {
+    REQUIRE(a.weights[i].size() == b.weights[i].size());
+    for (std::size_t k = 0; k < a.weights[i].size(); ++k)
+      d = std::max(d, static_cast<double>(std::fabs(a.weights[i][k] - b.weights[i][k])));
+  }
+  return d;
+}
+
+}  // namespace
+
+TEST_CASE("cuda: two ranks (threads) take one process's decisions, the gradients summed on the device",
+          "[cuda][dist]") {
+  test::require_cuda_device();
+  // S0 from the loss gradient and a controller that reads the upstream product's statistics; one that
+  // reads the moments of g and W.
+  const nlohmann::json scaler = GENERATE(
+      nlohmann::json{{"policy", "adaptive"}, {"method", "measured"}, {"init_scale", "auto"}},
+      nlohmann::json{{"policy", "adaptive"}, {"method", "approx_range"}});
+  INFO("scaler " << scaler.dump());
+  cuda::CudaBackend one_gpu(0);
+  const test::RankRecord one = test::train_residual(nullptr, scaler, &one_gpu);
+  test::RankRecord ranks[2], cpu_ranks[2];
+  test::on_two_ranks([&](int r, Communicator& comm) {
+    cuda::CudaBackend gpu(0);  // each rank its own context (on a machine with one GPU, the same device)
+    ranks[r] = test::train_residual(&comm, scaler, &gpu, "host");
+  });
+  test::on_two_ranks([&](int r, Communicator& comm) { cpu_ranks[r] = test::train_residual(&comm, scaler, nullptr); });
+  int scaled = 0;
+  for (const test::RankRecord& rec : ranks) {
+    // One process decides on the device (its controller's rule, the join's target there); two ranks on
+    // the host from the reduced statistics: the same decisions.
+    CHECK(rec.s0 == one.s0);
+    CHECK(rec.skipped == one.skipped);
+    CHECK(rec.scales == one.scales);
+    // The weight gradients differ in their last fp32 bits before rounding (summed over two ranks, not
+    // one GEMM over the batch), so a rounding to fp8 may land one step apart: Adam moves such a weight
+    // by at most about lr per step more or less (as the CPU's case, tests/test_distributed.cpp).
+    const double d = max_weight_difference(rec, one);
+    INFO("max |w_rank - w_one| = " << d);
+    CHECK(d <= 2 * 1e-3 * test::kResidualSteps);
+  }
+  CHECK(ranks[0].weights == ranks[1].weights);  // the ranks agree bit for bit
+  // The CPU engine's two ranks reduce the same statistics the same way: the same decisions.
+  CHECK(ranks[0].s0 == cpu_ranks[0].s0);
+  CHECK(ranks[0].scales == cpu_ranks[0].scales);
+  for (const auto& step : one.scales)
+    for (double s : step) scaled += s != 1.0;
+  CHECK(scaled > 0);  // the controller scaled some layer: equal decisions are not trivially 1
+}
+
+TEST_CASE("cuda: the GPU collectives refuse an unknown kind, and name what NCCL lacks", "[cuda][dist]") {
+  test::require_cuda_device();
+  cuda::CudaContext ctx(0);
+  LocalCommunicator local;
+  CHECK_THROWS_AS(cuda::make_device_collectives(ctx, local, "gloo"), ConfigError);
+  CHECK_THROWS_WITH(cuda::make_device_collectives(ctx, local, "gloo"), Contains("unknown --gpu-collectives 'gloo'"));
+  // "host" over one rank: the values stay.
+  const auto host = cuda::make_device_collectives(ctx, local, "host");
+  CHECK(host->backend() == "host (local)");
+  auto d = test::to_device(std::vector<float>{1.5f, -2.0f, 3.0f}, ctx);
+  host->all_reduce_sum(d.data(), 3);
+  CHECK(test::to_host(d, ctx) == std::vector<float>{1.5f, -2.0f, 3.0f});
+  if (!cuda::nccl_built()) {
+    CHECK_THROWS_WITH(cuda::make_device_collectives(ctx, local, "nccl"), Contains("built without NCCL"));
+    CHECK(cuda::make_device_collectives(ctx, local, "auto")->backend() == "host (local)");
+    return;
+  }
+  // A library that is not there: the error names it and the way out.
+  const char* before = std::getenv("GRADSCALE_NCCL_LIBRARY");
+  const std::string saved = before ? before : "";
+  ::setenv("GRADSCALE_NCCL_LIBRARY", "/nonexistent/libnccl.so.2", 1);
+  try {
+    cuda::make_device_collectives(ctx, local, "nccl");
+    FAIL("NCCL was loaded from a path that does not exist");
+  } catch (const ConfigError& e) {
+    CHECK_THAT(e.what(), Contains("cannot load NCCL") && Contains("/nonexistent/libnccl.so.2") &&
+                             Contains("--gpu-collectives host"));
+  }
+  if (before)
+    ::setenv("GRADSCALE_NCCL_LIBRARY", saved.c_str(), 1);
+  else
+    ::unsetenv("GRADSCALE_NCCL_LIBRARY");
+}
+
+TEST_CASE("cuda: NCCL over one rank on a GPU sums in place and says its version", "[cuda][dist]") {
+  test::require_cuda_device();
+  test::require_gpu_hardware("NCCL runs its kernels on a real GPU");
+  if (!cuda::nccl_built()) test::skip_test("this gradscale was built without NCCL (CMake found no nccl.h)");
+  cuda::CudaContext ctx(0);
+  LocalCommunicator local;
+  const auto nccl = cuda::make_device_collectives(ctx, local, "nccl");
+  INFO(nccl->backend());
+  CHECK(nccl->backend().rfind("nccl 2.", 0) == 0);
+  auto d = test::to_device(std::vector<float>{1.5f, -2.0f, 3.0f}, ctx);
+  nccl->all_reduce_sum(d.data(), 3);
+  ctx.synchronize();  // through the context's watch (polled)
+  CHECK(test::to_host(d, ctx) == std::vector<float>{1.5f, -2.0f, 3.0f});
+}
