@@ -13,6 +13,7 @@
 #include "lib/cuda/backend.h"
 #include "lib/cuda/collectives.h"
 #include "lib/dist/data_parallel.h"
+#include "lib/train/trainer.h"
 #include "tests/cuda_test.h"
 #include "tests/thread_ranks.h"
 
@@ -122,4 +123,49 @@ TEST_CASE("cuda: NCCL over one rank on a GPU sums in place and says its version"
   nccl->all_reduce_sum(d.data(), 3);
   ctx.synchronize();  // through the context's watch (polled)
   CHECK(test::to_host(d, ctx) == std::vector<float>{1.5f, -2.0f, 3.0f});
+}
+
+TEST_CASE("cuda: the Trainer on two ranks (threads) with device cuda ends where one process ends", "[cuda][dist]") {
+  test::require_cuda_device();
+  TrainConfig c;
+  c.model = "deep-mlp:depth=4,width=32,gain=0.5";
+  c.data = "synthetic:512";
+  c.format = Format::fp8_e5m2;
+  c.batch = 64;
+  c.max_steps = 6;
+  c.threads = 1;
+  c.device = "cuda";  // each rank: device (local rank mod devices), here the one device
+  c.scaler = {{"policy", "adaptive"}, {"method", "measured"}};
+  const auto weights_of = [](Trainer& t) {
+    std::vector<std::vector<float>> w;
+    for (const Parameter* p : t.model().parameters()) {
+      const Tensor h = p->value.to_host();
+      w.emplace_back(h.data(), h.data() + h.size());
+    }
+    return w;
+  };
+  Trainer one(c);
+  const nlohmann::json r1 = one.run();
+  const auto w1 = weights_of(one);
+  nlohmann::json r2[2];
+  std::vector<std::vector<float>> w2[2];
+  test::on_two_ranks([&](int r, Communicator& comm) {
+    Trainer t(c, nullptr, &comm, "host");  // the end-of-run weight check compares the GPUs' weights
+    r2[r] = t.run();
+    w2[r] = weights_of(t);
+  });
+  REQUIRE(r2[0]["ranks"] == 2);
+  CHECK(r2[0]["data_parallel"]["gpu_collectives"] == "host (threads)");
+  CHECK(r2[0]["data_parallel"]["gradient_collectives"].get<int>() > 0);
+  CHECK(r2[0]["steps"] == r1["steps"]);
+  CHECK(r2[0]["skipped_steps"] == r1["skipped_steps"]);
+  CHECK(r2[0]["final_scale"] == r1["final_scale"]);
+  CHECK(r2[0]["scaler_state"] == r1["scaler_state"]);  // the controller's per-layer state included
+  CHECK(w2[0] == w2[1]);
+  INFO("scaler_state " << r1["scaler_state"].dump());
+  double d = 0;
+  for (std::size_t i = 0; i < w1.size(); ++i)
+    for (std::size_t k = 0; k < w1[i].size(); ++k) d = std::max(d, static_cast<double>(std::fabs(w1[i][k] - w2[0][i][k])));
+  INFO("max |w_two - w_one| = " << d);
+  CHECK(d <= 2 * c.lr * static_cast<double>(c.max_steps));
 }
