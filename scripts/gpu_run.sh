@@ -110,6 +110,10 @@ print(f"data-parallel {sys.argv[3]}: {len(a)}/{len(b)} steps, {diff} step decisi
 sys.exit(0 if len(a) == len(b) and diff == 0 and ldiff == 0 else 1)
 PY
   done
+  # Time per step with 1 and 2 ranks on the GPU, and what the reductions moved (docs/distributed.md).
+  echo "== scripts/bench_dist.sh --model resnet-mini --batch 256 -- --device cuda --gpu-collectives host" | tee -a "$logs/dp.txt"
+  GRADSCALE="$build/gradscale" bash scripts/bench_dist.sh --model resnet-mini --batch 256 --steps 30 -- \
+    --device cuda --gpu-collectives host 2>&1 | tee -a "$logs/dp.txt" || status=1
   phase "data-parallel done"
 else
   echo "skipped: no mpirun on this machine, or this build has no MPI" | tee -a "$logs/dp.txt"

@@ -405,6 +405,25 @@ TEST_CASE("two ranks (threads): a weight gradient in device memory needs device 
   });
 }
 
+TEST_CASE("train: --gpu-collectives takes auto, nccl or host, and names a bad value", "[dist][cli]") {
+  const auto r = gradscale::test::run_cli("train --data synthetic:64 --max-steps 1 --quiet --gpu-collectives gloo");
+  CHECK(r.status == 2);
+  CHECK(joined(r.lines).find("--gpu-collectives must be auto, nccl or host, got 'gloo'") != std::string::npos);
+  // One process reduces nothing: the option is accepted and unused.
+  CHECK(gradscale::test::run_cli("train --data synthetic:64 --max-steps 1 --quiet --gpu-collectives host").status == 0);
+}
+
+TEST_CASE("mpirun: --gpu-collectives nccl on a model on the CPU stops at the start, saying why", "[dist][cli]") {
+  const std::string mpi = mpirun(2);
+  const auto r = run_shell("timeout 120 " + mpi + "\"$GS\" train --data synthetic:256 --batch 32 --max-steps 2 "
+                           "--threads 1 --quiet --gpu-collectives nccl");
+  INFO(joined(r.lines));
+  CHECK(r.status != 0);
+  CHECK(r.status != 124);  // not the timeout
+  CHECK(joined(r.lines).find("--gpu-collectives nccl sums a GPU's gradients: the model is on the cpu") !=
+        std::string::npos);
+}
+
 TEST_CASE("one process: the local communicator is rank 0 of 1 and reduces nothing", "[dist]") {
   gradscale::LocalCommunicator local;
   CHECK(local.rank() == 0);
