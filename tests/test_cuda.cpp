@@ -36,6 +36,7 @@
 #include "lib/cuda/sgd.h"
 #include "lib/cuda/stats.h"
 #include "lib/cuda/unscale.h"
+#include "lib/instrument/finite_scan.h"
 #include "lib/instrument/histogram.h"
 #include "lib/numeric/quantize.h"
 #include "tests/cli_run.h"
@@ -389,8 +390,8 @@ TEST_CASE("bench cuda prints one row per kernel, or one line and exit 0 without 
   CHECK_THAT(r.lines[0], Contains("gradscale bench cuda: ") && Contains("100003 floats"));
   std::string all;
   for (const std::string& l : r.lines) all += l + "\n";
-  for (const char* row : {"device-to-device copy", "tensor_stats fp16", "quantize fp16", "quantize fp8_e4m3",
-                          "to_fp16", "to_bf16", "unscale_accumulate"})
+  for (const char* row : {"device-to-device copy", "tensor_stats fp16", "max_abs_bits", "quantize fp16",
+                          "quantize fp8_e4m3", "to_fp16", "to_bf16", "unscale_accumulate"})
     CHECK_THAT(all, Contains(row));
 }
 
@@ -529,6 +530,31 @@ TEST_CASE("cuda::tensor_stats equals lib/instrument: counts and bins exactly, su
     const std::vector<cuda::DeviceStats> second = test::to_host(out, ctx);
     CHECK(std::memcmp(first.data(), second.data(), first.size() * sizeof(cuda::DeviceStats)) == 0);
   }
+}
+
+TEST_CASE("cuda::max_abs_bits gives lib/instrument's max_abs bit for bit, inf for a value not finite", "[cuda]") {
+  test::require_cuda_device();
+  cuda::CudaContext ctx;
+  std::vector<std::vector<float>> tensors = stats_tensors();
+  for (std::size_t i = 0, n = tensors.size(); i < n; ++i) {  // each again without its infs and NaNs
+    std::vector<float> finite = tensors[i];
+    for (float& x : finite)
+      if (!std::isfinite(x)) x = -0x1p-140f;
+    tensors.push_back(finite);
+  }
+  tensors.push_back({-3.0f, std::numeric_limits<float>::infinity(), 2.0f});  // inf alone
+  auto out = test::sentinel_buffer<unsigned>(1, ctx);
+  int finite_cases = 0;
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    const auto d = test::to_device(tensors[i], ctx);
+    cuda::max_abs_bits(d.data(), tensors[i].size(), out.data(), ctx.stream());
+    const float gpu = cuda::max_abs_of_bits(test::to_host(out, ctx)[0]);
+    const float cpu = max_abs(tensors[i].data(), tensors[i].size());
+    INFO("tensor " << i << " of " << tensors[i].size() << " values: gpu " << gpu << ", cpu " << cpu);
+    CHECK(test::bits_of(gpu) == test::bits_of(std::isnan(cpu) ? std::numeric_limits<float>::infinity() : cpu));
+    finite_cases += std::isfinite(cpu) && cpu > 0;
+  }
+  CHECK(finite_cases >= 4);  // the finite maxima are compared too, not only inf
 }
 
 TEST_CASE("cuda::count_about_edge adds the CPU's counts about an edge, for every format and option", "[cuda]") {

@@ -92,6 +92,8 @@ int bench_cuda(std::size_t n, int repeats) {
   for (Format f : {Format::fp16, Format::fp8_e5m2})
     row(std::string("tensor_stats ") + format_name(f) + " (read)", 4,
         [&] { cuda::tensor_stats(ctx, in.data(), n, f, {}, stats.data()); });
+  cuda::DeviceBuffer<unsigned> max_bits(1);
+  row("max_abs_bits (read; the maximum alone)", 4, [&] { cuda::max_abs_bits(in.data(), n, max_bits.data(), ctx.stream()); });
   for (Format f : {Format::fp16, Format::bf16, Format::fp8_e5m2, Format::fp8_e4m3})
     row(std::string("quantize ") + format_name(f) + " (fp32 -> fp32)", 8,
         [&] { cuda::quantize(in.data(), out.data(), n, f, {}, 1.0f, ctx.stream()); });

@@ -103,8 +103,13 @@ class CudaArrayOps final : public ArrayOps {
     }
   }
 
-  float max_abs(const float* d, std::size_t n) override {
-    return max_of(statistics(d, n, Format::fp32, RoundOptions{}));
+  float max_abs(const float* d, std::size_t n) override {  // the maximum alone: no statistics pass
+    select_device();
+    max_abs_bits(d, n, max_bits_.data(), ctx_.stream());
+    GS_CUDA_CHECK(cudaMemcpyAsync(max_bits_host_.data(), max_bits_.data(), sizeof(unsigned), cudaMemcpyDeviceToHost,
+                                  ctx_.stream()));
+    ctx_.synchronize();
+    return max_abs_of_bits(max_bits_host_.data()[0]);
   }
 
   void divide(float* d, std::size_t n, float divisor) override {
@@ -200,6 +205,8 @@ class CudaArrayOps final : public ArrayOps {
 
   CudaContext& ctx_;
   DeviceBuffer<DeviceStats> stats_;  // a measurement returned at once: one tensor's, or a query's three
+  DeviceBuffer<unsigned> max_bits_{1};      // max_abs's result, and its copy on the host
+  PinnedBuffer<unsigned> max_bits_host_{1};
   std::vector<DeviceBuffer<DeviceStats>> stat_chunks_;
   std::vector<DeviceBuffer<DeviceEdgeCounts>> edge_chunks_;
   std::vector<Queued> queued_;

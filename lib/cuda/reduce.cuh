@@ -24,6 +24,9 @@ struct MaxFloat {
 struct MinUnsigned {
   __device__ unsigned operator()(unsigned a, unsigned b) const { return min(a, b); }
 };
+struct MaxUnsigned {
+  __device__ unsigned operator()(unsigned a, unsigned b) const { return max(a, b); }
+};
 
 // Combines v over the whole block with `op` and returns the result to every thread. Every thread of
 // the block must call it (it synchronises); blockDim.x must be a multiple of 32 and at most 1024.

@@ -7,6 +7,7 @@
 //  2. stats_finalize_kernel: one block per tensor combines the partial records in a fixed order.
 #include "lib/cuda/stats.h"
 
+#include <cstring>
 #include <limits>
 
 #include "lib/cuda/check.h"
@@ -144,6 +145,16 @@ __global__ void __launch_bounds__(kBlock)
       (nonzero_m1 + 1u < kInf && nonzero_m1 != 0xFFFFFFFFu) ? __uint_as_float(nonzero_m1 + 1u) : 0.0;
 }
 
+// max over the grid of (bits & kAbs): each block reduces its threads', then one atomicMax (exact).
+__global__ void __launch_bounds__(kBlock) max_abs_bits_kernel(const float* v, std::size_t n, unsigned* out) {
+  unsigned m = 0;
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
+    m = max(m, __float_as_uint(v[i]) & kAbs);
+  m = device::block_reduce(m, device::MaxUnsigned());
+  if (threadIdx.x == 0 && m != 0) atomicMax(out, m);
+}
+
 void launch_stats(const StatsTable& table, unsigned blocks, BlockPartial* partials, cudaStream_t stream) {
   stats_partial_kernel<<<dim3(blocks, static_cast<unsigned>(table.count)), kBlock, 0, stream>>>(table,
                                                                                                 partials);
@@ -182,6 +193,21 @@ void tensor_stats(CudaContext& ctx, const StatsJob* jobs, std::size_t count, Dev
         ctx.scratch(static_cast<std::size_t>(table.count) * blocks * sizeof(BlockPartial)));
     launch_stats(table, blocks, partials, ctx.stream());
   }
+}
+
+void max_abs_bits(const float* data, std::size_t n, unsigned* out, cudaStream_t stream) {
+  GS_CHECK(out != nullptr && (data != nullptr || n == 0), "cuda::max_abs_bits of " << n << " values got a null pointer");
+  GS_CUDA_CHECK(cudaMemsetAsync(out, 0, sizeof(unsigned), stream));
+  if (n == 0) return;
+  max_abs_bits_kernel<<<grid_for(n, 8, kMaxBlocksPerJob), kBlock, 0, stream>>>(data, n, out);
+  GS_CUDA_CHECK_LAUNCH();
+}
+
+float max_abs_of_bits(unsigned bits) {
+  if (bits >= kInf) return std::numeric_limits<float>::infinity();
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
 }
 
 void tensor_stats(CudaContext& ctx, const float* data, std::size_t n, Format f, RoundOptions opt,

@@ -51,6 +51,14 @@ inline void tensor_stats(CudaContext& ctx, const std::vector<StatsJob>& jobs, De
 void tensor_stats(CudaContext& ctx, const float* data, std::size_t n, Format f, RoundOptions opt,
                   DeviceStats* out);
 
+// The largest |v| alone, without the rest of the pass: *out (device memory) ← the largest of the
+// values' bits with the sign cleared (order-free, so exact), queued on `stream`; 0 for n = 0. Bits at or
+// above 0x7F800000 mean a value was not finite (lib/instrument's max_abs reads that as +inf:
+// max_abs_of_bits). What a join or a weight gradient's factor r is chosen from (ExternalBackward).
+void max_abs_bits(const float* data, std::size_t n, unsigned* out, cudaStream_t stream);
+// Those bits as lib/instrument's max_abs: +inf when a value was not finite.
+float max_abs_of_bits(unsigned bits);
+
 // The one device→host copy of a step: `count` results from device memory (waits for ctx.stream()).
 std::vector<TensorStats> download_stats(CudaContext& ctx, const DeviceStats* out, std::size_t count);
 
