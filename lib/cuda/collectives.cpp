@@ -22,8 +22,12 @@ class HostCollectives final : public DeviceCollectives {
   std::string backend() const override { return "host (" + comm_.backend() + ")"; }
   void all_reduce_sum(float* device_data, std::size_t n) override {
     if (n == 0) return;
-    // The previous call's copy back has finished: this call's copy out is queued after it, and waited for.
-    if (staging_.size() < n) staging_ = PinnedBuffer<float>(n);
+    // The previous call's copy back may still read the staging buffer: a larger one replaces it only
+    // after a wait; otherwise this call's copy out is queued after that copy back, and waited for.
+    if (staging_.size() < n) {
+      ctx_.synchronize();
+      staging_ = PinnedBuffer<float>(n);
+    }
     GS_CUDA_CHECK(cudaMemcpyAsync(staging_.data(), device_data, n * sizeof(float), cudaMemcpyDeviceToHost,
                                   ctx_.stream()));
     ctx_.synchronize();
