@@ -2,6 +2,8 @@
 #include "lib/cuda/collectives.h"
 
 #include <cstdlib>
+#include <map>
+#include <mutex>
 #include <sstream>
 #include <vector>
 
@@ -63,18 +65,23 @@ void bind(void* lib, const char* name, F& f, const std::string& path) {
   GS_CHECK_CONFIG(f != nullptr, "NCCL library '" << path << "' has no " << name);
 }
 
-// Loaded once per process; ConfigError (every time) when it cannot be.
+// The library GRADSCALE_NCCL_LIBRARY names, else libnccl.so.2 on the loader's path, else CMake's.
+// Loaded once per process and choice; ConfigError (every time) when it cannot be.
 const NcclApi& nccl_api() {
-  static const NcclApi api = [] {
-    std::vector<std::string> candidates;
-    if (const char* env = std::getenv("GRADSCALE_NCCL_LIBRARY"); env && *env) {
-      candidates.push_back(env);
-    } else {
-      candidates.push_back("libnccl.so.2");
+  std::vector<std::string> candidates;
+  if (const char* env = std::getenv("GRADSCALE_NCCL_LIBRARY"); env && *env) {
+    candidates.push_back(env);
+  } else {
+    candidates.push_back("libnccl.so.2");
 #ifdef GRADSCALE_NCCL_LIBRARY_PATH
-      candidates.push_back(GRADSCALE_NCCL_LIBRARY_PATH);
+    candidates.push_back(GRADSCALE_NCCL_LIBRARY_PATH);
 #endif
-    }
+  }
+  static std::mutex mutex;
+  static std::map<std::string, NcclApi> loaded;  // by the first candidate
+  const std::lock_guard<std::mutex> lock(mutex);
+  if (const auto it = loaded.find(candidates[0]); it != loaded.end()) return it->second;
+  const NcclApi api = [&candidates] {
     void* lib = nullptr;
     std::string path, why;
     for (const std::string& c : candidates) {
@@ -101,7 +108,7 @@ const NcclApi& nccl_api() {
     GS_CHECK_CONFIG(a.get_version(&a.version) == ncclSuccess, "NCCL library '" << path << "': ncclGetVersion failed");
     return a;  // the library stays loaded for the process
   }();
-  return api;
+  return loaded.emplace(candidates[0], api).first->second;  // std::map: the reference stays valid
 }
 
 class NcclCollectives final : public DeviceCollectives {
