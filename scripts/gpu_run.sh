@@ -44,7 +44,7 @@ export LD_LIBRARY_PATH="$prefix/lib/x86_64-linux-gnu:$(realpath "$deps")/lib/x86
   nvcc --version | tail -2 || true
   cmake --version | head -1
   cat "$deps/MANIFEST" 2>/dev/null || true
-} 2>&1 | tee "$logs/machine.txt"
+} 2>&1 | tee "$logs/configure.txt"
 
 generator=()
 command -v ninja >/dev/null 2>&1 && generator=(-G Ninja)
@@ -55,7 +55,7 @@ python_args=()
 command -v python3 >/dev/null 2>&1 && python_args=(-DPython3_EXECUTABLE="$(command -v python3)")
 cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DGRADSCALE_CUDA=ON \
   -DCMAKE_CUDA_ARCHITECTURES="$arch" -DCMAKE_PREFIX_PATH="$prefix" -DGRADSCALE_CUDA_ON_CPU=OFF \
-  -DGRADSCALE_FUZZ=OFF -DGRADSCALE_WERROR=OFF "${python_args[@]}" 2>&1 | tee "$logs/configure.txt"
+  -DGRADSCALE_FUZZ=OFF -DGRADSCALE_WERROR=OFF "${python_args[@]}" 2>&1 | tee -a "$logs/configure.txt"
 targets=(gradscale gradscale_tests)
 plugin=0
 if grep -q "gradscale: Python module ON" "$logs/configure.txt"; then targets+=(gradscale_core); plugin=1; fi
@@ -77,7 +77,7 @@ if [ "$all_tests" -eq 0 ]; then
   if [ "$plugin" -eq 1 ]; then filter=(-R "cuda|CUDA|python plug-in" -LE cuda_on_cpu); else filter=(-R "cuda|CUDA" -LE cuda_on_cpu); fi
 fi
 status=0
-(cd "$build" && ctest --output-on-failure -j 4 "${filter[@]}") 2>&1 | tee "$logs/tests.txt" || status=1
+(cd "$build" && ctest --output-on-failure --timeout 120 -j 4 "${filter[@]}") 2>&1 | tee "$logs/tests.txt" || status=1
 phase "tests done"
 
 # Data-parallel on the GPU (docs/distributed.md, "On GPUs"): 2 ranks against one process, the same
@@ -116,28 +116,31 @@ PY
     --device cuda --gpu-collectives host 2>&1 | tee -a "$logs/dp.txt" || status=1
   phase "data-parallel done"
 else
-  echo "skipped: no mpirun on this machine, or this build has no MPI" | tee -a "$logs/dp.txt"
+  echo "skipped: no mpirun on this machine, or this build has no MPI"
 fi
 
 if [ "$bench" -eq 1 ]; then
+  echo "== gradscale bench cuda"
+  timeout 120 "$build/gradscale" bench cuda 2>&1 | tee "$logs/bench_cuda.txt" || status=1
+  phase "bench cuda done"
   # The training step of resnet-mini at batch 256 on the GPU: static vs adaptive approx_range vs
   # measured (with the share in cuBLAS GEMMs), then PyTorch AMP (autocast fp16 + GradScaler) and fp32
   # on the same model; the mlp on the GPU next to the CPU; the plug-in on CUDA tensors.
   for scaler in static:1024 '{"policy":"adaptive","method":"approx_range"}' \
     '{"policy":"adaptive","method":"measured"}'; do
     echo "== gradscale bench step --model resnet-mini --format fp16 --batch 256 --scaler $scaler --device cuda"
-    "$build/gradscale" bench step --model resnet-mini --data synthetic:4096 --format fp16 --batch 256 \
+    timeout 90 "$build/gradscale" bench step --model resnet-mini --data synthetic:4096 --format fp16 --batch 256 \
       --scaler "$scaler" --device cuda --steps 50 --warmup 5 2>&1 |
       tee -a "$logs/bench_step.txt" || status=1
   done
   for mode in amp fp32; do
     echo "== peer_torch_amp.py --mode $mode --batch 256"
-    python3 scripts/peer_torch_amp.py --mode "$mode" --batch 256 --steps 50 --warmup 5 2>&1 |
+    timeout 90 python3 scripts/peer_torch_amp.py --mode "$mode" --batch 256 --steps 50 --warmup 5 2>&1 |
       tee -a "$logs/peer_amp.txt" || status=1
   done
   for device in cuda cpu; do
     echo "== gradscale bench step --model mlp --format fp16 --batch 256 --scaler static:1024 --device $device"
-    "$build/gradscale" bench step --model mlp --data synthetic:4096 --format fp16 --batch 256 \
+    timeout 90 "$build/gradscale" bench step --model mlp --data synthetic:4096 --format fp16 --batch 256 \
       --scaler static:1024 --device "$device" --steps 50 --warmup 5 2>&1 |
       tee -a "$logs/bench_step.txt" || status=1
   done
@@ -145,12 +148,9 @@ if [ "$bench" -eq 1 ]; then
   if [ "$plugin" -eq 1 ]; then
     # The plug-in on CUDA tensors (lib/cuda's roundings and statistics) next to PyTorch AMP.
     echo "== python/examples/bench_overhead.py --device cuda"
-    (cd python && PYTHONUNBUFFERED=1 timeout 300 python3 examples/bench_overhead.py --device cuda --steps 20) 2>&1 |
+    (cd python && PYTHONUNBUFFERED=1 timeout 150 python3 examples/bench_overhead.py --device cuda --steps 20) 2>&1 |
       tee "$logs/plugin_cuda.txt" || status=1
     phase "plug-in bench done"
   fi
-  echo "== gradscale bench cuda"
-  "$build/gradscale" bench cuda 2>&1 | tee "$logs/bench_cuda.txt" || status=1
-  phase "bench cuda done"
 fi
 exit "$status"
