@@ -92,11 +92,13 @@ if command -v mpirun >/dev/null 2>&1 && ldd "$build/gradscale" | grep -q libmpi;
   [ "$(id -u)" -eq 0 ] && mpi+=(--allow-run-as-root)
   kinds=(host)
   [ "$(nvidia-smi -L 2>/dev/null | grep -c GPU)" -ge 2 ] && kinds+=(nccl)
-  "$build/gradscale" "${dp[@]}" --trace "$logs/dp_one" >"$logs/dp.txt" 2>&1 || status=1
+  # The traces stay in the build folder: what comes back from a lent machine is at most 8 files.
+  mkdir -p "$build/dp"
+  "$build/gradscale" "${dp[@]}" --trace "$build/dp/one" >"$logs/dp.txt" 2>&1 || status=1
   for kind in "${kinds[@]}"; do
     env OMPI_MCA_btl_vader_single_copy_mechanism=none "${mpi[@]}" "$build/gradscale" "${dp[@]}" \
-      --gpu-collectives "$kind" --trace "$logs/dp_two_$kind" --result "$logs/dp_two_$kind.json" >>"$logs/dp.txt" 2>&1 || status=1
-    python3 - "$logs/dp_one.jsonl" "$logs/dp_two_$kind.jsonl" "$kind" <<'PY' 2>&1 | tee -a "$logs/dp.txt" || status=1
+      --gpu-collectives "$kind" --trace "$build/dp/two_$kind" --result "$build/dp/two_$kind.result.json" >>"$logs/dp.txt" 2>&1 || status=1
+    python3 - "$build/dp/one.jsonl" "$build/dp/two_$kind.jsonl" "$kind" <<'PY' 2>&1 | tee -a "$logs/dp.txt" || status=1
 import json, sys
 def steps(p):
     return [j for j in map(json.loads, open(p)) if j.get("type") == "step"]

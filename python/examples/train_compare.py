@@ -91,7 +91,7 @@ class CharLM(nn.Module):
     def forward(self, idx):
         t = idx.shape[1]
         h = self.emb(idx) + self.pos[:t]
-        mask = torch.triu(torch.ones(t, t, dtype=torch.bool), 1)
+        mask = torch.triu(torch.ones(t, t, dtype=torch.bool, device=idx.device), 1)
         for b in self.blocks:
             a = b["ln1"](h)
             h = h + b["attn"](a, a, a, attn_mask=mask, need_weights=False)[0]
