@@ -2,8 +2,10 @@
 // of this process, each with its own CUDA context — take the decisions one process with the whole batch
 // takes on the same backend, with the weight gradients summed on the device through the host; and the
 // GPU collectives' choices and errors (lib/cuda/collectives.h). On the CPU execution target here; on a
-// GPU as they are. The NCCL case needs a GPU.
+// GPU as they are. The NCCL loader is tested against a stand-in library (tests/fake_nccl.cpp); the real
+// NCCL case needs a GPU.
 #include <catch2/catch.hpp>
+#include <dlfcn.h>
 
 #include <cmath>
 #include <cstdlib>
@@ -15,12 +17,34 @@
 #include "lib/dist/data_parallel.h"
 #include "lib/train/trainer.h"
 #include "tests/cuda_test.h"
+#include "tests/fake_nccl.h"
 #include "tests/thread_ranks.h"
 
 using namespace gradscale;
 using Catch::Matchers::Contains;
 
 namespace {
+
+// GRADSCALE_NCCL_LIBRARY set for one scope, and put back as it was when the scope ends.
+class NcclLibraryChoice {
+ public:
+  explicit NcclLibraryChoice(const char* path) : had_(std::getenv("GRADSCALE_NCCL_LIBRARY") != nullptr) {
+    if (had_) saved_ = std::getenv("GRADSCALE_NCCL_LIBRARY");
+    ::setenv("GRADSCALE_NCCL_LIBRARY", path, 1);
+  }
+  ~NcclLibraryChoice() {
+    if (had_)
+      ::setenv("GRADSCALE_NCCL_LIBRARY", saved_.c_str(), 1);
+    else
+      ::unsetenv("GRADSCALE_NCCL_LIBRARY");
+  }
+  NcclLibraryChoice(const NcclLibraryChoice&) = delete;
+  NcclLibraryChoice& operator=(const NcclLibraryChoice&) = delete;
+
+ private:
+  bool had_;
+  std::string saved_;
+};
 
 // The largest |a − b| over two runs' weights.
 double max_weight_difference(const test::RankRecord& a, const test::RankRecord& b) {
@@ -94,9 +118,7 @@ TEST_CASE("cuda: the GPU collectives refuse an unknown kind, and name what NCCL 
     return;
   }
   // A library that is not there: the error names it and the way out.
-  const char* before = std::getenv("GRADSCALE_NCCL_LIBRARY");
-  const std::string saved = before ? before : "";
-  ::setenv("GRADSCALE_NCCL_LIBRARY", "/nonexistent/libnccl.so.2", 1);
+  const NcclLibraryChoice missing("/nonexistent/libnccl.so.2");
   try {
     cuda::make_device_collectives(ctx, local, "nccl");
     FAIL("NCCL was loaded from a path that does not exist");
@@ -104,11 +126,49 @@ TEST_CASE("cuda: the GPU collectives refuse an unknown kind, and name what NCCL 
     CHECK_THAT(e.what(), Contains("cannot load NCCL") && Contains("/nonexistent/libnccl.so.2") &&
                              Contains("--gpu-collectives host"));
   }
-  if (before)
-    ::setenv("GRADSCALE_NCCL_LIBRARY", saved.c_str(), 1);
-  else
-    ::unsetenv("GRADSCALE_NCCL_LIBRARY");
 }
+
+#ifdef GRADSCALE_FAKE_NCCL
+TEST_CASE("cuda: the NCCL loader binds every entry it calls, and names one a library lacks", "[cuda][dist]") {
+  test::require_cuda_device();
+  cuda::CudaContext ctx(0);
+  LocalCommunicator local;
+  {
+    const NcclLibraryChoice partial(GRADSCALE_FAKE_NCCL_PARTIAL);
+    CHECK_THROWS_AS(cuda::make_device_collectives(ctx, local, "nccl"), ConfigError);
+    CHECK_THROWS_WITH(cuda::make_device_collectives(ctx, local, "nccl"),
+                      Contains(GRADSCALE_FAKE_NCCL_PARTIAL) && Contains("has no ncclCommGetAsyncError"));
+  }
+  // The whole stand-in: every call reaches it (a loader that bound nothing would call a null pointer).
+  const NcclLibraryChoice fake(GRADSCALE_FAKE_NCCL);
+  {
+    const auto nccl = cuda::make_device_collectives(ctx, local, "auto");  // auto: NCCL in a build with it
+    CHECK(nccl->backend() == "nccl 2.28.99");
+  }
+  void* lib = dlopen(GRADSCALE_FAKE_NCCL, RTLD_NOW | RTLD_NOLOAD);  // the loader's copy, already loaded
+  REQUIRE(lib != nullptr);
+  const auto log_of = reinterpret_cast<const test::FakeNcclLog* (*)()>(dlsym(lib, "fake_nccl_log"));
+  dlclose(lib);
+  REQUIRE(log_of != nullptr);
+  const test::FakeNcclLog& log = *log_of();
+  CHECK(log.comms_initialised == 1);  // with rank 0's unique id
+  CHECK(log.comms_destroyed == 1);
+  {
+    const auto nccl = cuda::make_device_collectives(ctx, local, "nccl");
+    auto d = test::to_device(std::vector<float>{1.5f, -2.0f, 3.0f}, ctx);
+    nccl->all_reduce_sum(d.data(), 3);
+    nccl->all_reduce_sum(d.data(), 0);  // nothing to sum: no call
+    ctx.synchronize();  // polled through the NCCL watch: no error to report
+    CHECK(test::to_host(d, ctx) == std::vector<float>{1.5f, -2.0f, 3.0f});
+    CHECK(log.all_reduces == 1);  // a float sum in place: the stand-in refuses anything else
+    CHECK(log.last_count == 3);
+    CHECK(log.last_stream == static_cast<const void*>(ctx.stream()));
+  }
+  CHECK(log.comms_initialised == 2);
+  CHECK(log.comms_destroyed == 2);
+  CHECK(log.comms_aborted == 0);
+}
+#endif
 
 TEST_CASE("cuda: NCCL over one rank on a GPU sums in place and says its version", "[cuda][dist]") {
   test::require_cuda_device();

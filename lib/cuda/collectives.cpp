@@ -59,8 +59,10 @@ struct NcclApi {
   int version = 0;
 };
 
+// Not named bind: with a std::string argument, an unqualified bind(...) call finds std::bind by
+// argument-dependent lookup, which matches better and silently binds nothing.
 template <class F>
-void bind(void* lib, const char* name, F& f, const std::string& path) {
+void bind_symbol(void* lib, const char* name, F& f, const std::string& path) {
   f = reinterpret_cast<F>(dlsym(lib, name));
   GS_CHECK_CONFIG(f != nullptr, "NCCL library '" << path << "' has no " << name);
 }
@@ -97,14 +99,14 @@ const NcclApi& nccl_api() {
                                         << "); set GRADSCALE_NCCL_LIBRARY to libnccl.so.2's path, or use "
                                         << "--gpu-collectives host");
     NcclApi a;
-    bind(lib, "ncclGetVersion", a.get_version, path);
-    bind(lib, "ncclGetUniqueId", a.get_unique_id, path);
-    bind(lib, "ncclCommInitRank", a.comm_init_rank, path);
-    bind(lib, "ncclAllReduce", a.all_reduce, path);
-    bind(lib, "ncclCommDestroy", a.comm_destroy, path);
-    bind(lib, "ncclCommAbort", a.comm_abort, path);
-    bind(lib, "ncclCommGetAsyncError", a.comm_get_async_error, path);
-    bind(lib, "ncclGetErrorString", a.get_error_string, path);
+    bind_symbol(lib, "ncclGetVersion", a.get_version, path);
+    bind_symbol(lib, "ncclGetUniqueId", a.get_unique_id, path);
+    bind_symbol(lib, "ncclCommInitRank", a.comm_init_rank, path);
+    bind_symbol(lib, "ncclAllReduce", a.all_reduce, path);
+    bind_symbol(lib, "ncclCommDestroy", a.comm_destroy, path);
+    bind_symbol(lib, "ncclCommAbort", a.comm_abort, path);
+    bind_symbol(lib, "ncclCommGetAsyncError", a.comm_get_async_error, path);
+    bind_symbol(lib, "ncclGetErrorString", a.get_error_string, path);
     GS_CHECK_CONFIG(a.get_version(&a.version) == ncclSuccess, "NCCL library '" << path << "': ncclGetVersion failed");
     return a;  // the library stays loaded for the process
   }();

@@ -278,7 +278,7 @@ class Block(nn.Module):
     def forward(self, idx):
         h = self.emb(idx) + self.pos[: idx.shape[1]]
         a = self.ln1(h)
-        mask = torch.triu(torch.ones(idx.shape[1], idx.shape[1], dtype=torch.bool), 1)
+        mask = torch.triu(torch.ones(idx.shape[1], idx.shape[1], dtype=torch.bool, device=idx.device), 1)
         h = h + self.attn(a, a, a, attn_mask=mask, need_weights=False)[0]
         h = h + self.down(F.gelu(self.up(self.ln2(h))))
         return self.lm(h)
