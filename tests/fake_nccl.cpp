@@ -1,8 +1,9 @@
 // A stand-in for libnccl.so.2 over one rank, for the tests of gradscale's NCCL loader
 // (tests/test_cuda_distributed.cpp): the entries lib/cuda/collectives.cpp binds, with the calls
-// recorded (tests/fake_nccl.h). A sum over one rank leaves the values as they are, so the fake moves
-// no data and runs where no GPU is. Built twice (tests/CMakeLists.txt): whole, and with
-// FAKE_NCCL_PARTIAL lacking ncclCommGetAsyncError, which the loader must name.
+// recorded, and a communicator that stays "in progress" (NCCL's nonblocking mode) for as many polls as a
+// test sets, then succeeds or fails (tests/fake_nccl.h). A sum over one rank leaves the values as they
+// are, so the fake moves no data and runs where no GPU is. Built twice (tests/CMakeLists.txt): whole,
+// and with FAKE_NCCL_PARTIAL lacking ncclCommGetAsyncError, which the loader must name.
 #include <nccl.h>
 
 #include <cstring>
@@ -11,17 +12,23 @@
 
 namespace {
 
-gradscale::test::FakeNcclLog fake_log;
+gradscale::test::FakeNccl fake;
 constexpr char kIdByte = 0x5a;  // what ncclGetUniqueId writes, and ncclCommInitRank expects
 struct FakeComm {
-  int nranks = 0;
+  int polls_left = 0;  // of ncclInProgress, after the last call that returned it (-1: for ever)
 } fake_comm;
+
+// A call that may stay in progress for `polls` polls.
+ncclResult_t started(int polls) {
+  fake_comm.polls_left = polls;
+  return polls == 0 ? ncclSuccess : ncclInProgress;
+}
 
 }  // namespace
 
 extern "C" {
 
-__attribute__((visibility("default"))) const gradscale::test::FakeNcclLog* fake_nccl_log() { return &fake_log; }
+__attribute__((visibility("default"))) gradscale::test::FakeNccl* fake_nccl() { return &fake; }
 
 __attribute__((visibility("default"))) ncclResult_t ncclGetVersion(int* version) {
   *version = 22899;  // 2.28.99: no real release
@@ -33,14 +40,15 @@ __attribute__((visibility("default"))) ncclResult_t ncclGetUniqueId(ncclUniqueId
   return ncclSuccess;
 }
 
-__attribute__((visibility("default"))) ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id,
-                                                                     int rank) {
-  if (nranks != 1 || rank != 0 || id.internal[0] != kIdByte || id.internal[sizeof id.internal - 1] != kIdByte)
+__attribute__((visibility("default"))) ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks,
+                                                                           ncclUniqueId id, int rank,
+                                                                           ncclConfig_t* config) {
+  if (nranks != 1 || rank != 0 || id.internal[0] != kIdByte || id.internal[sizeof id.internal - 1] != kIdByte ||
+      config == nullptr || config->blocking != 0)
     return ncclInvalidArgument;
-  fake_comm.nranks = nranks;
   *comm = reinterpret_cast<ncclComm_t>(&fake_comm);
-  ++fake_log.comms_initialised;
-  return ncclSuccess;
+  ++fake.comms_started;
+  return started(fake.start_polls);
 }
 
 __attribute__((visibility("default"))) ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
@@ -49,27 +57,34 @@ __attribute__((visibility("default"))) ncclResult_t ncclAllReduce(const void* se
   if (comm != reinterpret_cast<ncclComm_t>(&fake_comm) || sendbuff != recvbuff || datatype != ncclFloat32 ||
       op != ncclSum)
     return ncclInvalidArgument;
-  ++fake_log.all_reduces;
-  fake_log.last_count = count;
-  fake_log.last_stream = stream;
-  return ncclSuccess;
+  ++fake.all_reduces;
+  fake.last_count = count;
+  fake.last_stream = stream;
+  return started(fake.all_reduce_polls);
 }
 
 __attribute__((visibility("default"))) ncclResult_t ncclCommDestroy(ncclComm_t comm) {
   if (comm != reinterpret_cast<ncclComm_t>(&fake_comm)) return ncclInvalidArgument;
-  ++fake_log.comms_destroyed;
+  ++fake.comms_destroyed;
   return ncclSuccess;
 }
 
 __attribute__((visibility("default"))) ncclResult_t ncclCommAbort(ncclComm_t comm) {
   if (comm != reinterpret_cast<ncclComm_t>(&fake_comm)) return ncclInvalidArgument;
-  ++fake_log.comms_aborted;
+  ++fake.comms_aborted;
   return ncclSuccess;
 }
 
 #ifndef FAKE_NCCL_PARTIAL
-__attribute__((visibility("default"))) ncclResult_t ncclCommGetAsyncError(ncclComm_t, ncclResult_t* async_error) {
-  *async_error = ncclSuccess;
+__attribute__((visibility("default"))) ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* async_error) {
+  if (comm != reinterpret_cast<ncclComm_t>(&fake_comm)) return ncclInvalidArgument;
+  ++fake.state_polls;
+  if (fake_comm.polls_left != 0) {
+    if (fake_comm.polls_left > 0) --fake_comm.polls_left;
+    *async_error = ncclInProgress;
+  } else {
+    *async_error = fake.progress_fails ? ncclSystemError : ncclSuccess;
+  }
   return ncclSuccess;
 }
 #endif

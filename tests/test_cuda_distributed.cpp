@@ -7,6 +7,7 @@
 #include <catch2/catch.hpp>
 #include <dlfcn.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <string>
@@ -129,8 +130,45 @@ TEST_CASE("cuda: the GPU collectives refuse an unknown kind, and name what NCCL 
 }
 
 #ifdef GRADSCALE_FAKE_NCCL
+namespace {
+
+// The stand-in NCCL library's state, through its own entry. The library stays loaded, so the loader's
+// dlopen of the same path later gets this copy.
+test::FakeNccl& fake_nccl() {
+  static void* const lib = dlopen(GRADSCALE_FAKE_NCCL, RTLD_NOW | RTLD_LOCAL);
+  REQUIRE(lib != nullptr);
+  const auto entry = reinterpret_cast<test::FakeNccl* (*)()>(dlsym(lib, "fake_nccl"));
+  REQUIRE(entry != nullptr);
+  return *entry();
+}
+
+// One process whose waits for other ranks give up after `seconds` (LocalCommunicator's never do).
+class LocalWithDeadline final : public Communicator {
+ public:
+  explicit LocalWithDeadline(double seconds) : seconds_(seconds) {}
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  std::string backend() const override { return "local"; }
+  double timeout_seconds() const override { return seconds_; }
+  void all_reduce_sum(std::uint64_t*, std::size_t) override {}
+  void all_reduce_sum(float*, std::size_t) override {}
+  void all_reduce_max(double*, std::size_t) override {}
+  void all_gather(const double* in, std::size_t n, double* out) override { local_.all_gather(in, n, out); }
+  void broadcast(void*, std::size_t, int) override {}
+  void barrier() override {}
+  [[noreturn]] void abort(int code) override { local_.abort(code); }
+
+ private:
+  double seconds_;
+  LocalCommunicator local_;
+};
+
+}  // namespace
+
 TEST_CASE("cuda: the NCCL loader binds every entry it calls, and names one a library lacks", "[cuda][dist]") {
   test::require_cuda_device();
+  test::FakeNccl& fake = fake_nccl();
+  fake = {};
   cuda::CudaContext ctx(0);
   LocalCommunicator local;
   {
@@ -140,19 +178,13 @@ TEST_CASE("cuda: the NCCL loader binds every entry it calls, and names one a lib
                       Contains(GRADSCALE_FAKE_NCCL_PARTIAL) && Contains("has no ncclCommGetAsyncError"));
   }
   // The whole stand-in: every call reaches it (a loader that bound nothing would call a null pointer).
-  const NcclLibraryChoice fake(GRADSCALE_FAKE_NCCL);
+  const NcclLibraryChoice whole(GRADSCALE_FAKE_NCCL);
   {
     const auto nccl = cuda::make_device_collectives(ctx, local, "auto");  // auto: NCCL in a build with it
     CHECK(nccl->backend() == "nccl 2.28.99");
   }
-  void* lib = dlopen(GRADSCALE_FAKE_NCCL, RTLD_NOW | RTLD_NOLOAD);  // the loader's copy, already loaded
-  REQUIRE(lib != nullptr);
-  const auto log_of = reinterpret_cast<const test::FakeNcclLog* (*)()>(dlsym(lib, "fake_nccl_log"));
-  dlclose(lib);
-  REQUIRE(log_of != nullptr);
-  const test::FakeNcclLog& log = *log_of();
-  CHECK(log.comms_initialised == 1);  // with rank 0's unique id
-  CHECK(log.comms_destroyed == 1);
+  CHECK(fake.comms_started == 1);  // nonblocking, with rank 0's unique id
+  CHECK(fake.comms_destroyed == 1);
   {
     const auto nccl = cuda::make_device_collectives(ctx, local, "nccl");
     auto d = test::to_device(std::vector<float>{1.5f, -2.0f, 3.0f}, ctx);
@@ -160,13 +192,63 @@ TEST_CASE("cuda: the NCCL loader binds every entry it calls, and names one a lib
     nccl->all_reduce_sum(d.data(), 0);  // nothing to sum: no call
     ctx.synchronize();  // polled through the NCCL watch: no error to report
     CHECK(test::to_host(d, ctx) == std::vector<float>{1.5f, -2.0f, 3.0f});
-    CHECK(log.all_reduces == 1);  // a float sum in place: the stand-in refuses anything else
-    CHECK(log.last_count == 3);
-    CHECK(log.last_stream == static_cast<const void*>(ctx.stream()));
+    CHECK(fake.all_reduces == 1);  // a float sum in place: the stand-in refuses anything else
+    CHECK(fake.last_count == 3);
+    CHECK(fake.last_stream == static_cast<const void*>(ctx.stream()));
   }
-  CHECK(log.comms_initialised == 2);
-  CHECK(log.comms_destroyed == 2);
-  CHECK(log.comms_aborted == 0);
+  CHECK(fake.comms_started == 2);
+  CHECK(fake.comms_destroyed == 2);
+  CHECK(fake.comms_aborted == 0);
+}
+
+TEST_CASE("cuda: NCCL's start and calls in progress are waited for, up to the deadline, and errors end them",
+          "[cuda][dist]") {
+  test::require_cuda_device();
+  test::FakeNccl& fake = fake_nccl();
+  fake = {};
+  const NcclLibraryChoice whole(GRADSCALE_FAKE_NCCL);
+  cuda::CudaContext ctx(0);
+  LocalWithDeadline comm(0.2);
+  auto d = test::to_device(std::vector<float>{1.5f, -2.0f, 3.0f}, ctx);
+  // A start in progress for 5 polls and an all-reduce for 3: each waited for, then used.
+  fake.start_polls = 5;
+  fake.all_reduce_polls = 3;
+  {
+    const auto nccl = cuda::make_device_collectives(ctx, comm, "nccl");
+    CHECK(fake.state_polls == 6);  // 5 in progress, then ready
+    nccl->all_reduce_sum(d.data(), 3);
+    CHECK(fake.state_polls == 10);
+    CHECK(fake.all_reduces == 1);
+  }
+  CHECK(fake.comms_destroyed == 1);
+  // A start that never ends (another rank died before NCCL's start): given up at the deadline.
+  fake.start_polls = -1;
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    cuda::make_device_collectives(ctx, comm, "nccl");
+    FAIL("a start in progress for ever returned");
+  } catch (const DistributedError& e) {
+    CHECK_THAT(e.what(), Contains("rank 0 of 1: ncclCommInitRankConfig (NCCL's start) did not complete within 0.2 s") &&
+                             Contains("--dist-timeout"));
+  }
+  CHECK(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() >= 0.2);
+  CHECK(fake.comms_aborted == 1);
+  // A start whose progress ends in an error: the error, named.
+  fake.start_polls = 2;
+  fake.progress_fails = true;
+  CHECK_THROWS_WITH(cuda::make_device_collectives(ctx, comm, "nccl"),
+                    Contains("ncclCommInitRankConfig (NCCL's start) failed: an error (fake)"));
+  CHECK(fake.comms_aborted == 2);
+  // An all-reduce whose progress ends in an error: named, the communicator aborted, the next refused.
+  fake.start_polls = 0;
+  fake.progress_fails = false;
+  const auto nccl = cuda::make_device_collectives(ctx, comm, "nccl");
+  fake.all_reduce_polls = 2;
+  fake.progress_fails = true;
+  CHECK_THROWS_AS(nccl->all_reduce_sum(d.data(), 3), DistributedError);
+  CHECK(fake.comms_aborted == 3);
+  CHECK_THROWS_WITH(nccl->all_reduce_sum(d.data(), 3), Contains("aborted after an earlier error"));
+  CHECK(fake.all_reduces == 2);  // the refused call did not reach NCCL
 }
 #endif
 

@@ -1,10 +1,12 @@
 // Collectives over a GPU's memory (see collectives.h).
 #include "lib/cuda/collectives.h"
 
+#include <chrono>
 #include <cstdlib>
 #include <map>
 #include <mutex>
 #include <sstream>
+#include <thread>
 #include <vector>
 
 #include "lib/cuda/device_buffer.h"
@@ -50,7 +52,7 @@ class HostCollectives final : public DeviceCollectives {
 struct NcclApi {
   decltype(&ncclGetVersion) get_version = nullptr;
   decltype(&ncclGetUniqueId) get_unique_id = nullptr;
-  decltype(&ncclCommInitRank) comm_init_rank = nullptr;
+  decltype(&ncclCommInitRankConfig) comm_init_rank_config = nullptr;  // NCCL 2.14 and later
   decltype(&ncclAllReduce) all_reduce = nullptr;
   decltype(&ncclCommDestroy) comm_destroy = nullptr;
   decltype(&ncclCommAbort) comm_abort = nullptr;
@@ -101,7 +103,7 @@ const NcclApi& nccl_api() {
     NcclApi a;
     bind_symbol(lib, "ncclGetVersion", a.get_version, path);
     bind_symbol(lib, "ncclGetUniqueId", a.get_unique_id, path);
-    bind_symbol(lib, "ncclCommInitRank", a.comm_init_rank, path);
+    bind_symbol(lib, "ncclCommInitRankConfig", a.comm_init_rank_config, path);
     bind_symbol(lib, "ncclAllReduce", a.all_reduce, path);
     bind_symbol(lib, "ncclCommDestroy", a.comm_destroy, path);
     bind_symbol(lib, "ncclCommAbort", a.comm_abort, path);
@@ -113,6 +115,10 @@ const NcclApi& nccl_api() {
   return loaded.emplace(candidates[0], api).first->second;  // std::map: the reference stays valid
 }
 
+// A nonblocking NCCL communicator (config.blocking = 0): its start and any call may return
+// ncclInProgress, and the next call waits until its state (ncclCommGetAsyncError) leaves that. The
+// waits are polled here with the host communicator's deadline, so a rank that dies before or during
+// NCCL's start ends the others with DistributedError, as a collective does.
 class NcclCollectives final : public DeviceCollectives {
  public:
   NcclCollectives(CudaContext& ctx, Communicator& comm) : api_(nccl_api()), ctx_(ctx), comm_(comm) {
@@ -120,7 +126,11 @@ class NcclCollectives final : public DeviceCollectives {
     if (comm.rank() == 0) check(api_.get_unique_id(&id), "ncclGetUniqueId");
     comm.broadcast(&id, sizeof id, 0);  // over the host communicator, with its deadline
     GS_CUDA_CHECK(cudaSetDevice(ctx.device()));
-    check(api_.comm_init_rank(&nccl_, comm.size(), id, comm.rank()), "ncclCommInitRank");
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    const ncclResult_t started = api_.comm_init_rank_config(&nccl_, comm.size(), id, comm.rank(), &config);
+    if (started != ncclInProgress) check(started, "ncclCommInitRankConfig");
+    wait_ready("ncclCommInitRankConfig (NCCL's start)");
     ctx_.set_wait_watch([this](double waited) { watch(waited); });
   }
   ~NcclCollectives() override {
@@ -137,36 +147,59 @@ class NcclCollectives final : public DeviceCollectives {
   void all_reduce_sum(float* device_data, std::size_t n) override {
     GS_CHECK_AS(DistributedError, nccl_ != nullptr, "NCCL's communicator was aborted after an earlier error");
     if (n == 0) return;
-    check(api_.all_reduce(device_data, device_data, n, ncclFloat32, ncclSum, nccl_, ctx_.stream()),
-          "ncclAllReduce");
+    const ncclResult_t r =
+        api_.all_reduce(device_data, device_data, n, ncclFloat32, ncclSum, nccl_, ctx_.stream());
+    if (r == ncclInProgress)
+      wait_ready("ncclAllReduce");
+    else
+      check(r, "ncclAllReduce");
   }
 
  private:
-  void check(ncclResult_t r, const char* call) const {
+  // Throws DistributedError for a call that failed; first aborts the communicator, if one was made.
+  void check(ncclResult_t r, const char* call) {
     if (r == ncclSuccess) return;
     std::ostringstream msg;
-    msg << "rank " << comm_.rank() << " of " << comm_.size() << ": " << call << " failed: "
-        << api_.get_error_string(r);
+    msg << call << " failed: " << api_.get_error_string(r);
     if (r == ncclInvalidUsage) msg << " (one GPU per rank: NCCL refuses two ranks on one device; --gpu-collectives host shares one)";
-    throw DistributedError(msg.str());
+    fail(msg.str());
+  }
+  [[noreturn]] void fail(const std::string& what) {
+    if (nccl_) api_.comm_abort(nccl_);  // makes its kernels return, so the stream can drain
+    nccl_ = nullptr;
+    throw DistributedError("rank " + std::to_string(comm_.rank()) + " of " + std::to_string(comm_.size()) + ": " +
+                           what);
+  }
+  std::string too_long(const std::string& what) const {
+    std::ostringstream msg;
+    msg << what << " did not complete within " << comm_.timeout_seconds()
+        << " s: another rank died, hangs, or runs another config (--dist-timeout sets the limit)";
+    return msg.str();
+  }
+  // Until the communicator's state leaves ncclInProgress after `call`: back to back for the first
+  // millisecond, then every 100 µs; an error or the deadline ends it.
+  void wait_ready(const char* call) {
+    const auto start = std::chrono::steady_clock::now();
+    const double limit = comm_.timeout_seconds();
+    for (;;) {
+      ncclResult_t state = ncclSuccess;
+      check(api_.comm_get_async_error(nccl_, &state), "ncclCommGetAsyncError");
+      if (state == ncclSuccess) return;
+      if (state != ncclInProgress) fail(std::string(call) + " failed: " + api_.get_error_string(state));
+      const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (limit > 0 && waited > limit) fail(too_long(call));
+      if (waited > 1e-3) std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
   }
   // Between the polls of a wait for the device (CudaContext::synchronize).
   void watch(double waited) {
     if (!nccl_) return;
     ncclResult_t async = ncclSuccess;
     api_.comm_get_async_error(nccl_, &async);
+    if (async != ncclSuccess && async != ncclInProgress)
+      fail(std::string("NCCL reported an error: ") + api_.get_error_string(async));
     const double limit = comm_.timeout_seconds();
-    if (async == ncclSuccess && (limit <= 0 || waited <= limit)) return;
-    api_.comm_abort(nccl_);  // makes its kernels return, so the stream can drain
-    nccl_ = nullptr;
-    std::ostringstream msg;
-    msg << "rank " << comm_.rank() << " of " << comm_.size() << ": ";
-    if (async != ncclSuccess)
-      msg << "NCCL reported an error: " << api_.get_error_string(async);
-    else
-      msg << "a wait for the GPU (behind an NCCL all-reduce) did not complete within " << limit
-          << " s: another rank died, hangs, or runs another config (--dist-timeout sets the limit)";
-    throw DistributedError(msg.str());
+    if (limit > 0 && waited > limit) fail(too_long("a wait for the GPU (behind an NCCL all-reduce)"));
   }
 
   const NcclApi& api_;

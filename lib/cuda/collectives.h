@@ -7,6 +7,7 @@
 //     loader's path, else the one CMake found. While an NCCL communicator lives, the context's waits
 //     poll (CudaContext::set_wait_watch): an error NCCL reports, or a wait longer than the host
 //     communicator's timeout (a rank that died or hangs), aborts it and throws DistributedError.
+//     The communicator is nonblocking, so NCCL's start and a call in progress are polled the same way.
 //   - "host": the gradient is copied to page-locked host memory (one wait), summed there by the host
 //     communicator (MPI), and copied back. Any MPI, any number of ranks per GPU.
 //   - "auto": nccl when this build has it, else host.
