@@ -1,10 +1,12 @@
-// `gradscale bench cuda` (see bench_cuda.h): GB/s of the SPEC §3 statistics pass, the rounding and the
-// storage conversions, next to cudaMemcpy device-to-device on the same data. The target is the
+// `gradscale bench cuda` (see bench_cuda.h): GB/s of the SPEC §3 statistics pass, the rounding, the
+// storage conversions and a convolution's column passes, next to cudaMemcpy device-to-device on the
+// same data. The target is the
 // statistics pass at >= 85% of the copy's bandwidth; the figures are printed, never asserted.
 #include "experiments/cli/bench_cuda.h"
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <functional>
 #include <random>
@@ -15,6 +17,7 @@
 #include "lib/cuda/context.h"
 #include "lib/cuda/convert.h"
 #include "lib/cuda/device_buffer.h"
+#include "lib/cuda/im2col.h"
 #include "lib/cuda/quantize.h"
 #include "lib/cuda/stats.h"
 #include "lib/cuda/unscale.h"
@@ -78,12 +81,16 @@ int bench_cuda(std::size_t n, int repeats) {
   std::printf("%-40s %10s %10s %10s\n", "operation", "ms", "GB/s", "of copy");
   const auto elements = static_cast<double>(n);
   double copy_gbs = 0;
-  auto row = [&](const std::string& name, double bytes_per_element, const std::function<void()>& fn_run) {
+  // `bytes`: what the operation must move at the least (each input read once, each output written once).
+  auto row_bytes = [&](const std::string& name, double bytes, const std::function<void()>& fn_run) {
     const double ms = best_ms(ctx, repeats, fn_run);
-    const double gbs = bytes_per_element * elements / (ms * 1e6);
+    const double gbs = bytes / (ms * 1e6);
     if (copy_gbs == 0) copy_gbs = gbs;
     std::printf("%-40s %10.3f %10.1f %9.1f%%\n", name.c_str(), ms, gbs, 100.0 * gbs / copy_gbs);
     std::fflush(stdout);
+  };
+  auto row = [&](const std::string& name, double bytes_per_element, const std::function<void()>& fn_run) {
+    row_bytes(name, bytes_per_element * elements, fn_run);
   };
   row("device-to-device copy (read + write)", 8, [&] {
     GS_CUDA_CHECK(
@@ -103,6 +110,24 @@ int bench_cuda(std::size_t n, int repeats) {
     const cuda::UnscaleJob job{in.data(), master.data(), n, 1024.0};
     cuda::unscale_accumulate(&job, 1, flag.data(), ctx.stream());
   });
+  // The column passes of resnet-mini's stage-1 convolution (16 → 16 channels, 28×28, 3×3, padding 1),
+  // over as many samples as give about n column entries (at least one): im2col reads the input and
+  // writes the columns, col2im the reverse (backward's layout, the batch side by side).
+  const cuda::ConvGeometry geo{0, 16, 28, 28, 3, 1, 1};
+  const std::int64_t per_sample = geo.col_rows() * geo.col_cols();
+  cuda::ConvGeometry conv = geo;
+  conv.n = std::max<std::int64_t>(1, static_cast<std::int64_t>(n) / per_sample);
+  const auto cols_n = static_cast<std::size_t>(conv.n * per_sample);
+  const auto x_n = static_cast<std::size_t>(conv.n * geo.channels * geo.h * geo.w);
+  cuda::DeviceBuffer<float> cols(cols_n), x(x_n);
+  x.fill_bytes(0, ctx.stream());  // then gradient-like values, as many as there are
+  GS_CUDA_CHECK(cudaMemcpyAsync(x.data(), in.data(), std::min(x_n, n) * sizeof(float), cudaMemcpyDeviceToDevice,
+                                ctx.stream()));
+  const double conv_bytes = 4.0 * static_cast<double>(cols_n + x_n);
+  row_bytes("im2col 16ch 28x28 3x3 (x -> columns)", conv_bytes,
+            [&] { cuda::im2col(x.data(), conv, cols.data(), ctx.stream(), cuda::ColumnLayout::batch_wide); });
+  row_bytes("col2im 16ch 28x28 3x3 (columns -> x)", conv_bytes,
+            [&] { cuda::col2im(cols.data(), conv, x.data(), ctx.stream(), cuda::ColumnLayout::batch_wide); });
   return 0;
 }
 
