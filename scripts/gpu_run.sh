@@ -125,6 +125,23 @@ if [ "$bench" -eq 1 ]; then
   echo "== gradscale bench cuda"
   timeout 120 "$build/gradscale" bench cuda 2>&1 | tee "$logs/bench_cuda.txt" || status=1
   phase "bench cuda done"
+  # Below the layer: every kernel's device time in two steps of resnet-mini (Nsight Compute, where the
+  # machine has it), grouped by kernel (scripts/ncu_summary.py); appended to bench_cuda.txt.
+  ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1 || true)
+  if [ -n "$ncu" ]; then
+    echo "== ncu: kernels of gradscale bench step --model resnet-mini --batch 256 --scaler measured, 2 steps" |
+      tee -a "$logs/bench_cuda.txt"
+    if timeout 240 "$ncu" --clock-control none --csv --page raw --metrics gpu__time_duration.sum \
+        "$build/gradscale" bench step --model resnet-mini --data synthetic:1024 --format fp16 --batch 256 \
+        --scaler '{"policy":"adaptive","method":"measured"}' --device cuda --steps 2 --warmup 1 \
+        >"$build/ncu_raw.csv" 2>"$build/ncu_err.txt"; then
+      python3 scripts/ncu_summary.py "$build/ncu_raw.csv" --top 30 2>&1 | tee -a "$logs/bench_cuda.txt" || status=1
+    else
+      tail -5 "$build/ncu_err.txt" | tee -a "$logs/bench_cuda.txt"
+      status=1
+    fi
+    phase "ncu done"
+  fi
   # The training step of resnet-mini at batch 256 on the GPU: static vs adaptive approx_range vs
   # measured (with the share in cuBLAS GEMMs), then PyTorch AMP (autocast fp16 + GradScaler) and fp32
   # on the same model; the mlp on the GPU next to the CPU; the plug-in on CUDA tensors.
