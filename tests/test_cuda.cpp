@@ -348,6 +348,9 @@ TEST_CASE("CUDA entries check their arguments before touching the device", "[cud
       ShapeError);
   CHECK_THROWS_AS(cuda::im2col(nullptr, cuda::ConvGeometry{1, 1, 2, 2, 5, 1, 0}, nullptr, nullptr),
                   ShapeError);
+  CHECK_THROWS_WITH(cuda::im2col_16bit(nullptr, cuda::ConvGeometry{1, 1, 2, 2, 1, 1, 0}, nullptr,
+                                       cuda::DeviceType::f32, nullptr),
+                    Contains("fp32 is not a 16-bit type"));
   const cuda::UnscaleJob zero_scale{nullptr, nullptr, 0, 0.0};
   int flag = 0;
   CHECK_THROWS_AS(cuda::unscale_accumulate(&zero_scale, 1, &flag, nullptr), NumericError);

@@ -22,6 +22,7 @@
 #include "lib/cuda/adam.h"
 #include "lib/cuda/batchnorm.h"
 #include "lib/cuda/context.h"
+#include "lib/cuda/convert.h"
 #include "lib/cuda/gemm.h"
 #include "lib/cuda/im2col.h"
 #include "lib/cuda/maxpool.h"
@@ -287,6 +288,22 @@ TEST_CASE(
     auto d_gx_wide = test::sentinel_buffer<float>(x.size(), ctx);
     cuda::col2im(d_col_grad_wide.data(), geo, d_gx_wide.data(), ctx.stream(), cuda::ColumnLayout::batch_wide);
     CHECK(bit_mismatches(test::to_host(d_gx_wide, ctx), gx_ref).empty());
+
+    // The columns written as a GEMM's 16-bit operand (the convolution's path when its GEMMs read fp16
+    // or bf16): in either layout, the bits of convert.h's conversion of the fp32 columns.
+    for (const cuda::DeviceType t : {cuda::DeviceType::f16, cuda::DeviceType::bf16})
+      for (const auto layout : {cuda::ColumnLayout::per_sample, cuda::ColumnLayout::batch_wide}) {
+        INFO(cuda::device_type_name(t) << (layout == cuda::ColumnLayout::batch_wide ? ", batch-wide" : ""));
+        const float* fp32 = layout == cuda::ColumnLayout::batch_wide ? d_wide.data() : d_cols.data();
+        cuda::DeviceBuffer<std::uint16_t> expected(cols_ref.size());
+        if (t == cuda::DeviceType::f16)
+          cuda::to_fp16(fp32, reinterpret_cast<__half*>(expected.data()), cols_ref.size(), ctx.stream());
+        else
+          cuda::to_bf16(fp32, reinterpret_cast<__nv_bfloat16*>(expected.data()), cols_ref.size(), ctx.stream());
+        auto d16 = test::sentinel_buffer<std::uint16_t>(cols_ref.size(), ctx);
+        cuda::im2col_16bit(d_x.data(), geo, d16.data(), t, ctx.stream(), layout);
+        CHECK(test::to_host(d16, ctx) == test::to_host(expected, ctx));
+      }
 
     // The convolution of Conv2d (no bias) on exact values: y_b = W·cols_b; the upstream gradient
     // col2im(Wᵀ·g_b); the weight gradient Σ_b g_b·cols_bᵀ. Every sum is exact, so the bits must match.

@@ -145,6 +145,9 @@ class CudaBackend final : public Backend {
   // in that format) into scratch slot `slot` (0 or 1, the two operands of one GEMM; the next GEMM on the
   // stream may reuse it).
   const void* gemm_operand(const float* data, std::size_t n, DeviceType type, int slot);
+  // Scratch slot `slot` with room for n 16-bit values, for a layer that writes a GEMM operand there
+  // itself (a convolution's columns, im2col_16bit); the same reuse as gemm_operand's.
+  std::uint16_t* gemm_slot(int slot, std::size_t n);
   // n floats at `data` (values of that format) into `out` as fp16 or bf16 storage, queued.
   void to_16bit(const float* data, std::size_t n, DeviceType type, std::uint16_t* out);
   // On by default; off makes every GEMM read the fp32 arrays (for comparisons and benchmarks).

@@ -15,10 +15,15 @@ DeviceType CudaBackend::gemm_type(Format a, Format b, bool exact) const {
 
 const void* CudaBackend::gemm_operand(const float* data, std::size_t n, DeviceType type, int slot) {
   if (type == DeviceType::f32) return data;
-  GS_CHECK(slot == 0 || slot == 1, "CudaBackend::gemm_operand: slot " << slot << " (0 or 1)");
+  std::uint16_t* out = gemm_slot(slot, n);
+  to_16bit(data, n, type, out);
+  return out;
+}
+
+std::uint16_t* CudaBackend::gemm_slot(int slot, std::size_t n) {
+  GS_CHECK(slot == 0 || slot == 1, "CudaBackend::gemm_slot: slot " << slot << " (0 or 1)");
   DeviceBuffer<std::uint16_t>& buffer = gemm_slots_[slot];
   if (buffer.size() < n) buffer.resize(n);
-  to_16bit(data, n, type, buffer.data());
   return buffer.data();
 }
 

@@ -1,9 +1,11 @@
-// im2col / col2im on the GPU (see im2col.h): one thread per column entry for im2col; for col2im one
-// thread per input element gathers its k·k possible entries (no atomics, a fixed order).
+// im2col / col2im on the GPU (see im2col.h): one thread per column entry for im2col, storing fp32 or
+// the 16-bit bits of a GEMM operand; for col2im one thread per input element gathers its k·k possible
+// entries (no atomics, a fixed order).
 #include "lib/cuda/im2col.h"
 
 #include "lib/core/error.h"
 #include "lib/cuda/check.h"
+#include "lib/cuda/convert.cuh"
 #include "lib/cuda/launch.h"
 
 namespace gradscale::cuda {
@@ -19,8 +21,23 @@ ColumnStrides column_strides(const ConvGeometry& g, ColumnLayout layout) {
   return {g.col_rows() * plane, plane};
 }
 
+// How im2col stores a value: as it is, or as the fp16 / bf16 bits of convert.cuh.
+struct StoreF32 {
+  float* out;
+  __device__ void operator()(std::int64_t i, float v) const { out[i] = v; }
+};
+struct StoreF16 {
+  std::uint16_t* out;
+  __device__ void operator()(std::int64_t i, float v) const { out[i] = bits16::fp16_bits(v); }
+};
+struct StoreBF16 {
+  std::uint16_t* out;
+  __device__ void operator()(std::int64_t i, float v) const { out[i] = bits16::bf16_bits(v); }
+};
+
+template <class Store>
 __global__ void im2col_kernel(const float* x, ConvGeometry g, std::int64_t ho, std::int64_t wo,
-                              ColumnStrides cs, float* cols) {
+                              ColumnStrides cs, Store cols) {
   const std::int64_t k = g.kernel, plane = ho * wo, rows = g.channels * k * k;
   const std::int64_t total = g.n * rows * plane;
   const std::int64_t step = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
@@ -30,7 +47,7 @@ __global__ void im2col_kernel(const float* x, ConvGeometry g, std::int64_t ho, s
     const std::int64_t kj = row % k, ki = (row / k) % k, c = row / (k * k);
     const std::int64_t ih = (col / wo) * g.stride - g.pad + ki, iw = (col % wo) * g.stride - g.pad + kj;
     const bool inside = ih >= 0 && ih < g.h && iw >= 0 && iw < g.w;
-    cols[b * cs.sample + row * cs.row + col] = inside ? x[((b * g.channels + c) * g.h + ih) * g.w + iw] : 0.0f;
+    cols(b * cs.sample + row * cs.row + col, inside ? x[((b * g.channels + c) * g.h + ih) * g.w + iw] : 0.0f);
   }
 }
 
@@ -66,9 +83,11 @@ void check_geometry(const ConvGeometry& g, const char* what) {
                           << ", " << g.w << "]");
 }
 
-void launch_im2col(const float* x, const ConvGeometry& g, float* cols, cudaStream_t stream, ColumnLayout layout) {
+template <class Store>
+void launch_im2col(const float* x, const ConvGeometry& g, Store cols, cudaStream_t stream, ColumnLayout layout) {
   const auto total = static_cast<std::size_t>(g.n * g.col_rows() * g.col_cols());
-  im2col_kernel<<<grid_for(total, 4), kBlock, 0, stream>>>(x, g, g.ho(), g.wo(), column_strides(g, layout), cols);
+  im2col_kernel<Store><<<grid_for(total, 4), kBlock, 0, stream>>>(x, g, g.ho(), g.wo(), column_strides(g, layout),
+                                                                   cols);
   GS_CUDA_CHECK_LAUNCH();
 }
 
@@ -84,7 +103,20 @@ void im2col(const float* x, const ConvGeometry& g, float* cols, cudaStream_t str
   check_geometry(g, "im2col");
   if (g.n == 0) return;
   GS_CHECK(x != nullptr && cols != nullptr, "cuda::im2col got a null pointer");
-  launch_im2col(x, g, cols, stream, layout);
+  launch_im2col(x, g, StoreF32{cols}, stream, layout);
+}
+
+void im2col_16bit(const float* x, const ConvGeometry& g, std::uint16_t* cols, DeviceType type, cudaStream_t stream,
+                  ColumnLayout layout) {
+  check_geometry(g, "im2col_16bit");
+  GS_CHECK(type == DeviceType::f16 || type == DeviceType::bf16,
+           "cuda::im2col_16bit: " << device_type_name(type) << " is not a 16-bit type");
+  if (g.n == 0) return;
+  GS_CHECK(x != nullptr && cols != nullptr, "cuda::im2col_16bit got a null pointer");
+  if (type == DeviceType::f16)
+    launch_im2col(x, g, StoreF16{cols}, stream, layout);
+  else
+    launch_im2col(x, g, StoreBF16{cols}, stream, layout);
 }
 
 void col2im(const float* cols, const ConvGeometry& g, float* gx, cudaStream_t stream, ColumnLayout layout) {

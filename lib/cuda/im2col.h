@@ -13,6 +13,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include "lib/cuda/gemm.h"
+
 namespace gradscale::cuda {
 
 // Input [n, channels, h, w]; square kernel, stride, zero padding; output [n, O, ho, wo].
@@ -34,6 +36,10 @@ enum class ColumnLayout : std::uint8_t { per_sample, batch_wide };
 // Throws ShapeError when the geometry does not describe a convolution.
 void im2col(const float* x, const ConvGeometry& g, float* cols, cudaStream_t stream,
             ColumnLayout layout = ColumnLayout::per_sample);
+// The same columns as `type`'s bits (f16 or bf16, convert.h's conversions): a GEMM's 16-bit operand
+// written in one pass, without the fp32 columns. Exact when x holds values of that format.
+void im2col_16bit(const float* x, const ConvGeometry& g, std::uint16_t* cols, DeviceType type, cudaStream_t stream,
+                  ColumnLayout layout = ColumnLayout::per_sample);
 // gx [n, C, h, w] ← the adjoint: every input element the sum of the column entries that copied it
 // (0 where none), overwriting gx.
 void col2im(const float* cols, const ConvGeometry& g, float* gx, cudaStream_t stream,

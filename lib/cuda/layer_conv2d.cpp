@@ -14,7 +14,9 @@ namespace {
 // columns of the whole batch side by side, so dW = g·colsᵀ and the upstream Wᵀ·g are one GEMM each
 // (K = n·Ho·Wo and O); col2im in the CPU's order, then the controller's s and one rounding; the weight
 // and bias gradients are rounded and unscaled as Linear's. The columns are recomputed in backward, as
-// on the CPU, rather than kept from forward (C·k²·n·Ho·Wo floats per layer).
+// on the CPU, rather than kept from forward (C·k²·n·Ho·Wo floats per layer). When a GEMM reads them in
+// 16 bits, im2col writes them so, into the backend's scratch slot, in one pass (the input's values are
+// in F, so the conversion is exact): no fp32 columns to write, read back and convert.
 class CudaConv2d final : public ParametricLayer {
  public:
   CudaConv2d(CudaBackend& backend, std::unique_ptr<Layer> host, const LayerPlacement& placement)
@@ -37,11 +39,10 @@ class CudaConv2d final : public ParametricLayer {
     const ConvGeometry geo = geometry(x);
     const std::int64_t n = geo.n, rows = geo.col_rows(), plane = geo.col_cols();
     CudaContext& c = backend_.context();
-    cols_.resize({n * rows * plane});
-    im2col(x.data(), geo, cols_.data(), c.stream());
     const Format f = ctx.precision.format;
     const DeviceType t = backend_.gemm_type(f, f, placement_.inputs_in_format);  // the columns are x's values
-    gemm(c, out_, plane, rows, 1.0f, weight_operand(t, 0), operand(cols_, t, 1, false, rows * plane), 0.0f,
+    const GemmInput columns = make_columns(x, geo, t, ColumnLayout::per_sample, rows * plane);
+    gemm(c, out_, plane, rows, 1.0f, weight_operand(t, 0), columns, 0.0f,
          {output.data(), DeviceType::f32, out_ * plane}, n);
     if (has_bias_) {
       ensure_ones(plane);
@@ -63,16 +64,16 @@ class CudaConv2d final : public ParametricLayer {
     CudaContext& c = backend_.context();
     g_wide_.resize({out_, wide});
     swap_outer(g.data(), n, out_, plane, g_wide_.data(), c.stream());
-    cols_.resize({rows, wide});
-    im2col(x.data(), geo, cols_.data(), c.stream(), ColumnLayout::batch_wide);
-    // dW = g·colsᵀ at scale S, one GEMM over the batch; then the columns' buffer takes Wᵀ·g.
+    // dW = g·colsᵀ at scale S, one GEMM over the batch; then the fp32 columns' buffer takes Wᵀ·g.
     const Format f = ctx.precision.format, gf = ctx.precision.gradient_format();
     const DeviceType tg = backend_.gemm_type(gf, f, placement_.output_grad_in_format);
     const DeviceType tw =
         backend_.gemm_type(gf, f, placement_.output_grad_in_format && placement_.inputs_in_format);
+    GemmInput columns = make_columns(x, geo, tw, ColumnLayout::batch_wide, 0);
+    columns.transposed = true;
     grad_w_.resize(params_[0]->value.shape());
     const GemmInput g_w = operand(g_wide_, tw, 0);
-    gemm(c, out_, rows, wide, 1.0f, g_w, operand(cols_, tw, 1, true), 0.0f, {grad_w_.data()});
+    gemm(c, out_, rows, wide, 1.0f, g_w, columns, 0.0f, {grad_w_.data()});
     if (has_bias_) {
       ensure_ones(wide);
       grad_b_.resize(params_[1]->value.shape());
@@ -81,6 +82,7 @@ class CudaConv2d final : public ParametricLayer {
     if (ScaledGrad* gx = grad_inputs[0]) {  // SPEC §5 steps 1–2: o = col2im(Wᵀ·g) in fp32, then s
       gx->g.resize(x.shape());
       const GemmInput g_x = tg == tw ? g_w : operand(g_wide_, tg, 0);  // slot 0 still holds g when tg == tw
+      cols_.resize({rows, wide});
       gemm(c, rows, wide, out_, 1.0f, weight_operand(tg, 1, true), g_x, 0.0f, {cols_.data()});
       col2im(cols_.data(), geo, gx->g.data(), c.stream(), ColumnLayout::batch_wide);
       const gradscale::ConvGeometry cg{n,    in_,   out_,  kernel_,  stride_,
@@ -98,9 +100,23 @@ class CudaConv2d final : public ParametricLayer {
   ConvGeometry geometry(const Tensor& x) const {
     return {x.dim(0), in_, x.dim(2), x.dim(3), kernel_, stride_, pad_};
   }
+  // x's columns in `layout` as a GEMM operand of `type`: fp32 in cols_, or 16-bit in scratch slot 1.
+  GemmInput make_columns(const Tensor& x, const ConvGeometry& geo, DeviceType type, ColumnLayout layout,
+                         std::int64_t batch_stride) {
+    const std::int64_t count = geo.n * geo.col_rows() * geo.col_cols();
+    cudaStream_t stream = backend_.context().stream();
+    if (type == DeviceType::f32) {
+      cols_.resize(layout == ColumnLayout::per_sample ? Shape{count} : Shape{geo.col_rows(), count / geo.col_rows()});
+      im2col(x.data(), geo, cols_.data(), stream, layout);
+      return {cols_.data(), type, false, batch_stride};
+    }
+    std::uint16_t* cols16 = backend_.gemm_slot(1, static_cast<std::size_t>(count));
+    im2col_16bit(x.data(), geo, cols16, type, stream, layout);
+    return {cols16, type, false, batch_stride};
+  }
 
   std::int64_t in_ = 0, out_ = 0, kernel_ = 1, stride_ = 1, pad_ = 0;
-  Tensor cols_;  // forward: [n, C·k², Ho·Wo]; backward: [C·k², n·Ho·Wo], then Wᵀ·g in the same layout
+  Tensor cols_;  // fp32 columns (forward: [n, C·k², Ho·Wo]; backward: [C·k², n·Ho·Wo]); then Wᵀ·g
   Tensor g_wide_;  // the output gradient as [O, n·Ho·Wo]
 };
 
