@@ -14,11 +14,13 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "lib/cuda/round.cuh"
+
 namespace gradscale::cuda::bits16 {
 
-constexpr std::uint32_t kAbs = 0x7FFFFFFFu;
-constexpr std::uint32_t kInf = 0x7F800000u;
-constexpr std::uint32_t kQuiet = 0x00400000u;
+using device::kAbs;  // the float32 bit fields of round.cuh
+using device::kInf;
+using device::kQuiet;
 
 __device__ __forceinline__ std::uint16_t fp16_bits(float x) {
   const std::uint32_t b = __float_as_uint(x);
