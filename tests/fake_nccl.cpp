@@ -13,7 +13,7 @@
 namespace {
 
 gradscale::test::FakeNccl fake;
-constexpr char kIdByte = 0x5a;  // what ncclGetUniqueId writes, and ncclCommInitRank expects
+constexpr char kIdByte = 0x5a;  // what ncclGetUniqueId writes, and ncclCommInitRankConfig expects
 struct FakeComm {
   int polls_left = 0;  // of ncclInProgress, after the last call that returned it (-1: for ever)
 } fake_comm;

@@ -1,7 +1,7 @@
 // `gradscale bench cuda` (see bench_cuda.h): GB/s of the SPEC §3 statistics pass, the rounding, the
 // storage conversions and a convolution's column passes, next to cudaMemcpy device-to-device on the
-// same data. The target is the
-// statistics pass at >= 85% of the copy's bandwidth; the figures are printed, never asserted.
+// same data. The target is the statistics pass at >= 85% of the copy's bandwidth; the figures
+// are printed, never asserted.
 #include "experiments/cli/bench_cuda.h"
 
 #include <algorithm>

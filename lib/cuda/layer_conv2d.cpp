@@ -106,7 +106,7 @@ class CudaConv2d final : public ParametricLayer {
     const std::int64_t count = geo.n * geo.col_rows() * geo.col_cols();
     cudaStream_t stream = backend_.context().stream();
     if (type == DeviceType::f32) {
-      cols_.resize(layout == ColumnLayout::per_sample ? Shape{count} : Shape{geo.col_rows(), count / geo.col_rows()});
+      cols_.resize(layout == ColumnLayout::per_sample ? Shape{count} : Shape{geo.col_rows(), geo.n * geo.col_cols()});
       im2col(x.data(), geo, cols_.data(), stream, layout);
       return {cols_.data(), type, false, batch_stride};
     }
