@@ -335,6 +335,12 @@ StepResult ExternalBackward::finish_step(double loss) {
   return r;
 }
 
+void ExternalBackward::abandon_step() {
+  ops_->flush();  // what the failed pass queued lands in this iteration's records, not the next one's
+  in_step_ = false;
+  loss_scale_ = std::numeric_limits<double>::quiet_NaN();
+}
+
 std::vector<LayerScale> ExternalBackward::layer_scales() const {
   return layer_scale_rows(layers_, monitor_);
 }

@@ -106,6 +106,10 @@ class ExternalBackward {
   void agree_overflows(const std::vector<double>& summed);
   // The verdict: the controller's end_step, then scaler.update. `loss` is reported in the result.
   StepResult finish_step(double loss = 0);
+  // Ends the iteration without a verdict (the caller's backward pass failed part-way): the scaler's state
+  // and the step count are left as they were, the records of the partial pass are dropped at the next
+  // begin_step. A no-op outside an iteration.
+  void abandon_step();
 
   // ---- reading and state --------------------------------------------------------------------------
   // On a device the roundings' records (statistics, found_inf, maxima) are made in one piece when the

@@ -317,6 +317,7 @@ PYBIND11_MODULE(GS_CORE_NAME, m) {
       .def("overflow_buffer", &ExternalBackward::overflow_buffer)
       .def("agree_overflows", &ExternalBackward::agree_overflows)
       .def("finish_step", [](ExternalBackward& e, double loss) { return step_dict(e.finish_step(loss)); })
+      .def("abandon_step", &ExternalBackward::abandon_step)
       .def_property_readonly("steps", &ExternalBackward::steps)
       .def("layer_scales", [](const ExternalBackward& e) { return layer_rows(e.layer_scales(), e.monitor()); })
       .def("loss_grad_stats", [](const ExternalBackward& e) {

@@ -52,22 +52,32 @@ def test_every_policy_trains(policy):
     assert any(applied)
 
 
+class Working(nn.Linear):
+    def forward(self, input):  # noqa: A002 (nn.Linear's name for it)
+        self.working = self.weight.detach().clone()
+        return super().forward(input)
+
+
 def test_forward_values_weights_and_gradients_are_in_the_formats():
     model = mlp()
+    probe = Working(32, 32)  # keeps the weight its forward computes with: the working copy
+    probe.load_state_dict(model[2].state_dict())
+    model[2] = probe
     scaler = Scaler(model, scaler="static:256", format="bf16", grad_format="fp8_e5m2")
     x, y = batch()
     master = model[2].weight.detach().clone()
     seen = []
     model[2].register_forward_hook(lambda m, i, o: seen.append((i[0].detach().clone(), o.detach().clone(),
-                                                                m.weight.detach().clone())))
+                                                                m.working)))
     loss = F.cross_entropy(model(x), y)
     inp, out, w = seen[0]
     for t in (inp, out, w):
         q = t.clone()
         _core.quantize_(q.data_ptr(), q.numel(), "bf16")
         assert torch.equal(q, t)
+    # Outside the layer's own forward (its hooks too) the parameter is the master, not the working copy...
+    assert torch.equal(model[2].weight.detach(), master)
     scaler.scale(loss).backward()
-    # After backward the master weights are back (not the bf16 working copy)...
     assert torch.equal(model[2].weight.detach(), master)
     assert not torch.equal(w, master)
     # ...and each .grad is a gradient stored in e5m2 at a power-of-two scale, divided by that scale.

@@ -1,23 +1,29 @@
-"""The three autograd Functions the plug-in inserts where data crosses a layer boundary.
+"""The autograd Functions the plug-in inserts where data crosses a layer boundary.
 
 - `Enter` at a layer's input: forward rounds the input to the forward format; backward is SPEC §5
   step 2 — the layer's upstream gradient (computed by PyTorch in fp32 at the scale S_in the layer
   received) goes to the core, which chooses s and rounds s·g once. The gradient then carries s·S_in.
 - `Exit` at a layer's output: forward rounds the output to the forward format; backward rounds the
   gradient the layer receives (it may come through fp32 functional ops) and notes S_in.
+- `WorkingWeight` at a layer call's parameter: forward is the working copy (the master rounded to the
+  forward format, for this call only); backward is this call's weight-gradient part, rounded at its
+  scale and divided by it (SPEC §4), so `.grad` only ever receives true gradients.
 - `LossEdge` at the model's outputs: backward is SPEC §5 "Loss" — the fp32 loss gradient at scale 1
   times S0, rounded once (the core chooses S0 there, from that gradient when the policy looks at it).
 
-Every numeric decision is the core's (`gradscale._core.ExternalBackward`); these only pass addresses.
+Every numeric decision is the core's (`gradscale._core.ExternalBackward`); these only pass addresses,
+through the backward pass that is running (`_backward_pass.BackwardPass`). Under `create_graph` each
+result stays differentiable: a rounding is straight-through (the identity, as AMP's casts are) and a
+scale a factor, so a gradient penalty's graph is exact in fp32 under power-of-two scales.
 """
 from __future__ import annotations
 
 import torch
 
 
-def _owned_copy(g: torch.Tensor) -> torch.Tensor:
-    # Gradients handed to a backward may be shared with other edges (AddBackward passes one tensor to
-    # both inputs): round a private, contiguous fp32 copy.
+def owned_copy(g: torch.Tensor) -> torch.Tensor:
+    """A private, contiguous, detached fp32 copy of `g` for the core to write into (gradients handed to
+    a backward may be shared with other edges: AddBackward passes one tensor to both inputs)."""
     if g.dtype != torch.float32:
         raise TypeError(f"gradscale.torch: gradients must be float32, got {g.dtype} on {g.device}")
     return g.detach().to(memory_format=torch.contiguous_format).clone()
@@ -27,24 +33,37 @@ def round_forward(x: torch.Tensor, fmt: str, core) -> torch.Tensor:
     """A new tensor: x rounded to the forward format (the identity copy for fp32), by `core` (an
     ExternalBackward) where x lives."""
     out = x.detach().contiguous().clone()
-    if fmt != "fp32":
+    if fmt != "fp32" and out.numel():
         core.quantize_(out.data_ptr(), out.numel(), fmt)
     return out
 
 
-def _boundary_forward(ctx, x, session, layer_id, call):
-    ctx.session = session
-    ctx.layer_id = layer_id
-    ctx.call = call  # pairs a layer call's Exit with its Enter (a module may be called twice)
-    return round_forward(x, session.format, session.core)
+class _StraightThrough(torch.autograd.Function):
+    """`value` (computed by the core from `g`) in forward; in backward the incoming gradient times
+    `factor`: the rounding is the identity, the scale a factor."""
+
+    @staticmethod
+    def forward(ctx, g, holder, factor):  # type: ignore[override]
+        ctx.factor = factor
+        return holder[0]  # in a list: not an input of the Function, so autograd records a new output
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        return grad * ctx.factor, None, None
 
 
-def _boundary_backward(ctx, g, handler):
-    if g is None or not ctx.session.active:
-        return g, None, None, None
-    out = _owned_copy(g)
-    handler(ctx, out)  # rounds `out` in place
-    return out, None, None, None
+def differentiable(g: torch.Tensor, value: torch.Tensor, factor: float) -> torch.Tensor:
+    """`value` as a result of `g` when a graph is being built (create_graph), else `value` itself."""
+    if torch.is_grad_enabled() and g.requires_grad and not g.is_sparse:
+        return _StraightThrough.apply(g, [value], factor)
+    return value
+
+
+def _boundary_forward(ctx, x, tracker, call):
+    ctx.tracker = tracker
+    ctx.layer_id = call.layer_id
+    ctx.call = call  # pairs a layer call's Exit with its Enter and holds its working weight
+    return round_forward(x, tracker.format, tracker.core)
 
 
 class Enter(torch.autograd.Function):
@@ -52,7 +71,10 @@ class Enter(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g):  # type: ignore[override]
-        return _boundary_backward(ctx, g, ctx.session.enter_backward)
+        run = ctx.tracker.running()
+        if g is None or run is None:
+            return g, None, None
+        return run.enter_backward(ctx, g), None, None
 
 
 class Exit(torch.autograd.Function):
@@ -60,23 +82,35 @@ class Exit(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g):  # type: ignore[override]
-        return _boundary_backward(ctx, g, ctx.session.exit_backward)
+        run = ctx.tracker.running()
+        if g is None or run is None:
+            return g, None, None
+        return run.exit_backward(ctx, g), None, None
+
+
+class WorkingWeight(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, master, tracker, layer_id):  # type: ignore[override]
+        ctx.tracker = tracker
+        ctx.layer_id = layer_id
+        return round_forward(master, tracker.format, tracker.core)
+
+    @staticmethod
+    def backward(ctx, g):  # type: ignore[override]
+        run = ctx.tracker.running()
+        if g is None or run is None:
+            return g, None, None
+        return run.weight_part(ctx, g), None, None
 
 
 class LossEdge(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, y, session):  # type: ignore[override]
-        ctx.session = session
+    def forward(ctx, y, tracker):  # type: ignore[override]
+        ctx.tracker = tracker
         return y.detach().clone()
 
     @staticmethod
     def backward(ctx, g):  # type: ignore[override]
-        session = ctx.session
         if g is None:
             return None, None
-        if not session.active:
-            raise RuntimeError("gradscale.torch: backward through a model with a gradscale Scaler must start "
-                               "from scaler.scale(loss) (call scaler.scale(loss).backward())")
-        out = _owned_copy(g)
-        session.loss_backward(ctx, out)
-        return out, None
+        return ctx.tracker.loss_backward(ctx, g), None

@@ -28,6 +28,13 @@ class Layer:
     # Its calls are boundaries (inputs and outputs rounded, the local scale applied): a leaf module, or
     # one chosen by name. A container that only owns parameters of its own is not one.
     boundary: bool = True
+    # Whether the layer's parameters include its descendants' (a module chosen with layers=).
+    recurse: bool = False
+
+    def current_params(self) -> List[nn.Parameter]:
+        """The parameters the layer holds now, read from its modules (a Parameter object may be replaced
+        after the table was made: load_state_dict(assign=True), functional_call)."""
+        return [p for p in self.module.parameters(recurse=self.recurse) if p.requires_grad]
 
     def row(self) -> dict:
         return {
@@ -101,7 +108,8 @@ def build_layers(model: nn.Module, layers: Optional[Sequence[Union[str, nn.Modul
         table.append(Layer(id=len(table), name=names[id(module)], module=module, kind=type(module).__name__.lower(),
                            parametric=k is not None and isinstance(weight, torch.Tensor),
                            reduction=int(k or 0), weight=weight, params=own,
-                           boundary=layers is not None or not any(True for _ in module.children())))
+                           boundary=layers is not None or not any(True for _ in module.children()),
+                           recurse=layers is not None))
     return table
 
 

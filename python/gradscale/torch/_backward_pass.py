@@ -1,0 +1,488 @@
+"""Backward passes of a PyTorch model under gradscale: where scales live on the autograd graph.
+
+A gradient's scale changes in four places only: at the model's outputs (S0, `LossEdge`), at a
+layer's input (×s, `Enter`), at a layer call's working weight (÷S: the weight-gradient part, made
+true) and where several gradients meet (the join target T of SPEC §5). Every other node passes on the
+scale its incoming gradient had. So `scaler.scale(loss)` walks the graph of `loss` once and makes a
+`BackwardPass` of it:
+
+- a node fed by several distinct consumers inside the model is a **join**: each consumer's post-hook
+  takes its part (g_i, S_i) out of the sum autograd would make (leaving a zero), and the node's
+  pre-hook brings the parts to one scale T before adding them, then rounds the sum once — so no sum
+  ever mixes scales (a residual shortcut, a tensor read twice, a module called twice, an in-place op);
+- an edge into a leaf from anything but a `WorkingWeight` (a parameter used outside its layer's call,
+  an input that requires grad) carries a part at its consumer's scale: the post-hook rounds it and
+  divides it by that scale, so every leaf receives true gradients.
+
+The scale a node receives is found by following its consumers towards the loss to the nearest node
+that set one (`_sent` for Enter and LossEdge, `_into` for joins), and memoised for the pass.
+
+Each pass owns its hooks and maps; a hook of another pass (a graph kept with retain_graph) does
+nothing. A pass is *ready* after the walk, *running* from its first LossEdge backward, *done* when
+autograd has finished (a callback) — or *failed*, when the next public call of the Scaler finds it
+still running (backward raised: autograd runs no callback then). A reentrant checkpoint's nested
+backward is a pass of its own, walked when it starts, whose roots receive the checkpoint node's scale.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Dict, List, Optional, Tuple
+
+import torch
+
+from ._functions import Enter, Exit, LossEdge, WorkingWeight, differentiable, owned_copy
+from ._layers import Layer
+
+_ENTER = Enter._backward_cls
+_EXIT = Exit._backward_cls
+_LOSS = LossEdge._backward_cls
+_WEIGHT = WorkingWeight._backward_cls
+_CHECKPOINT = "CheckpointFunctionBackward"  # torch.utils.checkpoint's reentrant Function
+
+
+def _is_leaf_node(node) -> bool:
+    return type(node).__name__ == "AccumulateGrad"
+
+
+class Tracker:
+    """The plug-in's graph side for the Scaler's lifetime: the core, the layer table, the pass that
+    runs, what the walks learned of the layer graph, and the counters the tests read."""
+
+    def __init__(self, core, layers: List[Layer], fmt: str):
+        self.core = core
+        self.layers = layers
+        self.format = fmt
+        self.current: Optional[BackwardPass] = None
+        self.joins = 0  # joins whose parts arrived at different scales, since the Scaler was made
+        # The layer graph (LayerInfo::inputs: which layers' outputs each layer reads; the model's input
+        # is not listed), gathered from every pass so far; `graph_grew` until the core was given it.
+        self.layer_inputs: List[set] = [set() for _ in layers]
+        self.graph_grew = False
+        # Set by the Scaler: called with the pass when its first LossEdge backward runs, and when done.
+        self.on_start = None
+        self.on_done = None
+
+    # ---- what the Functions call ---------------------------------------------------------------
+    def running(self) -> Optional["BackwardPass"]:
+        run = self.current
+        return run if run is not None and run.state == "running" else None
+
+    def loss_backward(self, ctx, g: torch.Tensor) -> torch.Tensor:
+        run = self.current
+        if run is None or run.state not in ("ready", "running") or not run.walked(ctx):
+            raise RuntimeError("gradscale.torch: backward through a model with a gradscale Scaler must start "
+                               "from scaler.scale(loss) (call scaler.scale(loss).backward(); a second backward "
+                               "over a retained graph needs its own scaler.scale(...))")
+        if run.state == "ready":
+            run.start()
+        return run.loss_backward(ctx, g)
+
+    # ---- passes ------------------------------------------------------------------------------
+    def new_pass(self, root) -> "BackwardPass":
+        """The pass of a loss (scale()): the ready pass of this root when there is one (scale() twice
+        on one loss), else a new one, which replaces a ready pass that never ran (an abandoned
+        scale())."""
+        run = self.current
+        if run is not None and run.state == "ready":
+            if run.root_is(root):
+                return run
+            run.close("abandoned")
+        run = BackwardPass(self, [root])
+        self.current = run
+        return run
+
+    def stale(self) -> Optional["BackwardPass"]:
+        """The current pass when it is still running between public calls: its backward raised."""
+        run = self.current
+        if run is not None and run.state == "running":
+            run.close("failed")
+            return run
+        return None
+
+    def learn(self, run: "BackwardPass") -> None:
+        for layer_id, sources in run.layer_edges.items():
+            new = sources - self.layer_inputs[layer_id]
+            if new:
+                self.layer_inputs[layer_id] |= new
+                self.graph_grew = True
+
+    def take_layer_graph(self) -> Optional[List[List[int]]]:
+        """The layer graph, when it grew since it was last taken (else None)."""
+        if not self.graph_grew:
+            return None
+        self.graph_grew = False
+        return [sorted(ids) for ids in self.layer_inputs]
+
+
+# One wrapper of torch.autograd.backward for the process: a reentrant checkpoint's backward calls it for
+# its nested pass, which is walked here before it runs. Outside such a checkpoint it only forwards.
+_trackers_in_checkpoint: "threading.local" = threading.local()
+_torch_backward = torch.autograd.backward
+
+
+def _backward(tensors, grad_tensors=None, *args, **kwargs):
+    entry = getattr(_trackers_in_checkpoint, "entry", None)
+    if entry is None or entry["started"]:
+        return _torch_backward(tensors, grad_tensors, *args, **kwargs)
+    entry["started"] = True
+    outer: BackwardPass = entry["pass"]
+    tracker = outer.tracker
+    roots = [t.grad_fn for t in ([tensors] if isinstance(tensors, torch.Tensor) else tensors)
+             if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+    nested = BackwardPass(tracker, roots, root_scale=entry["scale"], nested=True)
+    nested.state = "running"
+    tracker.current = nested
+    try:
+        return _torch_backward(tensors, grad_tensors, *args, **kwargs)
+    finally:
+        entry["inputs"] = nested.input_scales()
+        nested.close("done")
+        tracker.current = outer
+
+
+def _install_backward_wrapper() -> None:
+    if torch.autograd.backward is not _backward:
+        torch.autograd.backward = _backward
+
+
+class BackwardPass:
+    """One backward pass: the walk of its graph, its hooks and its scales."""
+
+    def __init__(self, tracker: Tracker, roots: List[object], root_scale: float = 1.0, nested: bool = False):
+        self.tracker = tracker
+        self.core = tracker.core
+        self.state = "ready"
+        self.root_scale = root_scale
+        self.nested = nested
+        self.reason: Optional[str] = None
+        self._consumers: Dict[object, List[object]] = {}
+        self._into: Dict[object, float] = {}
+        self._sent: Dict[object, float] = {}
+        self._parts: Dict[int, List[Tuple[int, torch.Tensor, float]]] = {}
+        self._received: Dict[object, torch.Tensor] = {}
+        self._checkpoint_inputs: Dict[int, dict] = {}
+        # The hooks hold tokens, never nodes: a node holding a hook that holds the node is a cycle
+        # through C++ that Python's collector cannot see. The pass holds its nodes until it closes.
+        self._nodes: Dict[int, object] = {}
+        self._loss_edges: set = set()
+        self._input_leaves: List[object] = []  # nested: the leaves that are no parameter (its inputs)
+        self._roots = list(roots)
+        self.layer_edges: Dict[int, set] = {}
+        self.model_nodes = self._walk(roots)
+
+    # ---- state -------------------------------------------------------------------------------
+    def root_is(self, root) -> bool:
+        return len(self._roots) == 1 and self._roots[0] is root
+
+    def walked(self, node) -> bool:
+        return id(node) in self._loss_edges and self._nodes.get(id(node)) is node
+
+    def start(self) -> None:
+        self.state = "running"
+        torch.autograd.Variable._execution_engine.queue_callback(self._finished)
+        if self.tracker.on_start is not None:
+            self.tracker.on_start(self)
+
+    def _finished(self) -> None:
+        if self.state != "running" or self.tracker.current is not self:
+            return
+        self.close("done")
+        if self.tracker.on_done is not None:
+            self.tracker.on_done(self)
+
+    def close(self, state: str) -> None:
+        """Ends the pass: its hooks do nothing from now on, and it lets go of the graph."""
+        self.state = state
+        self._consumers.clear()
+        self._into.clear()
+        self._sent.clear()
+        self._parts.clear()
+        self._received.clear()
+        self._checkpoint_inputs.clear()
+        self._nodes.clear()
+        self._roots = []
+        self._input_leaves = []
+
+    def _active(self) -> bool:
+        return self.state == "running" and self.tracker.current is self
+
+    # ---- the walk ----------------------------------------------------------------------------
+    def _walk(self, roots: List[object]) -> int:
+        """Walks the graph from `roots` and installs the join and leaf hooks. Returns the number of
+        model nodes seen (0: the loss does not depend on the model's outputs)."""
+        edges: Dict[object, List[Tuple[object, int, int]]] = {}
+        seen = set(roots)
+        stack = list(roots)
+        while stack:
+            node = stack.pop()
+            for k, (producer, j) in enumerate(node.next_functions):
+                if producer is None:
+                    continue
+                edges.setdefault(producer, []).append((node, k, j))
+                if producer not in seen:
+                    seen.add(producer)
+                    stack.append(producer)
+        if self.nested:  # a checkpointed segment: all of it is inside the model
+            in_model = set(seen)
+        else:  # everything upstream of a LossEdge (the loss's own graph stays in fp32 at 1)
+            in_model = set()
+            stack = [n for n in seen if isinstance(n, _LOSS)]
+            for n in stack:
+                self._loss_edges.add(self._token(n))
+            while stack:
+                node = stack.pop()
+                for producer, _ in node.next_functions:
+                    if producer is not None and producer not in in_model:
+                        in_model.add(producer)
+                        stack.append(producer)
+        params = self._layer_params()
+        leaf_slots: Dict[object, List[Tuple[int, int]]] = {}
+        join_slots: Dict[object, List[Tuple[int, int, int]]] = {}
+        for producer, uses in edges.items():
+            distinct: List[object] = []
+            for consumer, _, _ in uses:
+                if not any(consumer is d for d in distinct):
+                    distinct.append(consumer)
+            self._consumers[producer] = distinct
+            inside = [(c, k, j) for c, k, j in uses if c in in_model or isinstance(c, _LOSS)]
+            if _is_leaf_node(producer):
+                layer = params.get(id(producer.variable))
+                if self.nested and layer is None:
+                    # An input of the checkpointed segment: its gradient leaves at its scale (the
+                    # checkpoint node brings the inputs to one), parts joined like any join.
+                    self._input_leaves.append(producer)
+                    self._token(producer)
+                    if len(distinct) >= 2:
+                        self._add_join(producer, inside, join_slots)
+                    continue
+                for consumer, k, _ in inside:
+                    if not isinstance(consumer, _WEIGHT):  # WorkingWeight unscales its own part
+                        leaf_slots.setdefault(consumer, []).append((k, -1 if layer is None else layer))
+            elif producer in in_model and len(distinct) >= 2:
+                self._add_join(producer, uses, join_slots)
+        for consumer in set(leaf_slots) | set(join_slots):
+            consumer.register_hook(self._post_hook(self._token(consumer), leaf_slots.get(consumer, []),
+                                                   join_slots.get(consumer, [])))
+        for node in seen:
+            if type(node).__name__ == _CHECKPOINT and node in in_model:
+                token = self._token(node)
+                node.register_prehook(self._checkpoint_pre_hook(token))
+                node.register_hook(self._checkpoint_post_hook(token))
+        self._learn_layer_graph(seen, edges)
+        for root in roots:
+            self._token(root)  # keeps the ids from being reused while the pass lasts
+            if not self.nested:
+                root.register_prehook(self._root_hook)
+        return len(in_model)
+
+    def _root_hook(self, grad_outputs):
+        """Backward has reached the loss: the pass runs (and fails, if it raises from here on)."""
+        if self.state == "ready" and self.tracker.current is self:
+            self.start()
+        return None
+
+    def _add_join(self, producer, uses, join_slots) -> None:
+        token = self._token(producer)
+        for consumer, k, j in uses:
+            join_slots.setdefault(consumer, []).append((k, token, j))
+        layer = producer.layer_id if isinstance(producer, (_ENTER, _EXIT)) else -1
+        producer.register_prehook(self._join_hook(token, layer))
+
+    def _layer_params(self) -> Dict[int, int]:
+        """id(parameter) -> the layer that owns it, read from the modules now (never kept across
+        passes: functional_call and load_state_dict(assign=True) replace Parameter objects)."""
+        owner: Dict[int, int] = {}
+        for layer in self.tracker.layers:
+            for p in layer.current_params():
+                owner.setdefault(id(p), layer.id)
+        return owner
+
+    def _learn_layer_graph(self, nodes, edges) -> None:
+        """From each layer's output (an Exit node), towards the loss through every node that is no
+        layer boundary, to the layers whose inputs (Enter nodes) it reaches — those read it, and in
+        backward send it the scale it receives (SPEC §6.5 charges an overflow of that gradient to
+        them). A layer's internals reached without an Enter are walked through to its own readers."""
+        for node in nodes:
+            if not isinstance(node, _EXIT):
+                continue
+            source = node.layer_id
+            stack = [consumer for consumer, _, _ in edges.get(node, ())]
+            visited = set()
+            while stack:
+                cur = stack.pop()
+                if cur in visited:
+                    continue
+                visited.add(cur)
+                if isinstance(cur, _ENTER):
+                    self.layer_edges.setdefault(cur.layer_id, set()).add(source)
+                elif not isinstance(cur, _LOSS):
+                    stack.extend(consumer for consumer, _, _ in edges.get(cur, ()))
+        self.tracker.learn(self)
+
+    def _token(self, node) -> int:
+        token = id(node)
+        self._nodes[token] = node
+        return token
+
+    # ---- scales ------------------------------------------------------------------------------
+    def into(self, node) -> float:
+        """The scale of the gradient `node` receives (its consumers have all run)."""
+        path = []
+        cur = node
+        while True:
+            if cur in self._into:
+                value = self._into[cur]
+                break
+            consumers = self._consumers.get(cur)
+            if not consumers:  # a root: the loss at scale 1, a checkpoint's output at its node's scale
+                value = self.root_scale
+                break
+            path.append(cur)
+            nxt = consumers[0]
+            if nxt in self._sent:
+                value = self._sent[nxt]
+                break
+            cur = nxt
+        for n in path:
+            self._into[n] = value
+        return value
+
+    def sent(self, node) -> float:
+        return self._sent[node] if node in self._sent else self.into(node)
+
+    def input_scales(self) -> Dict[int, Tuple[torch.Tensor, float]]:
+        """Nested: id(input leaf's variable) -> (variable, scale of the gradient it was given)."""
+        return {id(leaf.variable): (leaf.variable, self.into(leaf)) for leaf in self._input_leaves}
+
+    # ---- hooks ---------------------------------------------------------------------------------
+    def _post_hook(self, consumer: int, leaf_slots, join_slots):
+        def hook(grad_inputs, grad_outputs):
+            if not self._active():
+                return None
+            grads = list(grad_inputs)
+            scale = self.sent(self._nodes[consumer])
+            for k, producer, j in join_slots:
+                g = grads[k]
+                if g is None:
+                    continue
+                self._parts.setdefault(producer, []).append((j, g, scale))
+                grads[k] = torch.zeros((), dtype=g.dtype, device=g.device).expand_as(g)
+            for k, layer in leaf_slots:
+                g = grads[k]
+                if g is not None:
+                    grads[k] = self._true_gradient(layer, g, scale)
+            return tuple(grads)
+        return hook
+
+    def _join_hook(self, producer: int, layer: int):
+        def hook(grad_outputs):
+            if not self._active():
+                return None
+            parts = self._parts.pop(producer, None)
+            if not parts:
+                return None
+            contiguous = [(j, g.contiguous(), s) for j, g, s in parts]
+            target = self.core.join_target([self.core.max_abs(g.data_ptr(), g.numel()) if g.numel() else 0.0
+                                            for _, g, _ in contiguous], [s for _, _, s in contiguous])
+            if len({s for _, _, s in contiguous}) > 1:
+                self.tracker.joins += 1
+            sums: Dict[int, torch.Tensor] = {}
+            for j, g, s in contiguous:
+                term = g * (target / s)  # fp32, the factor rounded to float as the C++ join does
+                sums[j] = term if j not in sums else sums[j] + term
+            grads = list(grad_outputs)
+            for j, total in sums.items():
+                out = owned_copy(total)
+                if out.numel():
+                    self.core.round_join(layer, out.data_ptr(), out.numel())
+                grads[j] = differentiable(total, out, 1.0)
+            self._into[self._nodes[producer]] = target
+            return tuple(grads)
+        return hook
+
+    def _checkpoint_pre_hook(self, token: int):
+        def hook(grad_outputs):
+            if self._active():
+                node = self._nodes[token]
+                entry = {"pass": self, "scale": self.into(node), "started": False, "inputs": {},
+                         "outer": getattr(_trackers_in_checkpoint, "entry", None)}
+                self._checkpoint_inputs[token] = entry
+                _trackers_in_checkpoint.entry = entry
+            return None
+        return hook
+
+    def _checkpoint_post_hook(self, token: int):
+        def hook(grad_inputs, grad_outputs):
+            entry = self._checkpoint_inputs.pop(token, None)
+            if entry is None:
+                return None
+            _trackers_in_checkpoint.entry = entry["outer"]
+            if not self._active():
+                return None
+            # Each input's gradient at the scale the nested pass left it at; one scale for all of them
+            # (the smallest: a power-of-two division, then one rounding of what it moved).
+            scales = {id(var.grad): s for var, s in entry["inputs"].values() if var.grad is not None}
+            found = [(k, g, scales.get(id(g), entry["scale"])) for k, g in enumerate(grad_inputs) if g is not None]
+            if not found:
+                self._sent[self._nodes[token]] = entry["scale"]
+                return None
+            target = min(s for _, _, s in found)
+            grads = list(grad_inputs)
+            for k, g, s in found:
+                if s != target:
+                    out = owned_copy(g * (target / s))
+                    self.core.round_join(-1, out.data_ptr(), out.numel())
+                    grads[k] = differentiable(g, out, target / s)
+            self._sent[self._nodes[token]] = target
+            return tuple(grads)
+        return hook
+
+    # ---- what the Functions call ---------------------------------------------------------------
+    def _true_gradient(self, layer: int, g: torch.Tensor, scale: float) -> torch.Tensor:
+        """A gradient part at `scale` rounded (SPEC §4) and divided by it: the true gradient."""
+        if g.is_sparse:
+            g = g.coalesce()
+            values = owned_copy(g.values())
+            if values.numel():
+                self.core.weight_gradient(layer, values.data_ptr(), values.numel(), scale)
+            return torch.sparse_coo_tensor(g.indices(), values, g.shape, device=g.device)
+        out = owned_copy(g)
+        if out.numel():
+            self.core.weight_gradient(layer, out.data_ptr(), out.numel(), scale)
+        return differentiable(g, out, 1.0 / scale)
+
+    def loss_backward(self, ctx, g: torch.Tensor) -> torch.Tensor:
+        out = owned_copy(g)
+        s0 = self.core.loss_gradient(out.data_ptr(), out.numel())
+        self._sent[ctx] = s0
+        return differentiable(g, out, s0)
+
+    def exit_backward(self, ctx, g: torch.Tensor) -> torch.Tensor:
+        out = owned_copy(g)
+        self.core.note_layer(ctx.layer_id, self.into(ctx))
+        if out.numel():
+            self.core.round_received(ctx.layer_id, out.data_ptr(), out.numel())
+        self._received[ctx.call] = out
+        return differentiable(g, out, 1.0)
+
+    def enter_backward(self, ctx, g: torch.Tensor) -> torch.Tensor:
+        scale_in = self.into(ctx)
+        out = owned_copy(g)
+        if not out.numel():  # an empty batch: nothing to scale
+            self._sent[ctx] = scale_in
+            return differentiable(g, out, 1.0)
+        layer = self.tracker.layers[ctx.layer_id]
+        received: Optional[torch.Tensor] = self._received.get(ctx.call)
+        weight = ctx.call.weight if layer.parametric else None
+        if weight is not None:
+            weight = weight.detach().contiguous()
+        s = self.core.upstream(ctx.layer_id, out.data_ptr(), list(out.shape),
+                               received.data_ptr() if received is not None else 0,
+                               list(received.shape) if received is not None else [],
+                               weight.data_ptr() if weight is not None else 0,
+                               list(weight.shape) if weight is not None else [], scale_in)
+        self._sent[ctx] = s * scale_in
+        return differentiable(g, out, s)
+
+    def weight_part(self, ctx, g: torch.Tensor) -> torch.Tensor:
+        return self._true_gradient(ctx.layer_id, g, self.into(ctx))

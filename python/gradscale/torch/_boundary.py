@@ -1,0 +1,191 @@
+"""A layer's call under gradscale: its inputs and outputs rounded at the boundary, its parameters
+replaced by working copies for the length of its own forward, and nothing left behind.
+
+- The forward pre-hook opens the call (`LayerCall`) and gives each input its `Enter`.
+- `CallWrapper`, set as the module's `forward` (module.__call__ runs the pre-hooks, then
+  `self.forward`, then the forward hooks), gives keyword inputs their `Enter` (torch 1.13's pre-hooks
+  see positional arguments only), then — in a try/finally around the module's own forward, as
+  `torch.func.functional_call` does — puts a `WorkingWeight` of each parameter in its place, and the
+  Parameter back afterwards. Outside the call the model's parameters are the fp32 masters, always.
+- The forward hook closes the call and gives each output its `Exit`.
+
+Under torch.autograd's no_grad the same boundaries round, without nodes.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Any, List, Optional, Tuple
+
+import torch
+from torch import nn
+
+from ._functions import Enter, Exit, WorkingWeight, round_forward
+
+
+class LayerCall:
+    """One call of a layer: pairs its Enter and Exit nodes and holds the working weight its
+    controller reads in backward (the master may change before then)."""
+    __slots__ = ("layer_id", "weight", "__weakref__")
+
+    def __init__(self, layer_id: int):
+        self.layer_id = layer_id
+        self.weight: Optional[torch.Tensor] = None
+
+
+def wrap_tensor(x, device: torch.device, fn):
+    """`fn(x)` for a floating tensor (checked for device and dtype), `x` itself otherwise."""
+    if isinstance(x, torch.Tensor) and x.is_floating_point():
+        if x.device != device:
+            raise RuntimeError(f"gradscale.torch: a tensor on {x.device} met layers whose parameters are on "
+                               f"{device}")
+        if x.dtype in (torch.float16, torch.bfloat16):
+            x = x.float()  # from an op under autocast: a layer boundary holds float32 (values of a format)
+        if x.dtype != torch.float32:
+            raise TypeError(f"gradscale.torch emulates every format in float32 tensors; got {x.dtype} "
+                            "(keep the model in float32 and choose format= / grad_format=)")
+        return fn(x)
+    return x
+
+
+def map_tensors(value, device: torch.device, fn):
+    if isinstance(value, torch.Tensor):
+        return wrap_tensor(value, device, fn)
+    if isinstance(value, tuple) and hasattr(value, "_fields"):  # namedtuple
+        return type(value)(*(map_tensors(v, device, fn) for v in value))
+    if isinstance(value, (tuple, list)):
+        return type(value)(map_tensors(v, device, fn) for v in value)
+    if isinstance(value, dict):
+        return type(value)((k, map_tensors(v, device, fn)) for k, v in value.items())
+    return value
+
+
+def autocast_off(device: torch.device):
+    """A context without autocast on `device` when autocast is on there (else nothing)."""
+    try:
+        on = torch.is_autocast_enabled(device.type)  # torch >= 2.4
+    except TypeError:
+        on = torch.is_autocast_cpu_enabled() if device.type == "cpu" else torch.is_autocast_enabled()
+    return torch.autocast(device.type, enabled=False) if on else contextlib.nullcontext()
+
+
+def _set_param(module: nn.Module, name: str, value) -> None:
+    """module.<name> = value without nn.Module's check that a parameter slot holds a Parameter; an RNN's
+    cached list of its weights follows (RNNBase.__setattr__ does the same)."""
+    module._parameters[name] = value
+    names = module.__dict__.get("_flat_weights_names")
+    if names is not None and name in names:
+        module._flat_weights[names.index(name)] = value
+
+
+class CallWrapper:
+    """The module's `forward` while a Scaler is attached: a plain object holding the scaler and the
+    module, so `copy.deepcopy(model)` gives the copy its own (and `pickle` meets the Scaler's refusal)."""
+
+    def __init__(self, scaler, layer_id: int, module: nn.Module, boundary: bool, recurse: bool):
+        self.scaler = scaler
+        self.layer_id = layer_id
+        self.module = module
+        self.boundary = boundary
+        self.recurse = recurse
+        self.inner = module.__dict__.get("forward")  # an instance-level forward set before ours, if any
+        self.calls: List[LayerCall] = []  # the calls open now (a module may call itself)
+        self.pending = False  # the pre-hook opened a call that this forward has not yet entered
+
+    @classmethod
+    def install(cls, scaler, layer_id: int, module: nn.Module, boundary: bool, recurse: bool) -> "CallWrapper":
+        wrapper = cls(scaler, layer_id, module, boundary, recurse)
+        module.forward = wrapper
+        return wrapper
+
+    # ---- the hooks ---------------------------------------------------------------------------
+    def pre_hook(self, module, inputs):
+        call = LayerCall(self.layer_id)
+        self.calls.append(call)
+        self.pending = True
+        return tuple(self._enter(call, x) for x in inputs)
+
+    def hook(self, module, inputs, output):
+        call = self.calls.pop() if self.calls else LayerCall(self.layer_id)
+        tracker = self.scaler._tracker
+        grad = torch.is_grad_enabled()
+        return map_tensors(output, self.scaler._device, lambda t: Exit.apply(t, tracker, call)
+                           if grad and t.requires_grad else round_forward(t, tracker.format, tracker.core))
+
+    def _enter(self, call: LayerCall, x):
+        """One argument of a layer call: a floating tensor gets its `Enter` (rounded to `format`)."""
+        tracker = self.scaler._tracker
+        grad = torch.is_grad_enabled()
+        return wrap_tensor(x, self.scaler._device, lambda t: Enter.apply(t, tracker, call)
+                           if grad and t.requires_grad else round_forward(t, tracker.format, tracker.core))
+
+    # ---- the call ----------------------------------------------------------------------------
+    def __call__(self, *args, **kwargs):
+        call = None
+        if self.boundary and self.pending and self.calls:
+            call = self.calls[-1]
+            if kwargs:
+                kwargs = {k: self._enter(call, v) for k, v in kwargs.items()}
+        self.pending = False
+        swapped = self._use_working_weights(call)
+        try:
+            # Under torch.autocast the layer still computes in float32 on values of `format` (SPEC
+            # §4-§5: its backward product must reach the core in fp32, to be multiplied by s before its
+            # one rounding); what runs outside the layers keeps autocast's dtype.
+            with autocast_off(self.scaler._device):
+                if self.inner is not None:
+                    return self.inner(*args, **kwargs)
+                return type(self.module).forward(self.module, *args, **kwargs)
+        except BaseException:
+            if call is not None and self.calls and self.calls[-1] is call:
+                self.calls.pop()  # no forward hook will close it
+            raise
+        finally:
+            for module, name, master in reversed(swapped):
+                _set_param(module, name, master)
+
+    def _use_working_weights(self, call: Optional[LayerCall]) -> List[Tuple[nn.Module, str, nn.Parameter]]:
+        """Puts this call's working copy in place of each parameter; returns what to put back."""
+        tracker = self.scaler._tracker
+        modules = self.module.modules() if self.recurse else (self.module,)
+        swapped: List[Tuple[nn.Module, str, nn.Parameter]] = []
+        grad = torch.is_grad_enabled()
+        try:
+            for module in modules:
+                for name, p in list(module._parameters.items()):
+                    if not isinstance(p, nn.Parameter):
+                        continue  # None, or already a working copy (an enclosing layer's call)
+                    if p.dtype != torch.float32:
+                        raise TypeError(
+                            f"gradscale.torch: parameter '{name}' of layer '{tracker.layers[self.layer_id].name}' is "
+                            f"{p.dtype}; the Scaler keeps float32 masters and emulates format= in them "
+                            "(model.half()/.double()/.to(dtype) after Scaler(model): make a new model and Scaler, "
+                            "or call scaler.remove() first)")
+                    if tracker.format == "fp32":
+                        working = p
+                    else:
+                        working = (WorkingWeight.apply(p, tracker, self.layer_id) if grad and p.requires_grad
+                                   else round_forward(p, tracker.format, tracker.core))
+                        _set_param(module, name, working)
+                        swapped.append((module, name, p))
+                    if call is not None and module is self.module and name == "weight":
+                        call.weight = working
+        except BaseException:
+            for module, name, master in reversed(swapped):
+                _set_param(module, name, master)
+            raise
+        return swapped
+
+    def remove(self) -> None:
+        """Puts the module's own forward back (as a hook handle's remove() does)."""
+        if self.module.__dict__.get("forward") is self:
+            if self.inner is None:
+                del self.module.forward
+            else:
+                self.module.forward = self.inner
+
+
+def attached(module: nn.Module) -> Optional[Any]:
+    """The Scaler attached to `module` (its forward is a CallWrapper), or None."""
+    wrapper = module.__dict__.get("forward")
+    return wrapper.scaler if isinstance(wrapper, CallWrapper) else None
+

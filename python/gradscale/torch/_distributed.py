@@ -1,0 +1,63 @@
+"""The plug-in under torch.distributed: the process group a Scaler agrees over, and the collectives
+gradscale's data-parallel reductions call (lib/dist/communicator.h) run on it (docs/pytorch.md,
+"Data-parallel")."""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+
+
+def group_of(process_group: Any) -> Optional[Any]:
+    """The process group the verdict is agreed over, or None (one process, or process_group=False)."""
+    if process_group is False or not torch.distributed.is_available():
+        return None
+    if not torch.distributed.is_initialized():
+        return None
+    group = process_group or torch.distributed.group.WORLD
+    return group if torch.distributed.get_world_size(group) > 1 else None
+
+
+def collective_device(group) -> torch.device:
+    """Where a collective's buffer goes: NCCL reduces CUDA tensors only, the other backends host ones."""
+    if torch.distributed.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def collective(group, size: int):
+    """The collectives gradscale's data-parallel reductions need, on `group`: what the core's Reducer
+    calls with (op, values) and expects the result of."""
+    dist = torch.distributed
+    device = collective_device(group)
+    ops = {"sum_int": (torch.int64, dist.ReduceOp.SUM), "sum_float": (torch.float32, dist.ReduceOp.SUM),
+           "max": (torch.float64, dist.ReduceOp.MAX)}
+
+    def run(op: str, values: list) -> list:
+        if op == "barrier":
+            dist.barrier(group=group)
+            return []
+        if op == "gather":
+            mine = torch.tensor(values, dtype=torch.float64, device=device)
+            every = [torch.empty_like(mine) for _ in range(size)]
+            dist.all_gather(every, mine, group=group)
+            return torch.cat(every).tolist()
+        if op not in ops:
+            raise ValueError(f"gradscale.torch: unknown collective {op!r}")
+        dtype, reduce_op = ops[op]
+        buf = torch.tensor(values, dtype=dtype, device=device)
+        dist.all_reduce(buf, op=reduce_op, group=group)
+        return buf.tolist()
+    return run
+
+
+def agree(core, group) -> None:
+    """One all-reduce per step: every rank takes the verdict of the group, so no rank applies a step
+    another skips, and every rank charges the same overflows to the same layers (SPEC §6.5)."""
+    verdict = core.agreement_buffer()
+    overflows = core.overflow_buffer()
+    buf = torch.tensor(verdict + overflows, dtype=torch.float64, device=collective_device(group))
+    torch.distributed.all_reduce(buf, group=group)
+    summed = buf.tolist()
+    core.agree(summed[:len(verdict)])
+    core.agree_overflows(summed[len(verdict):])
