@@ -219,3 +219,66 @@ def test_without_the_reduction_the_ranks_choose_other_scales():
     r0, r1 = _run_two_scales(SCALE_POLICIES["measured"], reduce_scales=False)
     assert r0["record"] != r1["record"]
     assert r0["factors"] != r1["factors"]
+
+
+# ---- ranks whose passes differ ---------------------------------------------------------------------
+
+class _Branchy(nn.Module):
+    """`extra` runs on rank 1 only: a data-dependent branch."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.inp = nn.Linear(16, 16)
+        self.extra = nn.Linear(16, 16)
+        self.head = nn.Linear(16, 4)
+
+    def forward(self, x, branch):
+        h = torch.relu(self.inp(x))
+        if branch:
+            h = torch.relu(self.extra(h))
+        return self.head(h)
+
+
+def _branch_worker(rank, world, init, out, agree_scales):
+    import faulthandler
+    import sys
+    faulthandler.dump_traceback_later(120, exit=True, file=sys.stderr)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=60))
+    model = _Branchy()
+    scaler = Scaler(model, scaler={"policy": "adaptive", "method": "measured"}, format="fp16",
+                    agree_scales=agree_scales)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = _batch(0)
+    result = {"error": None, "applied": []}
+    for _ in range(2):
+        opt.zero_grad()
+        try:
+            loss = scaler.scale(F.cross_entropy(model(x, branch=rank == 1), y))
+        except RuntimeError as e:
+            result["error"] = str(e)
+            break
+        loss.backward()
+        result["applied"].append(scaler.step(opt))
+        scaler.update()
+    torch.save(result, os.path.join(out, f"rank{rank}.pt"))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("agree_scales", [True, False])
+def test_ranks_with_different_branches_get_an_error_not_an_abort(agree_scales):
+    """With agree_scales the statistics are reduced layer by layer inside backward: ranks running
+    different layers are refused at scale(), on every rank, with a Python error (they once paired one
+    rank's layer with another's and aborted the process). Without it they train, one verdict a step."""
+    out = tempfile.mkdtemp(prefix="gradscale_ddp_branch_")
+    init = "file://" + os.path.join(out, "rendezvous")
+    mp.spawn(_branch_worker, args=(2, init, out, agree_scales), nprocs=2, join=True)
+    r0, r1 = [torch.load(os.path.join(out, f"rank{r}.pt")) for r in range(2)]
+    if agree_scales:
+        assert "different layers" in r0["error"] and "different layers" in r1["error"]
+    else:
+        assert r0["error"] is None and r1["error"] is None
+        assert r0["applied"] == r1["applied"] == [True, True]

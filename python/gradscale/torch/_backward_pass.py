@@ -269,6 +269,11 @@ class BackwardPass:
                 node.register_prehook(self._checkpoint_pre_hook(token))
                 node.register_hook(self._checkpoint_post_hook(token))
         self._learn_layer_graph(seen, edges)
+        # What ranks reducing statistics inside backward must share: the layer boundaries and joins the
+        # pass meets, in no particular order.
+        self.signature = sorted((n.layer_id, 0 if isinstance(n, _ENTER) else 1)
+                                for n in seen if isinstance(n, (_ENTER, _EXIT)))
+        self.signature.append((-1, len(join_slots)))
         for root in roots:
             self._token(root)  # keeps the ids from being reused while the pass lasts
             if not self.nested:

@@ -3,6 +3,7 @@ gradscale's data-parallel reductions call (lib/dist/communicator.h) run on it (d
 "Data-parallel")."""
 from __future__ import annotations
 
+import hashlib
 from typing import Any, Optional
 
 import torch
@@ -49,6 +50,24 @@ def collective(group, size: int):
         dist.all_reduce(buf, op=reduce_op, group=group)
         return buf.tolist()
     return run
+
+
+def check_same_graph(signature, group) -> None:
+    """Raises on every rank when the ranks' passes meet different layers or joins: with agree_scales
+    the statistics are reduced layer by layer inside backward, so every rank must make the same
+    reductions in the same order (a data-dependent branch would pair one rank's layer with another's,
+    or hang). One collective of two numbers per pass."""
+    digest = hashlib.sha256(repr(signature).encode()).digest()
+    h = float(int.from_bytes(digest[:6], "little"))  # 48 bits: exact in a double
+    buf = torch.tensor([h, -h], dtype=torch.float64, device=collective_device(group))
+    torch.distributed.all_reduce(buf, op=torch.distributed.ReduceOp.MAX, group=group)
+    if buf[0].item() != -buf[1].item():
+        raise RuntimeError("gradscale.torch: scale(): the ranks' backward passes meet different layers "
+                           f"(this rank's: {len(signature) - 1} layer boundaries). With agree_scales=True (the "
+                           "default) the statistics are reduced layer by layer inside backward, so every rank "
+                           "must run the same layers in the same way; give Scaler(..., agree_scales=False) for a "
+                           "model whose branches depend on the data (each rank then chooses its own scales; the "
+                           "verdict is still the group's)")
 
 
 def agree(core, group) -> None:

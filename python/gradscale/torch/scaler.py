@@ -211,6 +211,13 @@ class Scaler:
                              f"({type(self._model).__name__} returned nothing this loss reads)")
         if not hasattr(run, "loss_value"):
             run.loss_value = float(outputs.detach())
+            group = _distributed.group_of(self._process_group) if self._agree_scales else None
+            if group is not None:
+                try:
+                    _distributed.check_same_graph(run.signature, group)
+                except RuntimeError:
+                    run.close("abandoned")
+                    raise
         if not self._step_open:
             self._attach_reducer()
             # The layer graph the walk found, for SPEC §6.5's charging (given between steps: a graph
@@ -230,10 +237,10 @@ class Scaler:
         layer's part was divided by its own scale during backward), so clipping may follow now."""
         self._check_stale()
         self._expect_backwarded("unscale_")
-        if id(optimizer) in self._unscaled:
-            raise RuntimeError("unscale_() has already been called on this optimizer since the last update().")
         if id(optimizer) in self._stepped:
             raise RuntimeError("unscale_() is being called after step().")
+        if id(optimizer) in self._unscaled:
+            raise RuntimeError("unscale_() has already been called on this optimizer since the last update().")
         self._unscaled.add(id(optimizer))
 
     def step(self, optimizer: torch.optim.Optimizer, *args, **kwargs) -> bool:
