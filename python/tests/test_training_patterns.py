@@ -492,3 +492,16 @@ def test_an_empty_last_batch_is_no_internal_error():
     scaler.scale(F.cross_entropy(model(x), y)).backward()
     assert scaler.step(opt) is True
     scaler.update()
+
+
+def test_torch_compile_is_refused_with_a_message(monkeypatch):
+    """torch 2.x: tracing under torch.compile gives tensors without memory; the Scaler says so at the
+    first layer call (torch.compiler.is_compiling stands in for a real trace, which torch 1.13 lacks)."""
+    import types
+    model = mlp()
+    Scaler(model, format="fp16")
+    fake = types.SimpleNamespace(is_compiling=lambda: True)
+    monkeypatch.setattr(torch, "compiler", fake, raising=False)
+    with pytest.raises(RuntimeError, match="torch.compile"):
+        model(batch()[0])
+    assert all(type(p) is nn.Parameter for p in model.parameters())

@@ -22,6 +22,16 @@ from torch import nn
 from ._functions import Enter, Exit, WorkingWeight, round_forward
 
 
+def refuse_compile() -> None:
+    """torch.compile traces with tensors that have no memory (FakeTensor), which the core reads through
+    data_ptr: refused with a message instead of failing deep inside the trace."""
+    compiler = getattr(torch, "compiler", None)
+    if compiler is not None and getattr(compiler, "is_compiling", None) is not None and compiler.is_compiling():
+        raise RuntimeError("gradscale.torch: a model with a Scaler cannot run under torch.compile (the core reads "
+                           "each tensor's memory, which a compiled graph's tracing tensors do not have); run it "
+                           "eagerly, or compile a copy after scaler.remove()")
+
+
 class LayerCall:
     """One call of a layer: pairs its Enter and Exit nodes and holds the working weight its
     controller reads in backward (the master may change before then)."""
@@ -120,6 +130,7 @@ class CallWrapper:
 
     # ---- the call ----------------------------------------------------------------------------
     def __call__(self, *args, **kwargs):
+        refuse_compile()
         call = None
         if self.boundary and self.pending and self.calls:
             call = self.calls[-1]

@@ -19,6 +19,17 @@ def group_of(process_group: Any) -> Optional[Any]:
     return group if torch.distributed.get_world_size(group) > 1 else None
 
 
+def own_group(group):
+    """For the world: a new process group of every rank, same backend, for the Scaler's own
+    collectives. torch's new_group must be entered by every rank of the world in the same order, which
+    holds for the world's Scaler (each rank makes it at its first scale()) but not for a subgroup (ranks
+    of other subgroups would enter other calls): a subgroup's collectives stay on the subgroup."""
+    dist = torch.distributed
+    if dist.get_world_size(group) != dist.get_world_size():
+        return group
+    return dist.new_group(ranks=list(range(dist.get_world_size())), backend=dist.get_backend(group))
+
+
 def collective_device(group) -> torch.device:
     """Where a collective's buffer goes: NCCL reduces CUDA tensors only, the other backends host ones."""
     if torch.distributed.get_backend(group) == "nccl":

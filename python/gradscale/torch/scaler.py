@@ -513,8 +513,11 @@ class Scaler:
         if group is None or self._reducer is not None:
             return
         size = torch.distributed.get_world_size(group)
-        self._reducer = self._core_module.Reducer(torch.distributed.get_rank(group), size,
-                                                  _distributed.collective(group, size))
+        # A group of their own for the reductions inside backward: they never queue behind (or among)
+        # DDP's bucket all-reduces, which run on the model's group while backward goes on.
+        own = _distributed.own_group(group)
+        self._reducer = self._core_module.Reducer(torch.distributed.get_rank(own), size,
+                                                  _distributed.collective(own, size))
         self._core.set_reducer(self._reducer)
 
     def _model_pre_hook(self, module, inputs):
