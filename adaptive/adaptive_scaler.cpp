@@ -41,6 +41,25 @@ struct AdaptiveConfig {
   // A registered LayerController that decides the local scales instead of `method` (empty: none).
   std::string controller;
   nlohmann::json controller_config = nlohmann::json::object();
+  // Per-layer overrides ("layers"): layer name -> "global" or an object of kLayerKeys (validated).
+  nlohmann::json layers = nlohmann::json::object();
+};
+
+// The keys a layer's override may give ({"layers": {"head": {"n_uf": 1e-4}}}): its method and what the
+// method and the bounds read. The loss-level keys (init_scale, cast_form, recover_every, u_min, u_max)
+// are the policy's.
+const char* const kLayerKeys[] = {"method", "n_uf", "scale_upper_bound", "accum_upper_bound", "power_of_two",
+                                  "update_every", "relu_factor", "fixed_scale", "margin"};
+
+// How one layer decides: the policy's method and keys, or its override's; `global`: it sends its
+// gradient at s = 1 (the global scale), with no statistics and no φ_l.
+struct LayerRule {
+  bool global = false;
+  std::string method_name;
+  std::shared_ptr<const Method> method;
+  MethodParams params;
+  ScaleBounds bounds;
+  std::int64_t update_every = 1;
 };
 
 // The keys of the per-layer method, which a configuration with "controller" does not take.
@@ -56,6 +75,7 @@ struct LayerCache {
 class AdaptiveScaler final : public Scaler, public LayerController {
  public:
   AdaptiveScaler(AdaptiveConfig c, Format format) : c_(std::move(c)), method_(make_method(c_.method)) {
+    format_ = format;
     set_format(format);
     if (!c_.controller.empty()) user_ = make_controller(c_.controller, c_.controller_config, format);
   }
@@ -125,22 +145,28 @@ class AdaptiveScaler final : public Scaler, public LayerController {
   // ---- per-layer controller ----
   void bind(const std::vector<LayerInfo>& layers, Format grad_format) override {
     set_format(grad_format);
+    bind_rules(layers);
     cache_.assign(layers.size(), LayerCache{});
     safety_.bind(layers, c_.control_all);
     if (user_) user_->bind(layers, grad_format);
   }
   void begin_step(const StepBegin& b) override { step_ = b.step; }
-  StatNeeds needs(int layer_id) const override { return due(layer_id) ? method_->needs() : 0; }
+  StatNeeds needs(int layer_id) const override {
+    const LayerRule& r = rule(layer_id);
+    return !r.global && due(layer_id) ? r.method->needs() : 0;
+  }
   bool acts_at(int /*layer_id*/) const override { return c_.control_all; }
   LocalScale decide(const LocalScaleQuery& q) override {
+    const LayerRule& r = rule(q.layer_id);
+    if (r.global) return {1.0, 1.0};
     LayerCache& entry = cache_at(q.layer_id);
     if (due(q.layer_id)) {
-      entry.unbound = method_->unbound_scale(q, params_);
+      entry.unbound = r.method->unbound_scale(q, r.params);
       entry.computed_at = step_;
     }
     // SPEC §6.1 bounds, for every method; then a power of two so that scaling is exact; then φ_l
     // (SPEC §6.5), which may take s below 1.
-    return {bounded_scale(entry.unbound, q.scale_in, bounds_) * safety_.layer_factor(q.layer_id), entry.unbound};
+    return {bounded_scale(entry.unbound, q.scale_in, r.bounds) * safety_.layer_factor(q.layer_id), entry.unbound};
   }
   bool scales_weight_grads() const override { return true; }
   double weight_grad_scale(const WeightGradQuery& q) override {
@@ -156,19 +182,27 @@ class AdaptiveScaler final : public Scaler, public LayerController {
   }
   void end_step(const StepMonitor& /*monitor*/) override {}  // the safety factors are updated in update()
   std::optional<ScaleRule> device_rule(int layer_id) const override {
+    const LayerRule& lr = rule(layer_id);
     ScaleRule r;
-    r.params = params_;
-    r.bounds = bounds_;
+    r.params = lr.params;
+    r.bounds = lr.bounds;
     r.factor = safety_.layer_factor(layer_id);
+    if (lr.global) {  // s = 1 exactly: fixed at 1, unbounded, no φ_l
+      r.formula = ScaleRule::kFixed;
+      r.params.fixed_scale = 1;
+      r.bounds = ScaleBounds{kInf, kInf, true};
+      r.factor = 1;
+      return r;
+    }
     if (!due(layer_id)) {
       r.formula = ScaleRule::kKept;
       r.kept = const_cast<AdaptiveScaler*>(this)->cache_at(layer_id).unbound;
       return r;
     }
-    if (c_.method == "approx_range") r.formula = ScaleRule::kApproxRange;
-    else if (c_.method == "abs_range") r.formula = ScaleRule::kAbsRange;
-    else if (c_.method == "measured") r.formula = ScaleRule::kMeasured;
-    else if (c_.method == "fixed") r.formula = ScaleRule::kFixed;
+    if (lr.method_name == "approx_range") r.formula = ScaleRule::kApproxRange;
+    else if (lr.method_name == "abs_range") r.formula = ScaleRule::kAbsRange;
+    else if (lr.method_name == "measured") r.formula = ScaleRule::kMeasured;
+    else if (lr.method_name == "fixed") r.formula = ScaleRule::kFixed;
     else return std::nullopt;  // element_wise streams every partial product: the host decides
     return r;  // the backend fills in K (`reduction`) from the layer
   }
@@ -200,6 +234,7 @@ class AdaptiveScaler final : public Scaler, public LayerController {
     if (c_.u_min) j["u_min"] = *c_.u_min;
     if (c_.u_max) j["u_max"] = *c_.u_max;
     if (c_.control_all) j["control_at"] = "all";  // the default "gemm" is left out: configs stay as they were
+    if (!c_.layers.empty()) j["layers"] = c_.layers;
     return j;
   }
 
@@ -271,11 +306,84 @@ class AdaptiveScaler final : public Scaler, public LayerController {
     params_.fixed_scale = c_.fixed_scale;
     params_.margin = c_.margin;
     bounds_ = ScaleBounds{c_.scale_upper_bound, c_.accum_upper_bound, c_.power_of_two};
+    default_rule_ = LayerRule{false, c_.method, method_, params_, bounds_, c_.update_every};
+    format_ = f;
+  }
+
+  // Each layer's rule: the policy's, or its override's (resolved by layer name). ConfigError for an
+  // override naming no layer of the table.
+  void bind_rules(const std::vector<LayerInfo>& layers) {
+    rules_.assign(layers.size(), default_rule_);
+    for (const auto& [name, value] : c_.layers.items()) {
+      bool found = false;
+      for (std::size_t i = 0; i < layers.size(); ++i) {
+        if (layers[i].name != name) continue;
+        rules_[i] = override_rule(name, value, format_);
+        found = true;
+      }
+      if (!found) {
+        std::string known;
+        for (const LayerInfo& l : layers) known += (known.empty() ? "" : ", ") + l.name;
+        throw ConfigError("scaler 'adaptive': 'layers' names '" + name + "', which is no layer of the model (its "
+                          "layers: " + known + ")");
+      }
+    }
+  }
+
+ public:
+  // The rule of an override (c_ gives what it does not): validated here, so a bad override fails when
+  // the policy is made.
+  LayerRule override_rule(const std::string& name, const nlohmann::json& value, Format f) const {
+    const std::string where = "scaler 'adaptive': 'layers': '" + name + "'";
+    if (value.is_string()) {
+      GS_CHECK_CONFIG(value == "global", where << " must be \"global\" or an object of per-layer keys, got "
+                                               << json_excerpt(value));
+      LayerRule r = default_rule_;
+      r.global = true;
+      return r;
+    }
+    GS_CHECK_CONFIG(value.is_object(), where << " must be \"global\" or an object of per-layer keys, got "
+                                             << json_excerpt(value));
+    const ConfigReader r(value, where, std::vector<std::string>(std::begin(kLayerKeys), std::end(kLayerKeys)));
+    LayerRule rule;
+    rule.method_name = c_.method;
+    if (r.has("method")) {
+      GS_CHECK_CONFIG(value.at("method").is_string(), where << ": 'method' must be a string, got "
+                                                            << json_excerpt(value.at("method")));
+      rule.method_name = value.at("method").get<std::string>();
+    }
+    rule.method = make_method(rule.method_name);
+    GS_CHECK_CONFIG(!c_.control_all || rule.method_name == "measured" || rule.method_name == "fixed",
+                    where << ": 'control_at': \"all\" needs a method that decides without a weight (measured or "
+                          << "fixed), got '" << rule.method_name << "'");
+    const FormatInfo& info = format_info(f);
+    MethodParams& p = rule.params;
+    p.n_uf = r.number("n_uf", c_.n_uf, Interval{0, 0.5, true, true});
+    p.c = underflow_coefficient(p.n_uf);
+    p.u_min = c_.u_min.value_or(info.min_subnormal);
+    p.u_max = c_.u_max.value_or(info.max_finite);
+    p.relu_factor = r.number("relu_factor", c_.relu_factor, Interval{0, 1, true, false});
+    p.fixed_scale = r.number("fixed_scale", c_.fixed_scale, Interval{0, kInf, true, true});
+    p.margin = static_cast<int>(r.integer("margin", c_.margin, 0, 64));
+    rule.bounds.scale_upper_bound = r.number("scale_upper_bound", c_.scale_upper_bound, Interval{0, kInf, true, true});
+    rule.bounds.accum_upper_bound = r.number("accum_upper_bound", c_.accum_upper_bound, Interval{0, kInf, true, true});
+    rule.bounds.power_of_two = r.boolean("power_of_two", c_.power_of_two);
+    rule.update_every = r.integer("update_every", c_.update_every, 1, std::int64_t{1} << 40);
+    check_scale_range("adaptive", "scale_upper_bound", rule.bounds.scale_upper_bound);
+    check_scale_range("adaptive", "accum_upper_bound", rule.bounds.accum_upper_bound);
+    check_scale_range("adaptive", "fixed_scale", p.fixed_scale);
+    return rule;
+  }
+
+ private:
+  const LayerRule& rule(int layer_id) const {
+    return layer_id >= 0 && static_cast<std::size_t>(layer_id) < rules_.size() ? rules_[static_cast<std::size_t>(layer_id)]
+                                                                               : default_rule_;
   }
 
   bool due(int layer_id) const {
     const LayerCache& e = const_cast<AdaptiveScaler*>(this)->cache_at(layer_id);
-    return e.computed_at < 0 || step_ - e.computed_at >= c_.update_every;
+    return e.computed_at < 0 || step_ - e.computed_at >= rule(layer_id).update_every;
   }
   LayerCache& cache_at(int layer_id) {
     // A controller used without bind() (a single layer in a test) grows its table on demand.
@@ -285,7 +393,10 @@ class AdaptiveScaler final : public Scaler, public LayerController {
   }
 
   AdaptiveConfig c_;
-  std::unique_ptr<Method> method_;
+  std::shared_ptr<const Method> method_;
+  Format format_;
+  LayerRule default_rule_;        // the policy's own keys
+  std::vector<LayerRule> rules_;  // per layer (bind); default_rule_ for a layer outside the table
   std::unique_ptr<LayerController> user_;  // c_.controller's, when configured
   std::unique_ptr<Method> cast_measured_ = make_measured();  // cast_form "measured" at the loss
   MethodParams params_;
@@ -340,7 +451,7 @@ std::unique_ptr<Scaler> make_adaptive_scaler(const nlohmann::json& config, Forma
   const ConfigReader r(config, "scaler 'adaptive'",
                        {"policy", "method", "n_uf", "scale_upper_bound", "accum_upper_bound", "power_of_two",
                         "update_every", "relu_factor", "init_scale", "cast_form", "recover_every", "fixed_scale",
-                        "margin", "u_min", "u_max", "controller", "controller_config", "control_at"});
+                        "margin", "u_min", "u_max", "controller", "controller_config", "control_at", "layers"});
   AdaptiveConfig c;
   if (r.has("controller")) {
     const nlohmann::json& name = config.at("controller");
@@ -411,7 +522,20 @@ std::unique_ptr<Scaler> make_adaptive_scaler(const nlohmann::json& config, Forma
     GS_CHECK_CONFIG(*c.u_min < *c.u_max, "scaler 'adaptive': 'u_min' (" << *c.u_min << ") must be below 'u_max' ("
                                                                          << *c.u_max << ")");
   check_adaptive_ranges(c, format);
-  return std::make_unique<AdaptiveScaler>(std::move(c), format);
+  if (r.has("layers")) {
+    const nlohmann::json& layers = config.at("layers");
+    GS_CHECK_CONFIG(layers.is_object(), "scaler 'adaptive': 'layers' must be an object {layer name: \"global\" or "
+                                        "{per-layer keys}}, got " << json_excerpt(layers));
+    GS_CHECK_CONFIG(c.controller.empty() || layers.empty(),
+                    "scaler 'adaptive': 'layers' is not taken with 'controller' ('" << c.controller
+                                                                                   << "' decides every layer)");
+    c.layers = layers;
+  }
+  auto scaler = std::make_unique<AdaptiveScaler>(std::move(c), format);
+  if (config.contains("layers"))
+    for (const auto& [name, value] : config.at("layers").items())
+      scaler->override_rule(name, value, format);  // each override's keys checked now, not at bind
+  return scaler;
 }
 
 }  // namespace gradscale::adaptive

@@ -664,3 +664,49 @@ TEST_CASE("init_scale auto chooses S0 from the fp32 loss gradient with each cast
     }
   }
 }
+
+TEST_CASE("per-layer overrides: a layer's own keys, a fixed scale, the global scale; in config() and refused when wrong",
+          "[adaptive]") {
+  auto s = adaptive_scaler({{"method", "fixed"},
+                            {"fixed_scale", 4},
+                            {"layers", {{"emb", "global"}, {"head", {{"fixed_scale", 2}}},
+                                        {"mid", {{"method", "measured"}, {"scale_upper_bound", 8}}}}}});
+  const std::vector<LayerInfo> layers = {LayerInfo{0, "emb", "linear", true, 8, {8, 8}},
+                                         LayerInfo{1, "mid", "linear", true, 8, {8, 8}},
+                                         LayerInfo{2, "fc", "linear", true, 8, {8, 8}},
+                                         LayerInfo{3, "head", "linear", true, 8, {8, 8}}};
+  s->bind(layers, Format::fp16);
+  LayerController* c = s->layer_controller();
+  s->begin_step(0);
+  // mid's method is measured: it asks for the upstream histogram; emb (global) asks for nothing.
+  CHECK(c->needs(0) == 0);
+  CHECK(c->needs(1) == kNeedUpstreamStats);
+  CHECK(c->needs(2) == 0);  // fixed reads nothing
+  // An upstream product of magnitude 2^-30 underflows fp16: measured wants 2^7 or more, capped at 8 by its bound.
+  std::vector<float> tiny(64, 0x1p-30f);
+  TensorStats up = tensor_stats(tiny.data(), tiny.size(), Format::fp16);
+  std::vector<double> s_of;
+  for (int id = 0; id < 4; ++id) {
+    LocalScaleQuery q;
+    q.layer_id = id;
+    q.reduction = 8;
+    q.scale_in = 1;
+    q.upstream_stats = &up;
+    s_of.push_back(c->decide(q).s);
+  }
+  CHECK(s_of == std::vector<double>{1, 8, 4, 2});
+  // The device rule of a global layer gives exactly 1 whatever S_in.
+  const std::optional<ScaleRule> rule = c->device_rule(0);
+  REQUIRE(rule);
+  CHECK(rule->formula == ScaleRule::kFixed);
+  CHECK(rule->params.fixed_scale == 1);
+  CHECK(s->config().at("layers").at("emb") == "global");
+
+  CHECK_THROWS_WITH(adaptive_scaler({{"layers", {{"head", {{"init_scale", 2}}}}}}),
+                    Contains("'layers': 'head'") && Contains("init_scale"));
+  CHECK_THROWS_WITH(adaptive_scaler({{"layers", {{"head", "local"}}}}), Contains("\"global\""));
+  CHECK_THROWS_WITH(adaptive_scaler({{"layers", {{"head", {{"n_uf", 0.9}}}}}}), Contains("n_uf"));
+  CHECK_THROWS_WITH(adaptive_scaler({{"layers", {{"head", {{"method", "nope"}}}}}}), Contains("unknown method"));
+  auto unknown = adaptive_scaler({{"layers", {{"nope", "global"}}}});
+  CHECK_THROWS_WITH(unknown->bind(layers, Format::fp16), Contains("'nope'") && Contains("emb, mid, fc, head"));
+}

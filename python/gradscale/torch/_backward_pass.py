@@ -30,7 +30,7 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
-from ._functions import Enter, Exit, LossEdge, WorkingWeight, differentiable, owned_copy
+from ._functions import Enter, Exit, LossEdge, WorkingWeight, _dense, differentiable, owned_copy
 from ._layers import Layer
 
 _ENTER = Enter._backward_cls
@@ -386,13 +386,15 @@ class BackwardPass:
             parts = self._parts.pop(producer, None)
             if not parts:
                 return None
-            contiguous = [(j, g.contiguous(), s) for j, g, s in parts]
-            target = self.core.join_target([self.core.max_abs(g.data_ptr(), g.numel()) if g.numel() else 0.0
-                                            for _, g, _ in contiguous], [s for _, _, s in contiguous])
-            if len({s for _, _, s in contiguous}) > 1:
+            maxima = []
+            for _, g, _ in parts:
+                dense = g if _dense(g) else g.contiguous()
+                maxima.append(self.core.max_abs(dense.data_ptr(), dense.numel()) if g.numel() else 0.0)
+            target = self.core.join_target(maxima, [s for _, _, s in parts])
+            if len({s for _, _, s in parts}) > 1:
                 self.tracker.joins += 1
             sums: Dict[int, torch.Tensor] = {}
-            for j, g, s in contiguous:
+            for j, g, s in parts:
                 term = g * (target / s)  # fp32, the factor rounded to float as the C++ join does
                 sums[j] = term if j not in sums else sums[j] + term
             grads = list(grad_outputs)
@@ -480,7 +482,8 @@ class BackwardPass:
         received: Optional[torch.Tensor] = self._received.get(ctx.call)
         weight = ctx.call.weight if layer.parametric else None
         if weight is not None:
-            weight = weight.detach().contiguous()
+            weight = weight.detach()
+            weight = weight if _dense(weight) else weight.contiguous()
         s = self.core.upstream(ctx.layer_id, out.data_ptr(), list(out.shape),
                                received.data_ptr() if received is not None else 0,
                                list(received.shape) if received is not None else [],

@@ -35,11 +35,12 @@ def refuse_compile() -> None:
 class LayerCall:
     """One call of a layer: pairs its Enter and Exit nodes and holds the working weight its
     controller reads in backward (the master may change before then)."""
-    __slots__ = ("layer_id", "weight", "__weakref__")
+    __slots__ = ("layer_id", "weight", "entered", "__weakref__")
 
     def __init__(self, layer_id: int):
         self.layer_id = layer_id
         self.weight: Optional[torch.Tensor] = None
+        self.entered = None  # attention: id(input) -> (input, its Enter), while the call starts
 
 
 def wrap_tensor(x, device: torch.device, fn):
@@ -91,20 +92,25 @@ class CallWrapper:
     """The module's `forward` while a Scaler is attached: a plain object holding the scaler and the
     module, so `copy.deepcopy(model)` gives the copy its own (and `pickle` meets the Scaler's refusal)."""
 
-    def __init__(self, scaler, layer_id: int, module: nn.Module, boundary: bool, recurse: bool):
+    # nn.MultiheadAttention's data inputs (its masks are no values of the format: never rounded).
+    _ATTENTION_INPUTS = ("query", "key", "value")
+
+    def __init__(self, scaler, layer, module: nn.Module):
         self.scaler = scaler
-        self.layer_id = layer_id
+        self.layer_id = layer.id
         self.module = module
-        self.boundary = boundary
-        self.recurse = recurse
+        self.boundary = layer.boundary
+        self.recurse = layer.recurse
+        self.weight_name = layer.weight_name
+        self.attention = layer.attention
         self.inner = module.__dict__.get("forward")  # an instance-level forward set before ours, if any
         self.calls: List[LayerCall] = []  # the calls open now (a module may call itself)
         self.pending = False  # the pre-hook opened a call that this forward has not yet entered
 
     @classmethod
-    def install(cls, scaler, layer_id: int, module: nn.Module, boundary: bool, recurse: bool) -> "CallWrapper":
-        wrapper = cls(scaler, layer_id, module, boundary, recurse)
-        module.forward = wrapper
+    def install(cls, scaler, layer) -> "CallWrapper":
+        wrapper = cls(scaler, layer, layer.module)
+        layer.module.forward = wrapper
         return wrapper
 
     # ---- the hooks ---------------------------------------------------------------------------
@@ -112,7 +118,19 @@ class CallWrapper:
         call = LayerCall(self.layer_id)
         self.calls.append(call)
         self.pending = True
+        if self.attention:
+            # Self-attention passes one tensor as query, key and value, and torch then projects it with
+            # one packed GEMM: one Enter for it keeps `query is key is value`.
+            call.entered = {}
+            return tuple(self._enter_once(call, x) if i < 3 else x for i, x in enumerate(inputs))
         return tuple(self._enter(call, x) for x in inputs)
+
+    def _enter_once(self, call: LayerCall, x):
+        if not isinstance(x, torch.Tensor):
+            return x
+        if id(x) not in call.entered:
+            call.entered[id(x)] = (x, self._enter(call, x))
+        return call.entered[id(x)][1]
 
     def hook(self, module, inputs, output):
         call = self.calls.pop() if self.calls else LayerCall(self.layer_id)
@@ -135,7 +153,13 @@ class CallWrapper:
         if self.boundary and self.pending and self.calls:
             call = self.calls[-1]
             if kwargs:
-                kwargs = {k: self._enter(call, v) for k, v in kwargs.items()}
+                if self.attention:
+                    kwargs = {k: self._enter_once(call, v) if k in self._ATTENTION_INPUTS else v
+                              for k, v in kwargs.items()}
+                else:
+                    kwargs = {k: self._enter(call, v) for k, v in kwargs.items()}
+            if self.attention:
+                call.entered = None  # the inputs' identities are not needed after the call's start
         self.pending = False
         swapped = self._use_working_weights(call)
         try:
@@ -143,6 +167,8 @@ class CallWrapper:
             # §4-§5: its backward product must reach the core in fp32, to be multiplied by s before its
             # one rounding); what runs outside the layers keeps autocast's dtype.
             with autocast_off(self.scaler._device):
+                if self.attention:
+                    return self._attention(args, kwargs)
                 if self.inner is not None:
                     return self.inner(*args, **kwargs)
                 return type(self.module).forward(self.module, *args, **kwargs)
@@ -153,6 +179,37 @@ class CallWrapper:
         finally:
             for module, name, master in reversed(swapped):
                 _set_param(module, name, master)
+
+    def _attention(self, args, kwargs):
+        """nn.MultiheadAttention's own forward with an identity for its output projection (so it
+        returns the attention's output, exactly: each value times one, plus zeros), then `out_proj`
+        called as a module: a layer boundary of its own — its input, the attention's output, rounded,
+        its gradient at out_proj's own local scale."""
+        out_proj = self.module.out_proj
+        saved = (out_proj._parameters["weight"], out_proj._parameters.get("bias"))
+        eye = torch.eye(out_proj.in_features, dtype=saved[0].dtype, device=saved[0].device)
+        _set_param(out_proj, "weight", eye)
+        _set_param(out_proj, "bias", torch.zeros_like(eye[0]))  # zeros, not None: the fused paths take a tensor
+        try:
+            forward = self.inner if self.inner is not None else \
+                (lambda *a, **k: type(self.module).forward(self.module, *a, **k))
+            result = forward(*args, **kwargs)
+        finally:
+            _set_param(out_proj, "weight", saved[0])
+            _set_param(out_proj, "bias", saved[1])
+        if isinstance(result, tuple):
+            return (self._project(result[0]),) + tuple(result[1:])
+        return self._project(result)
+
+    def _project(self, out: torch.Tensor) -> torch.Tensor:
+        """out_proj on the attention's output as torch's own forward applies it: to the (L·N, E) matrix
+        of the sequence-first layout (so its sums are PyTorch's, bit for bit), shaped back after."""
+        if out.dim() != 3:
+            return self.module.out_proj(out)
+        batch_first = getattr(self.module, "batch_first", False)
+        lne = out.transpose(0, 1) if batch_first else out
+        y = self.module.out_proj(lne.reshape(-1, lne.shape[-1])).view(lne.shape[:-1] + (-1,))
+        return y.transpose(0, 1) if batch_first else y
 
     def _use_working_weights(self, call: Optional[LayerCall]) -> List[Tuple[nn.Module, str, nn.Parameter]]:
         """Puts this call's working copy in place of each parameter; returns what to put back."""
@@ -178,7 +235,7 @@ class CallWrapper:
                                    else round_forward(p, tracker.format, tracker.core))
                         _set_param(module, name, working)
                         swapped.append((module, name, p))
-                    if call is not None and module is self.module and name == "weight":
+                    if call is not None and module is self.module and name == self.weight_name:
                         call.weight = working
         except BaseException:
             for module, name, master in reversed(swapped):

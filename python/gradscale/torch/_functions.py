@@ -21,18 +21,37 @@ from __future__ import annotations
 import torch
 
 
+def _dense(t: torch.Tensor) -> bool:
+    """Whether t's elements fill one block of memory (in any order of dimensions: contiguous,
+    channels_last, a transpose): the core then reads its numel() values from data_ptr()."""
+    if t.is_contiguous() or (t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last)) or \
+            (t.dim() == 5 and t.is_contiguous(memory_format=torch.channels_last_3d)):
+        return True
+    dims = sorted((st, sz) for st, sz in zip(t.stride(), t.shape) if sz != 1)
+    expected = 1
+    for stride, size in dims:
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
 def owned_copy(g: torch.Tensor) -> torch.Tensor:
-    """A private, contiguous, detached fp32 copy of `g` for the core to write into (gradients handed to
-    a backward may be shared with other edges: AddBackward passes one tensor to both inputs)."""
+    """A private, dense, detached fp32 copy of `g` for the core to write into (gradients handed to a
+    backward may be shared with other edges: AddBackward passes one tensor to both inputs), in g's
+    memory layout when g is dense (channels_last stays channels_last), else contiguous. Every
+    operation of the core on it is elementwise or a statistic, so the order of its elements is free."""
     if g.dtype != torch.float32:
         raise TypeError(f"gradscale.torch: gradients must be float32, got {g.dtype} on {g.device}")
-    return g.detach().to(memory_format=torch.contiguous_format).clone()
+    g = g.detach()
+    return g.clone() if _dense(g) else g.clone(memory_format=torch.contiguous_format)
 
 
 def round_forward(x: torch.Tensor, fmt: str, core) -> torch.Tensor:
     """A new tensor: x rounded to the forward format (the identity copy for fp32), by `core` (an
-    ExternalBackward) where x lives."""
-    out = x.detach().contiguous().clone()
+    ExternalBackward) where x lives, in x's memory layout when x is dense."""
+    x = x.detach()
+    out = x.clone() if _dense(x) else x.clone(memory_format=torch.contiguous_format)
     if fmt != "fp32" and out.numel():
         core.quantize_(out.data_ptr(), out.numel(), fmt)
     return out

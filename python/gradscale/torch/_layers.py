@@ -30,6 +30,32 @@ class Layer:
     boundary: bool = True
     # Whether the layer's parameters include its descendants' (a module chosen with layers=).
     recurse: bool = False
+    # The parameter the controller reads as the layer's weight ("in_proj_weight" for attention).
+    weight_name: str = "weight"
+    # nn.MultiheadAttention, emulated by the plug-in (_boundary.CallWrapper): its out_proj runs as a
+    # module call, so it is a layer of its own.
+    attention: bool = False
+    # Its parameters were seen used without a call of its module (the Scaler warned once).
+    unemulated: bool = False
+
+    @property
+    def emulation(self) -> str:
+        """What the plug-in does at this layer (docs/pytorch.md, "The emulation boundary"): "gemm"
+        (inputs and outputs rounded, the working weight, a local scale), "attention" (the same at its
+        query/key/value and in-projection; softmax and the attention products in fp32; out_proj a layer
+        of its own), "recurrent" (inputs, outputs and working weights rounded, s = 1; the gate
+        products inside in fp32), "boundary" (inputs, outputs and working weights rounded, s = 1),
+        "parameters" (a container: its own parameters' working copies where its forward uses them),
+        "not emulated" (its parameters are used without calling it: fp32 uses, s = 1)."""
+        if self.unemulated:
+            return "not emulated"
+        if self.attention:
+            return "attention"
+        if not self.boundary:
+            return "parameters"
+        if self.parametric:
+            return "gemm"
+        return "recurrent" if isinstance(self.module, nn.RNNBase) else "boundary"
 
     def current_params(self) -> List[nn.Parameter]:
         """The parameters the layer holds now, read from its modules (a Parameter object may be replaced
@@ -104,12 +130,22 @@ def build_layers(model: nn.Module, layers: Optional[Sequence[Union[str, nn.Modul
         own = [p for p in own if id(p) not in seen_params]
         seen_params.update(id(p) for p in own)
         k = _gemm_reduction(module)
-        weight = getattr(module, "weight", None) if k is not None else None
+        weight_name = "weight"
+        attention = isinstance(module, nn.MultiheadAttention)
+        if attention:
+            # Each of query, key and value's gradients is a product with its E×E block of the
+            # in-projection, a sum over E outputs.
+            k = module.embed_dim
+            weight_name = "in_proj_weight" if module.in_proj_weight is not None else "q_proj_weight"
+            if layers is not None:  # chosen by name: out_proj is not a layer then, but still its own call
+                own = [p for p in own if not any(p is q for q in module.out_proj.parameters())]
+        weight = getattr(module, weight_name, None) if k is not None else None
         table.append(Layer(id=len(table), name=names[id(module)], module=module, kind=type(module).__name__.lower(),
                            parametric=k is not None and isinstance(weight, torch.Tensor),
                            reduction=int(k or 0), weight=weight, params=own,
-                           boundary=layers is not None or not any(True for _ in module.children()),
-                           recurse=layers is not None))
+                           boundary=attention or layers is not None or not any(True for _ in module.children()),
+                           recurse=layers is not None and not attention, weight_name=weight_name,
+                           attention=attention))
     return table
 
 

@@ -26,10 +26,12 @@ and maxima are lib/cuda's kernels, on PyTorch's current stream.
 from __future__ import annotations
 
 import copy
+import fnmatch
 import json
 import math
 import os
 import time
+import warnings
 from typing import Any, Dict, List, Optional, Sequence, Union
 
 import torch
@@ -110,6 +112,12 @@ class Scaler:
         agree_scales: with a process group, reduce the statistics the scales are chosen from (True,
             the default: a few collectives per layer inside backward); False: each rank chooses S0
             and its layers' scales from its own rows (the verdict is still the group's).
+        overrides: per-layer settings of the adaptive policy, {key: value}. A key is a layer's name, a
+            pattern of names (fnmatch: "blocks.*.fc1") or a module type (nn.Embedding); a value is
+            "global" (the layer sends its gradient at s = 1: the global scale), a number (a fixed local
+            scale) or a dict of the policy's per-layer keys (method, n_uf, scale_upper_bound,
+            accum_upper_bound, power_of_two, update_every, relu_factor, fixed_scale, margin). Entries
+            apply in order; a later one's keys win. Shown in `layer_scales()` and the trace header.
         trace: write the per-layer trace of SPEC §8 to `trace`.jsonl while training (and `trace`.json
             at `close()`), in the `gradscale.trace/1` schema `gradscale inspect` and
             scripts/plot_trace.py read; `trace_every` steps with full statistics (plus every skipped,
@@ -122,7 +130,7 @@ class Scaler:
                  grad_format: Optional[str] = None, layers: Optional[Sequence[Union[str, nn.Module]]] = None,
                  weight_grads: str = "format", record_every: int = 10, process_group: Any = None,
                  trace: Optional[str] = None, trace_every: int = 10, trace_hist: bool = False,
-                 agree_scales: bool = True, _cpu_target: bool = False):
+                 agree_scales: bool = True, overrides: Optional[Dict[Any, Any]] = None, _cpu_target: bool = False):
         if not isinstance(model, nn.Module):
             raise TypeError(f"gradscale.torch: Scaler needs an nn.Module, got {type(model).__name__}")
         for module in model.modules():
@@ -157,6 +165,13 @@ class Scaler:
                            _policy_json(scaler), core_device)
         self._attach_core()
         config = json.loads(self._core.scaler_config())
+        self._overrides: Dict[str, Any] = {}
+        if overrides is not None:
+            self._overrides = resolve_overrides(overrides, self._layers, config)
+            config["layers"] = self._overrides
+            self._core_args = self._core_args[:4] + (json.dumps(config),) + self._core_args[5:]
+            self._attach_core()
+            config = json.loads(self._core.scaler_config())
         if isinstance(config, dict) and config.get("method") == "element_wise":
             raise ValueError("gradscale.torch: method 'element_wise' needs the partial products of gradscale's own "
                              "Linear/Conv2d layers, which a PyTorch model does not expose; use 'measured' or "
@@ -176,17 +191,24 @@ class Scaler:
         self.skipped_steps = 0  # steps skipped since the scaler was made (or its state loaded)
         self._scaler_seconds = 0.0
         self._last: Optional[dict] = None
+        self._unchecked_passes = 3  # the first passes are checked for layers used without being called
         self._reset_step()
         _install_backward_wrapper()
         self._wrappers: List[CallWrapper] = []
         for layer in self._layers:
-            wrapper = CallWrapper.install(self, layer.id, layer.module, layer.boundary, layer.recurse)
+            wrapper = CallWrapper.install(self, layer)
             self._wrappers.append(wrapper)
             if layer.boundary:
                 layer.module.register_forward_pre_hook(wrapper.pre_hook)
                 layer.module.register_forward_hook(wrapper.hook)
         model.register_forward_pre_hook(self._model_pre_hook)
         model.register_forward_hook(self._model_hook)
+        # torch's fused inference paths compute a whole encoder layer from its parameters without calling
+        # its layers: off while the Scaler is attached (their flag back at remove()).
+        self._fast_paths = [(m, m.activation_relu_or_gelu) for m in model.modules()
+                            if isinstance(m, nn.TransformerEncoderLayer) and getattr(m, "activation_relu_or_gelu", False)]
+        for module, _ in self._fast_paths:
+            module.activation_relu_or_gelu = False
 
     # ---- the GradScaler API --------------------------------------------------------------------
     def scale(self, outputs: torch.Tensor) -> torch.Tensor:
@@ -303,8 +325,14 @@ class Scaler:
 
     def layer_scales(self) -> List[dict]:
         """Per layer, for the last step: name, kind, s, unbound, S_in, S_out, underflow_rate (of the
-        gradient it sent upstream, on recorded steps; else None)."""
-        return self._core.layer_scales()
+        gradient it sent upstream, on recorded steps; else None), weight_grad_scale (r); `override`
+        (its entry of `overrides=`, or None) and `emulation` (what the plug-in rounds and scales there,
+        docs/pytorch.md "The emulation boundary")."""
+        rows = self._core.layer_scales()
+        for row, layer in zip(rows, self._layers):
+            row["override"] = self._overrides.get(layer.name)
+            row["emulation"] = layer.emulation
+        return rows
 
     @property
     def host_waits(self) -> int:
@@ -393,6 +421,9 @@ class Scaler:
         for wrapper in self._wrappers:
             wrapper.remove()
         self._wrappers = []
+        for module, flag in self._fast_paths:
+            module.activation_relu_or_gelu = flag
+        self._fast_paths = []
 
     def __getstate__(self):
         raise TypeError("gradscale.torch: a Scaler (and a model it is attached to) cannot be pickled: save "
@@ -444,6 +475,23 @@ class Scaler:
 
     def _pass_done(self, run: BackwardPass) -> None:
         self._passes_done += 1
+        if self._unchecked_passes > 0:
+            self._unchecked_passes -= 1
+            self._warn_unemulated()
+
+    def _warn_unemulated(self) -> None:
+        """Names, once, a layer whose parameters received gradients although the layer never ran: its
+        module's parameters were used without calling it (functionally, by another module), so those
+        uses are not rounded there and take no local scale."""
+        for row, layer in zip(self._core.layer_scales(), self._layers):
+            if not layer.boundary or row["ran"] or layer.unemulated:
+                continue
+            if any(p.grad is not None for p in layer.current_params()):
+                layer.unemulated = True
+                warnings.warn(f"gradscale.torch: the parameters of layer '{layer.name}' "
+                              f"({type(layer.module).__name__}) are used without calling it: those uses compute in "
+                              "fp32 at the scale they meet, with exact gradients but no rounding to format= and no "
+                              "local scale (layer_scales() says 'not emulated')", stacklevel=2)
 
     def _check_stale(self) -> None:
         """A pass still running between public calls raised inside backward: its step is skipped."""
@@ -530,6 +578,41 @@ class Scaler:
             return None
         tracker = self._tracker
         return map_tensors(output, self._device, lambda t: LossEdge.apply(t, tracker) if t.requires_grad else t)
+
+
+def resolve_overrides(overrides: Any, layers, config: dict) -> Dict[str, Any]:
+    """`overrides=` as the adaptive policy's "layers" object: {layer name: "global" or its keys}."""
+    if not isinstance(overrides, dict):
+        raise TypeError(f"gradscale.torch: Scaler(overrides=...) takes a dict {{layer name, pattern or module type: "
+                        f"settings}}, got {type(overrides).__name__}")
+    if not isinstance(config, dict) or config.get("policy") != "adaptive" or "controller" in config:
+        raise ValueError("gradscale.torch: Scaler(overrides=...) needs the adaptive policy with a built-in method "
+                         f"(scaler={{'policy': 'adaptive', ...}}), got policy {config.get('policy')!r}")
+    resolved: Dict[str, Any] = {}
+    for key, value in overrides.items():
+        if isinstance(key, type) and issubclass(key, nn.Module):
+            chosen = [l for l in layers if isinstance(l.module, key)]
+            what = f"module type {key.__name__}"
+        elif isinstance(key, str):
+            chosen = [l for l in layers if fnmatch.fnmatchcase(l.name, key)]
+            what = f"'{key}'"
+        else:
+            raise TypeError(f"gradscale.torch: overrides= keys are layer names, name patterns or module types, "
+                            f"got {key!r}")
+        if not chosen:
+            names = ", ".join(l.name for l in layers)
+            raise ValueError(f"gradscale.torch: overrides= names {what}, which matches no layer (layers: {names})")
+        if isinstance(value, bool) or not isinstance(value, (str, int, float, dict)):
+            raise TypeError(f"gradscale.torch: overrides[{key!r}] must be \"global\", a number (a fixed local "
+                            f"scale) or a dict of per-layer keys, got {value!r}")
+        if isinstance(value, (int, float)):
+            value = {"method": "fixed", "fixed_scale": float(value)}
+        for layer in chosen:
+            if isinstance(value, str) or isinstance(resolved.get(layer.name), str):
+                resolved[layer.name] = value
+            else:
+                resolved[layer.name] = {**resolved.get(layer.name, {}), **value}
+    return resolved
 
 
 def _model_device(model: nn.Module) -> torch.device:

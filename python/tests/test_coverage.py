@@ -1,0 +1,292 @@
+"""What the plug-in emulates: attention (its projections layers with scales, its output rounded), torch's
+fused inference paths turned off, memory layouts kept, per-layer overrides, and a warning for a layer
+whose parameters are used without calling it. Real architectures (torchvision's, random weights,
+small inputs) give PyTorch's fp32 gradients bit for bit under power-of-two per-layer scales, in
+train and eval mode, contiguous and channels_last."""
+import copy
+import warnings
+
+import pytest
+import torch
+from torch import nn
+import torch.nn.functional as F
+
+from gradscale import _core
+from gradscale.torch import Scaler
+
+FIXED = {"policy": "adaptive", "method": "fixed", "fixed_scale": 4, "init_scale": 8,
+         "scale_upper_bound": 16, "accum_upper_bound": 2 ** 40}
+
+
+def representable(t, fmt):
+    q = t.detach().clone().contiguous()
+    _core.quantize_(q.data_ptr(), q.numel(), fmt)
+    return torch.equal(q, t.detach().contiguous())
+
+
+class Encoder(nn.Module):
+    def __init__(self, batch_first=True):
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb = nn.Embedding(30, 16)
+        self.enc = nn.TransformerEncoder(nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0,
+                                                                    batch_first=batch_first), 2)
+        self.head = nn.Linear(16, 5)
+        self.batch_first = batch_first
+
+    def forward(self, idx):
+        h = self.emb(idx if self.batch_first else idx.t())
+        h = self.enc(h)
+        return self.head(h.mean(1 if self.batch_first else 0))
+
+
+def tokens():
+    g = torch.Generator().manual_seed(4)
+    return torch.randint(0, 30, (3, 6), generator=g), torch.randint(0, 5, (3,), generator=g)
+
+
+# ---- attention -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("batch_first", [True, False])
+def test_attention_is_emulated_and_exact(batch_first):
+    model = Encoder(batch_first)
+    ref = copy.deepcopy(model)
+    idx, y = tokens()
+    F.cross_entropy(ref(idx), y).backward()
+    scaler = Scaler(model, scaler=FIXED, format="fp32")
+    scaler.scale(F.cross_entropy(model(idx), y)).backward()
+    for (n, p), (_, q) in zip(model.named_parameters(), ref.named_parameters()):
+        assert torch.equal(p.grad, q.grad), n
+    rows = {r["name"]: r for r in scaler.layer_scales()}
+    attn, proj = rows["enc.layers.0.self_attn"], rows["enc.layers.0.self_attn.out_proj"]
+    assert attn["emulation"] == "attention" and attn["ran"] and attn["sent"]
+    # out_proj is a layer of its own: it sends its gradient up at its own scale, and the attention's
+    # in-projection takes that scale and multiplies in its own.
+    assert proj["emulation"] == "gemm" and proj["ran"] and proj["s"] == 4.0
+    assert attn["S_in"] == proj["S_in"] and attn["s"] == 4.0
+
+
+def test_attention_output_and_projections_are_in_the_format():
+    model = Encoder()
+    Scaler(model, scaler="static:8", format="fp16")
+    seen = []
+    attn = model.enc.layers[0].self_attn
+    attn.out_proj.register_forward_pre_hook(lambda m, i: seen.append(("out_proj input", i[0])))
+    attn.register_forward_hook(lambda m, i, o: seen.append(("attention output", o[0])))
+    idx, _ = tokens()
+    model(idx)
+    assert [name for name, _ in seen] == ["out_proj input", "attention output"]
+    for name, t in seen:
+        assert representable(t, "fp16"), name
+        assert not representable(t, "fp8_e4m3"), name  # else the check could not fail
+
+
+def test_fused_inference_paths_are_off_while_attached():
+    model = Encoder().eval()
+    scaler = Scaler(model, scaler="static:8", format="fp16")
+    calls = []
+    model.enc.layers[0].linear1.register_forward_hook(lambda m, i, o: calls.append("linear1"))
+    model.enc.layers[0].self_attn.out_proj.register_forward_hook(lambda m, i, o: calls.append("out_proj"))
+    idx, _ = tokens()
+    with torch.no_grad():
+        out = model(idx)
+    assert calls == ["out_proj", "linear1"]  # the layers ran as modules (the fused path calls neither)
+    assert representable(out, "fp16")
+    scaler.remove()
+    assert model.enc.layers[0].activation_relu_or_gelu  # the fast path's flag is back
+
+
+# ---- memory layout -------------------------------------------------------------------------------
+class Convs(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.c1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = nn.BatchNorm2d(8)
+        self.c2 = nn.Conv2d(8, 8, 3, padding=1)
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, x):
+        h = torch.relu(self.bn(self.c1(x)))
+        h = h + self.c2(h)
+        return self.head(h.mean(dim=(2, 3)))
+
+
+def test_channels_last_is_kept_at_every_boundary():
+    model = Convs().to(memory_format=torch.channels_last)
+    x = torch.randn(2, 3, 8, 8).to(memory_format=torch.channels_last)
+    y = torch.tensor([0, 3])
+    ref = copy.deepcopy(model)
+    F.cross_entropy(ref(x), y).backward()
+    scaler = Scaler(model, scaler=FIXED, format="fp32")
+    layouts = []
+    model.c2.register_forward_hook(lambda m, i, o: layouts.append(
+        (i[0].is_contiguous(memory_format=torch.channels_last), o.is_contiguous(memory_format=torch.channels_last))))
+    scaler.scale(F.cross_entropy(model(x), y)).backward()
+    assert layouts == [(True, True)]
+    for (n, p), (_, q) in zip(model.named_parameters(), ref.named_parameters()):
+        assert torch.equal(p.grad, q.grad), n
+        assert p.grad.stride() == q.grad.stride(), n
+
+
+# ---- per-layer overrides -------------------------------------------------------------------------
+def mlp():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 4))
+
+
+def test_overrides_by_name_pattern_and_type():
+    model = mlp()
+    x = torch.randn(8, 16)
+    y = torch.randint(0, 4, (8,))
+    ref = copy.deepcopy(model)
+    F.cross_entropy(ref(x), y).backward()
+    scaler = Scaler(model, scaler=FIXED, format="fp32",
+                    overrides={nn.Linear: {"fixed_scale": 2}, "4": "global", "[0-2]": 8})
+    scaler.scale(F.cross_entropy(model(x), y)).backward()
+    rows = {r["name"]: r for r in scaler.layer_scales()}
+    # "4" (the head) stays at the global scale: it sends S0 = 8 on; "2" takes 8 (the later entry wins).
+    assert [(rows[n]["s"], rows[n]["S_in"]) for n in ("4", "2")] == [(1.0, 8.0), (8.0, 8.0)]
+    assert rows["4"]["override"] == "global"
+    assert rows["2"]["override"] == {"fixed_scale": 8.0, "method": "fixed"}
+    assert rows["0"]["S_in"] == 64.0
+    for p, q in zip(model.parameters(), ref.parameters()):
+        assert torch.equal(p.grad, q.grad)
+    assert json_layers(scaler) == {"0": {"fixed_scale": 8.0, "method": "fixed"},
+                                   "2": {"fixed_scale": 8.0, "method": "fixed"}, "4": "global"}
+
+
+def json_layers(scaler):
+    import json
+    return json.loads(scaler._core.scaler_config())["layers"]
+
+
+def test_an_override_with_its_own_n_uf_decides_otherwise():
+    model = mlp()
+    x = torch.randn(64, 16) * 1e-3
+    y = torch.randint(0, 4, (64,))
+    chosen = []
+    for overrides in (None, {"2": {"n_uf": 0.2, "scale_upper_bound": 2 ** 20, "accum_upper_bound": 2 ** 40}}):
+        m = copy.deepcopy(model)
+        scaler = Scaler(m, scaler={"policy": "adaptive", "method": "measured", "scale_upper_bound": 2 ** 20,
+                                   "accum_upper_bound": 2 ** 40}, format="fp16", grad_format="fp8_e5m2",
+                        overrides=overrides)
+        scaler.scale(F.cross_entropy(m(x), y)).backward()
+        chosen.append({r["name"]: r["unbound"] for r in scaler.layer_scales()})
+    assert chosen[0]["2"] > chosen[1]["2"]  # a looser target: a smaller scale
+    assert chosen[0]["4"] == chosen[1]["4"]
+
+
+def test_overrides_are_refused_when_wrong():
+    with pytest.raises(ValueError, match="matches no layer"):
+        Scaler(mlp(), scaler=FIXED, overrides={"fc9": "global"})
+    with pytest.raises(ValueError, match="needs the adaptive policy"):
+        Scaler(mlp(), scaler="torch", overrides={"0": "global"})
+    with pytest.raises(ValueError, match="init_scale"):
+        Scaler(mlp(), scaler=FIXED, overrides={"0": {"init_scale": 4}})
+    with pytest.raises(TypeError, match="overrides"):
+        Scaler(mlp(), scaler=FIXED, overrides={"0": [1]})
+
+
+# ---- a layer used without calling it -------------------------------------------------------------
+class Functional(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.a = nn.Linear(6, 6)
+        self.b = nn.Linear(6, 3)
+
+    def forward(self, x):
+        return F.linear(torch.relu(self.a(x)), self.b.weight, self.b.bias)  # b never called
+
+
+def test_a_layer_used_without_a_call_is_named_once():
+    model = Functional()
+    scaler = Scaler(model, scaler="static:8", format="fp16")
+    x, y = torch.randn(4, 6), torch.tensor([0, 1, 2, 0])
+    with pytest.warns(UserWarning, match="layer 'b'"):
+        scaler.scale(F.cross_entropy(model(x), y)).backward()
+    assert {r["name"]: r["emulation"] for r in scaler.layer_scales()} == {"a": "gemm", "b": "not emulated"}
+    scaler.step(torch.optim.SGD(model.parameters(), lr=0.1))
+    scaler.update()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        scaler.scale(F.cross_entropy(model(x), y)).backward()  # once
+
+
+# ---- real architectures --------------------------------------------------------------------------
+torchvision = pytest.importorskip("torchvision")
+
+
+class _Seq(nn.Module):
+    def __init__(self, kind):
+        super().__init__()
+        self.emb = nn.Embedding(50, 16)
+        self.rnn = (nn.LSTM if kind == "lstm" else nn.GRU)(16, 16, batch_first=True)
+        self.head = nn.Linear(16, 10)
+
+    def forward(self, x):
+        return self.head(self.rnn(self.emb(x))[0][:, -1])
+
+
+def _img(size=32):
+    return torch.randn(2, 3, size, size, generator=torch.Generator().manual_seed(0))
+
+
+TOK = torch.randint(0, 50, (2, 7), generator=torch.Generator().manual_seed(0))
+ARCHITECTURES = {
+    "resnet18": (lambda: torchvision.models.resnet18(num_classes=10), _img),
+    "mobilenet_v2": (lambda: torchvision.models.mobilenet_v2(num_classes=10), _img),
+    "mobilenet_v3_small": (lambda: torchvision.models.mobilenet_v3_small(num_classes=10), _img),
+    "densenet121": (lambda: torchvision.models.densenet121(num_classes=10), _img),
+    "squeezenet1_0": (lambda: torchvision.models.squeezenet1_0(num_classes=10), lambda: _img(48)),
+    "googlenet": (lambda: torchvision.models.googlenet(num_classes=10, aux_logits=False, init_weights=True), _img),
+    "shufflenet_v2": (lambda: torchvision.models.shufflenet_v2_x0_5(num_classes=10), _img),
+    "efficientnet_b0": (lambda: torchvision.models.efficientnet_b0(num_classes=10), _img),
+    "convnext_tiny": (lambda: torchvision.models.convnext_tiny(num_classes=10), _img),
+    "regnet_x_400mf": (lambda: torchvision.models.regnet_x_400mf(num_classes=10), _img),
+    "vit": (lambda: torchvision.models.VisionTransformer(image_size=32, patch_size=8, num_layers=2, num_heads=2,
+                                                          hidden_dim=32, mlp_dim=64, num_classes=10), _img),
+    "transformer_encoder": (lambda: Encoder(), lambda: tokens()[0]),
+    "lstm": (lambda: _Seq("lstm"), lambda: TOK),
+    "gru": (lambda: _Seq("gru"), lambda: TOK),
+}
+CONVOLUTIONAL = {"resnet18", "mobilenet_v2", "convnext_tiny", "efficientnet_b0"}
+
+
+def _grads_equal(make, x, mode, layout):
+    torch.manual_seed(0)
+    model = make()
+    if layout == "channels_last":
+        model = model.to(memory_format=torch.channels_last)
+        x = x.to(memory_format=torch.channels_last)
+    model.train(mode == "train")
+    y = torch.arange(x.shape[0]) % 5
+    ref = copy.deepcopy(model)
+    torch.manual_seed(1)  # the same dropout masks
+    F.cross_entropy(ref(x), y).backward()
+    scaler = Scaler(model, scaler=FIXED, format="fp32")
+    torch.manual_seed(1)
+    scaler.scale(F.cross_entropy(model(x), y)).backward()
+    differ = [n for (n, p), (_, q) in zip(model.named_parameters(), ref.named_parameters())
+              if q.grad is not None and not torch.equal(p.grad, q.grad)]
+    assert not differ, f"{len(differ)} gradients differ from PyTorch's fp32 ones: {differ[:4]}"
+    assert any(r["s"] == 4.0 for r in scaler.layer_scales())  # scales really acted
+    return scaler
+
+
+@pytest.mark.parametrize("name", sorted(ARCHITECTURES))
+def test_real_architectures_give_pytorchs_gradients(name):
+    make, x = ARCHITECTURES[name]
+    _grads_equal(make, x(), "train", "contiguous")
+
+
+@pytest.mark.parametrize("name", ["resnet18", "vit", "transformer_encoder", "mobilenet_v3_small"])
+def test_real_architectures_in_eval_mode(name):
+    make, x = ARCHITECTURES[name]
+    _grads_equal(make, x(), "eval", "contiguous")
+
+
+@pytest.mark.parametrize("name", sorted(CONVOLUTIONAL))
+def test_real_architectures_in_channels_last(name):
+    make, x = ARCHITECTURES[name]
+    _grads_equal(make, x(), "train", "channels_last")
