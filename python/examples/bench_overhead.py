@@ -35,6 +35,12 @@ def models():
     yield "resnet-mini CNN, batch 32", ResNetMini, (torch.randn(32, 1, 28, 28, generator=g), torch.randint(0, 10, (32,), generator=g))
     seq = torch.randint(0, 80, (16, 65), generator=g)
     yield "char transformer, 16x64 tokens", (lambda: CharLM(80)), (seq[:, :-1], seq[:, 1:])
+    try:
+        import torchvision
+    except ImportError:
+        return
+    yield "torchvision resnet18, batch 16, 32x32", (lambda: torchvision.models.resnet18(num_classes=10)), \
+        (torch.randn(16, 3, 32, 32, generator=g), torch.randint(0, 10, (16,), generator=g))
 
 
 class Run:
@@ -99,13 +105,13 @@ def main():
     print(f"{where}, torch {torch.__version__}")
     configs = [None, "torch", {"policy": "adaptive", "method": "measured"}] + (["amp"] if gpu else [])
     amp_header = " PyTorch AMP (autocast fp16 + GradScaler) | measured / AMP |" if gpu else ""
-    print("| model | plain PyTorch fp32 | plug-in fp16, `torch` | plug-in fp16, adaptive `measured` | measured / torch |"
-          + amp_header)
-    print("|---|---|---|---|---|" + ("---|---|" if gpu else ""))
+    print("| model | plain PyTorch fp32 | plug-in fp16, `torch` | plug-in fp16, adaptive `measured` | torch / plain "
+          "| measured / torch |" + amp_header)
+    print("|---|---|---|---|---|---|" + ("---|---|" if gpu else ""))
     for name, make, data in models():
         times = time_configs(make, data, configs, args.steps, args.device)
         plain, glob, meas = times[:3]
-        row = f"| {name} | {plain:.1f} ms | {glob:.1f} ms | {meas:.1f} ms | {meas / glob:.2f} |"
+        row = f"| {name} | {plain:.1f} ms | {glob:.1f} ms | {meas:.1f} ms | {glob / plain:.2f} | {meas / glob:.2f} |"
         if gpu:
             row += f" {times[3]:.2f} ms | {meas / times[3]:.2f} |"
         print(row, flush=True)
