@@ -290,3 +290,57 @@ def test_real_architectures_in_eval_mode(name):
 def test_real_architectures_in_channels_last(name):
     make, x = ARCHITECTURES[name]
     _grads_equal(make, x(), "train", "channels_last")
+
+
+# ---- the fp32 shadow -----------------------------------------------------------------------------
+def test_the_shadow_costs_nothing_in_fp32():
+    model = mlp()
+    ref = copy.deepcopy(model)
+    scaler = Scaler(model, scaler=FIXED, format="fp32", shadow=True, record_every=1)
+    x, y = torch.randn(8, 16), torch.randint(0, 4, (8,))
+    F.cross_entropy(ref(x), y).backward()
+    scaler.scale(F.cross_entropy(model(x), y)).backward()
+    scaler.step(torch.optim.SGD(model.parameters(), lr=0.0))
+    scaler.update()
+    rows = {r["name"]: r["shadow"] for r in scaler.layer_scales()}
+    for name in ("0", "2", "4"):
+        assert rows[name]["weight"] == {"underflow_mass": 0.0, "rel_error": 0.0, "cosine": pytest.approx(1.0)}
+    for name in ("2", "4"):  # the first layer sends nothing upstream
+        assert rows[name]["upstream"]["rel_error"] == 0.0
+    assert "upstream" not in rows["0"]
+    for p, q in zip(model.parameters(), ref.parameters()):  # the shadow changes no gradient
+        assert torch.equal(p.grad, q.grad)
+
+
+class TwoLinear(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(2, 2, bias=False)
+        self.b = nn.Linear(2, 2, bias=False)
+        with torch.no_grad():
+            self.a.weight.copy_(torch.eye(2))
+            self.b.weight.copy_(torch.tensor([[2.0 ** -20, 1.0], [3 * 2.0 ** -21, 0.5]]))
+
+    def forward(self, x):
+        return self.b(self.a(x))
+
+
+def test_the_shadow_on_a_hand_computed_case():
+    """The loss (out * c).sum() gives b the loss gradient c; b sends c @ W_b upstream. In e5m2 at S0 = 1,
+    values below 2^-17 round to zero: the first column's 2^-20 and 3·2^-21 do, the second's do not."""
+    model = TwoLinear()
+    scaler = Scaler(model, scaler="static:1", format="fp32", grad_format="fp8_e5m2", shadow=True, record_every=1,
+                    weight_grads="fp32")
+    x = torch.ones(1, 2, requires_grad=True)
+    c = torch.tensor([[1.0, 1.0]])
+    scaler.scale((model(x) * c).sum()).backward()
+    scaler.step(torch.optim.SGD(model.parameters(), lr=0.0))
+    scaler.update()
+    up = {r["name"]: r["shadow"] for r in scaler.layer_scales()}["b"]["upstream"]
+    exact = torch.tensor([2.0 ** -20 + 3 * 2.0 ** -21, 1.5], dtype=torch.float64)  # c @ W_b
+    stored = exact.clone().float()
+    _core.quantize_(stored.data_ptr(), 2, "fp8_e5m2")  # [0, 1.5]
+    assert stored.tolist() == [0.0, 1.5]
+    assert up["underflow_mass"] == pytest.approx(float(exact[0] / exact.sum()), rel=1e-12)
+    assert up["rel_error"] == pytest.approx(float(exact[0] / exact.norm()), rel=1e-6)
+    assert up["cosine"] == pytest.approx(float(1.5 / exact.norm()), rel=1e-6)

@@ -61,6 +61,10 @@ class Tracker:
         # Set by the Scaler: called with the pass when its first LossEdge backward runs, and when done.
         self.on_start = None
         self.on_done = None
+        # The step's fp32 shadow (Scaler(shadow=True), _shadow.Shadow), on steps with statistics.
+        self.shadow = None
+        # Whether layer calls substitute working copies (any emulation, or a shadow to compare with).
+        self.substitute = fmt != "fp32"
 
     # ---- what the Functions call ---------------------------------------------------------------
     def running(self) -> Optional["BackwardPass"]:
@@ -282,7 +286,8 @@ class BackwardPass:
 
     def _root_hook(self, grad_outputs):
         """Backward has reached the loss: the pass runs (and fails, if it raises from here on)."""
-        if self.state == "ready" and self.tracker.current is self:
+        shadow = self.tracker.shadow
+        if self.state == "ready" and self.tracker.current is self and not (shadow is not None and shadow.recording):
             self.start()
         return None
 
@@ -490,7 +495,12 @@ class BackwardPass:
                                weight.data_ptr() if weight is not None else 0,
                                list(weight.shape) if weight is not None else [], scale_in)
         self._sent[ctx] = s * scale_in
+        if self.tracker.shadow is not None:
+            self.tracker.shadow.compare_upstream(ctx.layer_id, ctx.call, g, out, s * scale_in)
         return differentiable(g, out, s)
 
     def weight_part(self, ctx, g: torch.Tensor) -> torch.Tensor:
-        return self._true_gradient(ctx.layer_id, g, self.into(ctx))
+        out = self._true_gradient(ctx.layer_id, g, self.into(ctx))
+        if self.tracker.shadow is not None:
+            self.tracker.shadow.compare_weight(ctx.layer_id, ctx, g, out)
+        return out

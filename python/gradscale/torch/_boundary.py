@@ -228,7 +228,7 @@ class CallWrapper:
                             f"{p.dtype}; the Scaler keeps float32 masters and emulates format= in them "
                             "(model.half()/.double()/.to(dtype) after Scaler(model): make a new model and Scaler, "
                             "or call scaler.remove() first)")
-                    if tracker.format == "fp32":
+                    if not tracker.substitute:
                         working = p
                     else:
                         working = (WorkingWeight.apply(p, tracker, self.layer_id) if grad and p.requires_grad

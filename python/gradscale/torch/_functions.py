@@ -85,11 +85,22 @@ def _boundary_forward(ctx, x, tracker, call):
     return round_forward(x, tracker.format, tracker.core)
 
 
+def _recording(tracker):
+    """The fp32 shadow pass that runs now (Scaler(shadow=True)), or None."""
+    shadow = tracker.shadow
+    return shadow if shadow is not None and shadow.recording else None
+
+
 class Enter(torch.autograd.Function):
     forward = staticmethod(_boundary_forward)
 
     @staticmethod
     def backward(ctx, g):  # type: ignore[override]
+        shadow = _recording(ctx.tracker)
+        if shadow is not None:
+            if g is not None:
+                shadow.record_upstream(ctx.call, g)
+            return g, None, None
         run = ctx.tracker.running()
         if g is None or run is None:
             return g, None, None
@@ -102,7 +113,7 @@ class Exit(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):  # type: ignore[override]
         run = ctx.tracker.running()
-        if g is None or run is None:
+        if g is None or run is None or _recording(ctx.tracker) is not None:
             return g, None, None
         return run.exit_backward(ctx, g), None, None
 
@@ -116,6 +127,11 @@ class WorkingWeight(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g):  # type: ignore[override]
+        shadow = _recording(ctx.tracker)
+        if shadow is not None:
+            if g is not None:
+                shadow.record_weight(ctx, g)
+            return g, None, None
         run = ctx.tracker.running()
         if g is None or run is None:
             return g, None, None
@@ -130,6 +146,6 @@ class LossEdge(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g):  # type: ignore[override]
-        if g is None:
-            return None, None
+        if g is None or _recording(ctx.tracker) is not None:
+            return g, None  # the shadow pass: the loss gradient at scale 1
         return ctx.tracker.loss_backward(ctx, g), None

@@ -43,6 +43,7 @@ from ._backward_pass import BackwardPass, Tracker, _install_backward_wrapper
 from ._boundary import CallWrapper, attached, map_tensors
 from ._functions import LossEdge
 from ._layers import build_layers, trace_table
+from ._shadow import Shadow
 
 
 def _policy_json(scaler: Union[str, Dict[str, Any]]) -> str:
@@ -118,6 +119,10 @@ class Scaler:
             scale) or a dict of the policy's per-layer keys (method, n_uf, scale_upper_bound,
             accum_upper_bound, power_of_two, update_every, relu_factor, fixed_scale, margin). Entries
             apply in order; a later one's keys win. Shown in `layer_scales()` and the trace header.
+        shadow: on steps with statistics (`record_every`, `trace_every`), differentiate the step's first
+            loss once more in fp32 with nothing rounded or scaled, and give per layer in
+            `layer_scales()` what precision cost its gradients (underflowed mass, relative error,
+            cosine): one more backward pass on those steps.
         trace: write the per-layer trace of SPEC §8 to `trace`.jsonl while training (and `trace`.json
             at `close()`), in the `gradscale.trace/1` schema `gradscale inspect` and
             scripts/plot_trace.py read; `trace_every` steps with full statistics (plus every skipped,
@@ -130,7 +135,8 @@ class Scaler:
                  grad_format: Optional[str] = None, layers: Optional[Sequence[Union[str, nn.Module]]] = None,
                  weight_grads: str = "format", record_every: int = 10, process_group: Any = None,
                  trace: Optional[str] = None, trace_every: int = 10, trace_hist: bool = False,
-                 agree_scales: bool = True, overrides: Optional[Dict[Any, Any]] = None, _cpu_target: bool = False):
+                 agree_scales: bool = True, overrides: Optional[Dict[Any, Any]] = None, shadow: bool = False,
+                 _cpu_target: bool = False):
         if not isinstance(model, nn.Module):
             raise TypeError(f"gradscale.torch: Scaler needs an nn.Module, got {type(model).__name__}")
         for module in model.modules():
@@ -147,12 +153,13 @@ class Scaler:
         for name, value, low in (("record_every", record_every, 0), ("trace_every", trace_every, 1)):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"gradscale.torch: {name} must be an integer >= {low}, got {value!r}")
-        for name, value in (("agree_scales", agree_scales), ("trace_hist", trace_hist)):
+        for name, value in (("agree_scales", agree_scales), ("trace_hist", trace_hist), ("shadow", shadow)):
             if not isinstance(value, bool):
                 raise ValueError(f"gradscale.torch: {name} must be True or False, got {value!r}")
         self.format = _format("format", format)
         self.grad_format = _format("grad_format", grad_format) if grad_format is not None else self.format
         self.record_every = record_every
+        self._shadow = shadow
         self._process_group = process_group
         self._agree_scales = agree_scales
         self._model = model
@@ -187,6 +194,7 @@ class Scaler:
                       "layers": trace_table(self._layers, model)}
             self._trace = self._core_module.TraceWriter(base, json.dumps(header), trace_every, trace_hist)
             self._trace_counts = {"skipped": 0, "overflows": 0}  # every such step is traced
+        self._shadow_rows: Dict[int, Optional[dict]] = {}
         self._started = time.time()
         self.skipped_steps = 0  # steps skipped since the scaler was made (or its state loaded)
         self._scaler_seconds = 0.0
@@ -252,7 +260,22 @@ class Scaler:
                 record = self._trace.samples(self._core.steps + 1)
             self._core.begin_step(record)
             self._step_open = True
+            self._tracker.shadow = None
+            if self._shadow and record:
+                self._run_shadow(outputs)
         return outputs
+
+    def _run_shadow(self, loss: torch.Tensor) -> None:
+        """The step's fp32 shadow (_shadow.py): the same graph differentiated with nothing rounded or
+        scaled, before the step's first low-precision pass compares with it."""
+        shadow = Shadow()
+        self._tracker.shadow = shadow
+        shadow.recording = True
+        try:
+            params = [p for p in self._model.parameters() if p.requires_grad]
+            torch.autograd.grad(loss, params, retain_graph=True, allow_unused=True)
+        finally:
+            shadow.recording = False
 
     def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
         """Marks `optimizer` as unscaled. Its parameters' `.grad` already hold true gradients (each
@@ -326,12 +349,15 @@ class Scaler:
     def layer_scales(self) -> List[dict]:
         """Per layer, for the last step: name, kind, s, unbound, S_in, S_out, underflow_rate (of the
         gradient it sent upstream, on recorded steps; else None), weight_grad_scale (r); `override`
-        (its entry of `overrides=`, or None) and `emulation` (what the plug-in rounds and scales there,
-        docs/pytorch.md "The emulation boundary")."""
+        (its entry of `overrides=`, or None), `emulation` (what the plug-in rounds and scales there,
+        docs/pytorch.md "The emulation boundary") and, with `shadow=True` on steps with statistics,
+        `shadow`: what precision cost its gradients against an fp32 shadow of the backward pass —
+        {"upstream": ..., "weight": ...}, each {underflow_mass, rel_error, cosine} (_shadow.py)."""
         rows = self._core.layer_scales()
         for row, layer in zip(rows, self._layers):
             row["override"] = self._overrides.get(layer.name)
             row["emulation"] = layer.emulation
+            row["shadow"] = self._shadow_rows.get(layer.id)
         return rows
 
     @property
@@ -455,6 +481,7 @@ class Scaler:
         self._core = self._core_module.ExternalBackward(*self._core_args)
         self._reducer = None
         self._tracker = Tracker(self._core, self._layers, self.format)
+        self._tracker.substitute = self.format != "fp32" or self.grad_format != "fp32" or self._shadow
         self._tracker.on_start = self._pass_started
         self._tracker.on_done = self._pass_done
 
@@ -529,6 +556,11 @@ class Scaler:
                 self._trace_counts["overflows"] += int(result["found_inf"])
             layer = result["first_nonfinite_layer"]
             result["first_nonfinite_layer"] = self._layers[layer].name if 0 <= layer < len(self._layers) else None
+        if self._tracker.shadow is not None:
+            self._shadow_rows = self._tracker.shadow.rows(len(self._layers))
+            self._tracker.shadow = None
+        elif self._shadow:
+            self._shadow_rows = {}
         self._verdict = result
         self._last = result
         self.skipped_steps += int(result["skipped"])
