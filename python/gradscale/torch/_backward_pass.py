@@ -243,10 +243,7 @@ class BackwardPass:
         leaf_slots: Dict[object, List[Tuple[int, int]]] = {}
         join_slots: Dict[object, List[Tuple[int, int, int]]] = {}
         for producer, uses in edges.items():
-            distinct: List[object] = []
-            for consumer, _, _ in uses:
-                if not any(consumer is d for d in distinct):
-                    distinct.append(consumer)
+            distinct = list({id(consumer): consumer for consumer, _, _ in uses}.values())  # in order, once each
             self._consumers[producer] = distinct
             inside = [(c, k, j) for c, k, j in uses if c in in_model or isinstance(c, _LOSS)]
             if _is_leaf_node(producer):
