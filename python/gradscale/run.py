@@ -1,0 +1,483 @@
+"""`python -m gradscale.run CONFIG.json`: one training run of a PyTorch model through `gradscale.torch.Scaler`,
+from the config `gradscale train --config` reads (docs/config.md), writing the same result
+(`gradscale.result/1`) and trace (`gradscale.trace/1`) files, so `gradscale ablate` runs PyTorch models
+beside the C++ engine's and `gradscale inspect`, the tables and the plots read them unchanged
+(docs/ablations.md, "PyTorch models").
+
+    python -m gradscale.run CONFIG.json [--result R.json] [--trace PREFIX] [--threads N] [--name NAME]
+    python -m gradscale.run --check CONFIG.json...    # build data and model, check they fit; train nothing
+    python -m gradscale.run --check-runs RUNS.json    # the same for [{"name": ..., "config": {...}}, ...]
+
+The config's "model" is {"torchvision": NAME, ...kwargs} or {"python": "file.py:function", ...} (_run_model);
+"data" a spec of _run_data. Keys as `gradscale train`'s, plus eval_every (steps between test evaluations,
+0: at each epoch's end) and eval_examples (the first N test examples, 0: all). Deterministic: the seed
+draws the initialisation and the data order; torch.use_deterministic_algorithms(True, warn_only=True);
+TF32 off and cuDNN deterministic on CUDA. Not resumable: checkpoint/save_every/resume are refused (an
+ablation runs a half-written run again from step 0). Exit status: 0; 3 when the run diverged (the result
+says so); 2 for bad input, as one line naming the run and the config key; 1 for anything else.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+from typing import Any, Dict, List, Optional, Tuple
+
+from ._run_load import ConfigProblem
+
+EXIT_BAD_INPUT, EXIT_DIVERGED = 2, 3
+NONFINITE_LOSS_LIMIT = 5  # lib/train/divergence.h kNonFiniteLossLimit
+FORMATS = ("fp32", "fp16", "bf16", "fp8_e5m2", "fp8_e4m3")
+DEFAULTS: Dict[str, Any] = {
+    "model": None, "data": "fashion-mnist", "format": "fp32", "grad_format": None, "weight_grads": "format",
+    "scaler": "none", "optimizer": "adam", "schedule": "constant", "lr": 1e-3, "epochs": 1, "batch": 128,
+    "eval_batch": 1000, "max_steps": 0, "seed": 0, "threads": 0, "progress_seconds": 5.0, "device": "cpu",
+    "trace": "", "trace_every": 10, "trace_hist": False, "eval_every": 0, "eval_examples": 0,
+    "checkpoint": "", "save_every": 0, "resume": "",
+}
+
+
+# ---- the config ---------------------------------------------------------------------------------
+def _integer(cfg: dict, key: str, lo: int, hi: int) -> int:
+    v = cfg[key]
+    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+        raise ConfigProblem(key, f"must be an integer in [{lo}, {hi}], got {json.dumps(v)}")
+    return v
+
+
+def _named(v: Any, key: str, allowed: Tuple[str, ...]) -> dict:
+    obj = {"name": v} if isinstance(v, str) else v
+    if not isinstance(obj, dict) or obj.get("name") not in allowed:
+        raise ConfigProblem(key, f"must be one of {', '.join(allowed)} or an object with \"name\", got {json.dumps(v)}")
+    return dict(obj)
+
+
+def resolve_config(doc: Any) -> dict:
+    """The config with every key set (defaults as `gradscale train`'s), checked key by key."""
+    if not isinstance(doc, dict):
+        raise ConfigProblem("config", "a training config must be a JSON object")
+    unknown = [k for k in doc if k not in DEFAULTS]
+    if unknown:
+        raise ConfigProblem(unknown[0], f"unknown config key (allowed: {', '.join(DEFAULTS)})")
+    cfg = dict(DEFAULTS)
+    cfg.update(doc)
+    for key in ("checkpoint", "resume"):
+        if cfg[key]:
+            raise ConfigProblem(key, "PyTorch runs do not checkpoint or resume: a run starts from step 0 "
+                                "(an ablation runs a half-written run again)")
+    if cfg["save_every"]:
+        raise ConfigProblem("save_every", "PyTorch runs do not checkpoint")
+    if cfg["model"] is None:
+        raise ConfigProblem("model", "missing: {\"torchvision\": NAME, ...} or {\"python\": \"file.py:function\", ...}")
+    if cfg["grad_format"] is None:
+        cfg["grad_format"] = cfg["format"]
+    for key in ("format", "grad_format"):
+        if cfg[key] not in FORMATS:
+            raise ConfigProblem(key, f"must be one of {', '.join(FORMATS)}, got {json.dumps(cfg[key])}")
+    if cfg["weight_grads"] not in ("format", "fp32"):
+        raise ConfigProblem("weight_grads", f"must be \"format\" or \"fp32\", got {json.dumps(cfg['weight_grads'])}")
+    if not isinstance(cfg["scaler"], (str, dict)):
+        raise ConfigProblem("scaler", f"must be a policy name, \"static:S\" or an object, got {json.dumps(cfg['scaler'])}")
+    cfg["optimizer"] = _named(cfg["optimizer"], "optimizer", ("sgd", "adam", "adamw"))
+    cfg["schedule"] = _named(cfg["schedule"], "schedule", ("constant", "step", "cosine"))
+    lr = cfg["lr"]
+    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not math.isfinite(lr) or lr < 0:
+        raise ConfigProblem("lr", f"must be a finite number >= 0, got {json.dumps(lr)}")
+    for key, lo, hi in (("epochs", 1, 100000), ("batch", 1, 1 << 20), ("eval_batch", 1, 1 << 20),
+                        ("max_steps", 0, 1 << 40), ("seed", 0, 1 << 62), ("threads", 0, 1024),
+                        ("trace_every", 1, 1 << 40), ("eval_every", 0, 1 << 40), ("eval_examples", 0, 1 << 40)):
+        _integer(cfg, key, lo, hi)
+    if not isinstance(cfg["trace_hist"], bool):
+        raise ConfigProblem("trace_hist", "must be true or false")
+    ps = cfg["progress_seconds"]
+    if isinstance(ps, bool) or not isinstance(ps, (int, float)) or not math.isfinite(ps) or ps < 0:
+        raise ConfigProblem("progress_seconds", f"must be a finite number >= 0, got {json.dumps(ps)}")
+    dev = cfg["device"]
+    if not isinstance(dev, str) or not (dev in ("cpu", "cuda") or (dev.startswith("cuda:") and dev[5:].isdigit())):
+        raise ConfigProblem("device", f"must be cpu, cuda or cuda:N, got {json.dumps(dev)}")
+    if not isinstance(cfg["trace"], str):
+        raise ConfigProblem("trace", "must be a path prefix (a string)")
+    return cfg
+
+
+def make_optimizer(cfg: dict, params) -> Any:
+    import torch
+    o = dict(cfg["optimizer"])
+    name = o.pop("name")
+    allowed = {"sgd": ("momentum", "nesterov", "weight_decay"),
+               "adam": ("beta1", "beta2", "eps", "weight_decay"), "adamw": ("beta1", "beta2", "eps", "weight_decay")}[name]
+    bad = [k for k in o if k not in allowed]
+    if bad:
+        raise ConfigProblem("optimizer", f"'{name}' has no parameter '{bad[0]}' (allowed: {', '.join(allowed)})")
+    lr = float(cfg["lr"])
+    try:
+        if name == "sgd":
+            return torch.optim.SGD(params, lr=lr, momentum=o.get("momentum", 0.0), nesterov=o.get("nesterov", False),
+                                   weight_decay=o.get("weight_decay", 0.0))
+        betas = (o.get("beta1", 0.9), o.get("beta2", 0.999))
+        if name == "adam":
+            return torch.optim.Adam(params, lr=lr, betas=betas, eps=o.get("eps", 1e-8),
+                                    weight_decay=o.get("weight_decay", 0.0))
+        return torch.optim.AdamW(params, lr=lr, betas=betas, eps=o.get("eps", 1e-8),
+                                 weight_decay=o.get("weight_decay", 0.01))
+    except ValueError as e:
+        raise ConfigProblem("optimizer", str(e)) from e
+
+
+def schedule_lr(cfg: dict, applied: int, total: int) -> float:
+    """lib/optim/lr_schedule.cpp's rates, by applied steps (cosine's total_steps defaults to the run's)."""
+    s = cfg["schedule"]
+    lr = float(s.get("lr", cfg["lr"]))
+    warm = int(s.get("warmup_steps", 0))
+    if applied < warm:
+        start = float(s.get("warmup_start_factor", 1 / 3))
+        return lr * (start + (1 - start) * applied / warm)
+    j = applied - warm
+    if s["name"] == "step":
+        return lr * float(s.get("gamma", 0.1)) ** (j // int(s["step_size"]))
+    if s["name"] == "cosine":
+        span = int(s.get("total_steps", total)) - warm
+        lo = float(s.get("min_lr", 0.0))
+        return lo if j >= span else lo + (lr - lo) * (1 + math.cos(math.pi * j / span)) / 2
+    return lr
+
+
+def check_schedule(cfg: dict) -> None:
+    s = cfg["schedule"]
+    allowed = {"constant": (), "step": ("step_size", "gamma"), "cosine": ("total_steps", "min_lr")}[s["name"]]
+    bad = [k for k in s if k not in ("name", "lr", "warmup_steps", "warmup_start_factor") + allowed]
+    if bad:
+        raise ConfigProblem("schedule", f"'{s['name']}' has no parameter '{bad[0]}'")
+    if s["name"] == "step" and not (isinstance(s.get("step_size"), int) and s["step_size"] >= 1):
+        raise ConfigProblem("schedule", "'step' needs \"step_size\", an integer >= 1")
+
+
+# ---- set-up shared by --check and training ---------------------------------------------------------
+def set_deterministic(cfg: dict):
+    import torch
+    if cfg["device"].startswith("cuda"):
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS's condition for determinism
+        torch.backends.cuda.matmul.allow_tf32 = False  # so "fp32" rows are fp32
+        torch.backends.cudnn.allow_tf32 = False
+        torch.backends.cudnn.benchmark = False
+        torch.backends.cudnn.deterministic = True
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    if cfg["threads"] > 0:
+        torch.set_num_threads(cfg["threads"])
+    torch.manual_seed(cfg["seed"])
+
+
+def build(cfg: dict, check_only: bool):
+    """(data, model, where, device): the data loaded (or only checked), the model built on the device and
+    its output checked against a batch of the data."""
+    import torch
+    from ._run_data import load_data
+    from ._run_model import build_model, check_output, is_torch_model
+    if not is_torch_model(cfg["model"]):
+        build_model(cfg["model"], None)  # raises the message
+    default_shape = (3, 32, 32) if "torchvision" in cfg["model"] else (1, 28, 28)
+    data = load_data(cfg["data"], default_shape, check_only=check_only)
+    if check_only and len(data.train) == 0:  # files only checked: a stand-in batch of the right shape
+        x = torch.zeros((2,) + tuple(data.shape)) if data.shape else None
+        y = torch.zeros(2, dtype=torch.long) if data.shape else None
+    else:
+        x, y = data.train.batch(torch.arange(min(2, len(data.train))))
+    if cfg["device"].startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigProblem("device", f"'{cfg['device']}': this PyTorch sees no CUDA device")
+    device = torch.device(cfg["device"])
+    torch.manual_seed(cfg["seed"])  # the initialisation is the seed's first draw
+    model, where = build_model(cfg["model"], data)
+    model.to(device)
+    if x is None and data.kind == "text":
+        x = torch.zeros(2, data.context, dtype=torch.long)
+        y = torch.zeros(2, data.context, dtype=torch.long)
+    if x is not None:
+        check_output(model, where, data, x.to(device), y.to(device))
+    return data, model, where, device
+
+
+# ---- training ------------------------------------------------------------------------------------
+def evaluate(model, split, cfg: dict, device) -> Tuple[float, float]:
+    """(accuracy, mean loss per target) over the test split (the first eval_examples of it)."""
+    import torch
+    import torch.nn.functional as F
+    n = len(split) if cfg["eval_examples"] == 0 else min(len(split), cfg["eval_examples"])
+    was = model.training
+    model.eval()
+    loss_sum, correct, count = 0.0, 0, 0
+    with torch.no_grad():
+        for start in range(0, n, cfg["eval_batch"]):
+            x, y = split.batch(torch.arange(start, min(n, start + cfg["eval_batch"])))
+            x, y = x.to(device), y.to(device)
+            out = model(x)
+            logits = out.reshape(-1, out.shape[-1]).float()
+            t = y.reshape(-1)
+            loss_sum += float(F.cross_entropy(logits, t, reduction="sum"))
+            correct += int((logits.argmax(1) == t).sum())
+            count += t.numel()
+    model.train(was)
+    return correct / max(1, count), loss_sum / max(1, count)
+
+
+def _finite(v: Optional[float]) -> Optional[float]:
+    return v if v is not None and math.isfinite(v) else None
+
+
+def write_atomic(path: str, text: str) -> None:
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-" + os.path.basename(path), dir=directory)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def train(cfg: dict, result_path: str, quiet: bool) -> int:
+    import torch
+    import torch.nn.functional as F
+    from . import __version__
+    from .torch import Scaler
+    set_deterministic(cfg)
+    check_schedule(cfg)
+    data, model, where, device = build(cfg, check_only=False)
+    log = (lambda line: None) if quiet else (lambda line: print(line, file=sys.stderr, flush=True))
+    log(f"data: {data.source}")
+    log(f"model: {where} ({sum(p.numel() for p in set(model.parameters()))} parameters) on {device}")
+    trace = cfg["trace"] or None
+    try:
+        scaler = Scaler(model, scaler=cfg["scaler"], format=cfg["format"], grad_format=cfg["grad_format"],
+                        weight_grads=cfg["weight_grads"], trace=trace, trace_every=cfg["trace_every"],
+                        trace_hist=cfg["trace_hist"])
+    except (ValueError, TypeError, RuntimeError) as e:
+        raise ConfigProblem("scaler", str(e)) from e
+    opt = make_optimizer(cfg, model.parameters())
+    n, batch = len(data.train), cfg["batch"]
+    if n == 0:
+        raise ConfigProblem("data", "the training set is empty")
+    per_epoch = max(1, n // batch)  # the last partial batch is dropped (a batch of one breaks BatchNorm)
+    total = cfg["epochs"] * per_epoch
+    if cfg["max_steps"]:
+        total = min(total, cfg["max_steps"])
+    eval_every = cfg["eval_every"] or per_epoch
+    order_rng = torch.Generator().manual_seed(cfg["seed"])
+    history: List[dict] = []
+    epoch_seconds: List[float] = []
+    step = skipped = overflows = applied_steps = nonfinite_run = 0
+    seen = correct = 0
+    loss_sum = 0.0
+    train_seconds = epoch_time = 0.0
+    diverged: Optional[Tuple[int, str]] = None
+    last_log = time.time()
+    epoch = 0
+    model.train()
+    while step < total and diverged is None:
+        order = torch.randperm(n, generator=order_rng)
+        epoch_start = train_seconds
+        for b in range(per_epoch):
+            if step >= total:
+                break
+            t0 = time.time()
+            x, y = data.train.batch(order[b * batch:(b + 1) * batch])
+            x, y = x.to(device), y.to(device)
+            for group in opt.param_groups:
+                group["lr"] = schedule_lr(cfg, applied_steps, total)
+            out = model(x)
+            if not isinstance(out, torch.Tensor):
+                raise ConfigProblem("model", f"{where} returned {type(out).__name__} in training mode, not a "
+                                    "tensor of logits")
+            logits = out.reshape(-1, out.shape[-1])
+            target = y.reshape(-1)
+            loss = F.cross_entropy(logits, target)
+            opt.zero_grad(set_to_none=True)
+            scaler.scale(loss).backward()
+            applied = scaler.step(opt)
+            scaler.update()
+            step += 1
+            last = scaler.last_step or {}
+            applied_steps += bool(applied)
+            skipped += not applied
+            overflows += bool(last.get("found_inf"))
+            lv = float(loss.detach())
+            dt = time.time() - t0
+            train_seconds += dt
+            epoch_time += dt
+            if math.isfinite(lv):
+                nonfinite_run = 0
+                loss_sum += lv * target.numel()
+                correct += int((logits.detach().argmax(1) == target).sum())
+                seen += target.numel()
+            else:
+                nonfinite_run += 1
+                if nonfinite_run >= NONFINITE_LOSS_LIMIT:
+                    diverged = (step, f"the loss was not finite {nonfinite_run} iterations in a row")
+            if applied and diverged is None:
+                for name, p in model.named_parameters():
+                    if not bool(torch.isfinite(p).all()):
+                        diverged = (step, f"parameter '{name}' is not finite after the optimizer step")
+                        break
+            if diverged is not None:
+                break
+            now = time.time()
+            if cfg["progress_seconds"] and now - last_log >= cfg["progress_seconds"]:
+                rate = step / max(1e-9, train_seconds)
+                eta = (total - step) / max(1e-9, rate)
+                log(f"epoch {epoch + 1}/{cfg['epochs']}  step {step}/{total}  loss {loss_sum / max(1, seen):.4f}  "
+                    f"acc {correct / max(1, seen):.4f}  S {scaler.get_scale():.6g}  skipped {skipped}  "
+                    f"{rate:.1f} steps/s  ETA {int(eta) // 60}:{int(eta) % 60:02d}")
+                last_log = now
+            if step % eval_every == 0 or step == total:
+                acc, tl = evaluate(model, data.test, cfg, device)
+                history.append({"epoch": epoch + 1, "step": step, "scale": _finite(scaler.get_scale()),
+                                "seconds": epoch_time, "skipped_steps": skipped, "steps": step,
+                                "test_accuracy": acc, "test_loss": _finite(tl),
+                                "train_accuracy": correct / max(1, seen), "train_loss": loss_sum / max(1, seen)})
+                log(f"step {step} evaluated: train loss {loss_sum / max(1, seen):.4f} acc {correct / max(1, seen):.4f}"
+                    f" | test loss {tl:.4f} acc {acc:.4f} | S {scaler.get_scale():.6g} | skipped {skipped}")
+                loss_sum, correct, seen = 0.0, 0, 0
+                epoch_time = 0.0
+        else:
+            epoch_seconds.append(train_seconds - epoch_start)
+            epoch += 1
+            continue
+        break
+    result: Dict[str, Any] = {"schema": "gradscale.result/1", "version": __version__}
+    last_eval = history[-1] if history else {}
+    if diverged is not None:
+        result.update({"complete": False, "diverged": True, "diverged_step": diverged[0], "divergence": diverged[1]})
+        summary = {"train_loss": None, "train_accuracy": None, "test_loss": None, "test_accuracy": None}
+    else:
+        result.update({"complete": step == total, "diverged": False})
+        summary = {k: last_eval.get(k) for k in ("train_loss", "train_accuracy", "test_loss", "test_accuracy")}
+    scaler.close(**summary)
+    result.update({
+        "steps": step, "skipped_steps": skipped, "overflow_steps": overflows,
+        "scaler_seconds": None,  # the plug-in's public API does not time its hooks (the trace summary does)
+        "applied_steps": applied_steps, "epochs_done": len(epoch_seconds), "epoch_seconds": epoch_seconds,
+        "train_seconds": train_seconds, "history": history, "final_scale": _finite(scaler.get_scale()),
+        "scaler_state": scaler.state_dict()["core"], "data": data.source,
+        "parameters": sum(p.numel() for p in set(model.parameters())),
+    })
+    if trace:
+        result["trace"] = {"jsonl": trace + ".jsonl", "json": trace + ".json"}
+    result.update(summary)
+    result["engine"] = {"name": "pytorch", "torch": torch.__version__, "model": where,
+                        "torchvision": _torchvision_version(),
+                        "deterministic": "torch.use_deterministic_algorithms(True, warn_only=True); TF32 off, "
+                                         "cuDNN deterministic on CUDA; seeded init and data order",
+                        "device": str(device), "threads": torch.get_num_threads()}
+    result["config"] = cfg
+    if result_path:
+        write_atomic(result_path, json.dumps(result, indent=2, allow_nan=False) + "\n")
+    if diverged is not None:
+        print(f"gradscale.run: diverged at step {diverged[0]}: {diverged[1]}", file=sys.stderr)
+        return EXIT_DIVERGED
+    print(f"test_accuracy {summary['test_accuracy']}  test_loss {summary['test_loss']}  steps {step}  "
+          f"skipped {skipped}  final_scale {result['final_scale']}")
+    return 0
+
+
+def _torchvision_version() -> Optional[str]:
+    try:
+        import torchvision
+        return torchvision.__version__
+    except ImportError:
+        return None
+
+
+# ---- the command line ------------------------------------------------------------------------------
+def _read_json(path: str, what: str) -> Any:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except OSError as e:
+        raise ConfigProblem(what, f"cannot read '{path}': {e.strerror}") from e
+    except ValueError as e:
+        raise ConfigProblem(what, f"'{path}' is not valid JSON: {e}") from e
+
+
+def run_name(config_path: str) -> str:
+    """runs/<name>/config.json (an ablation's layout) → <name>; any other path as it is."""
+    if os.path.basename(config_path) == "config.json":
+        return os.path.basename(os.path.dirname(os.path.abspath(config_path)))
+    return config_path
+
+
+def check_runs(runs: List[Tuple[str, Any]]) -> List[str]:
+    """One line per run whose config is bad; [] when all are good. Each distinct (model, data) is built once."""
+    problems, seen = [], {}
+    for name, doc in runs:
+        try:
+            cfg = resolve_config(doc)
+            check_schedule(cfg)
+            key = json.dumps([cfg["model"], cfg["data"], cfg["device"]], sort_keys=True)
+            if key not in seen:
+                seen[key] = None
+                try:
+                    build(cfg, check_only=True)
+                except ConfigProblem as e:
+                    seen[key] = e
+            if seen[key] is not None:
+                raise seen[key]
+        except ConfigProblem as e:
+            problems.append(f"run '{name}': config key '{e.key}': {e}")
+    return problems
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m gradscale.run", description=__doc__.split("\n")[0])
+    ap.add_argument("config", nargs="*", help="the run's config file (JSON)")
+    ap.add_argument("--result", default="", help="write the result JSON here (atomically)")
+    ap.add_argument("--trace", default=None, help="[trace] the trace goes to PREFIX.jsonl and PREFIX.json")
+    ap.add_argument("--threads", type=int, default=None, help="[threads] 0 = PyTorch's default")
+    ap.add_argument("--name", default=None, help="the run's name in messages (default: from the config path)")
+    ap.add_argument("--quiet", action="store_true", help="no progress lines")
+    ap.add_argument("--check", action="store_true", help="check the configs (data, model, output shape); train nothing")
+    ap.add_argument("--check-runs", default=None, help="check [{\"name\": ..., \"config\": {...}}, ...] from this file")
+    args = ap.parse_args(argv)
+    if args.check_runs or args.check:
+        runs: List[Tuple[str, Any]] = []
+        try:
+            if args.check_runs:
+                doc = _read_json(args.check_runs, "--check-runs")
+                if not isinstance(doc, list) or not all(isinstance(r, dict) and "config" in r for r in doc):
+                    raise ConfigProblem("--check-runs", "must hold [{\"name\": ..., \"config\": {...}}, ...]")
+                runs += [(str(r.get("name", "?")), r["config"]) for r in doc]
+            for path in args.config:
+                runs.append((args.name or run_name(path), _read_json(path, "config")))
+        except ConfigProblem as e:
+            print(f"gradscale.run: {e.key}: {e}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        problems = check_runs(runs)
+        for line in problems:
+            print(f"gradscale.run: {line}", file=sys.stderr)
+        return EXIT_BAD_INPUT if problems else 0
+    if len(args.config) != 1:
+        ap.error("give one config file (or --check with several)")
+    path = args.config[0]
+    name = args.name or run_name(path)
+    try:
+        doc = _read_json(path, "config")
+        if isinstance(doc, dict):
+            if args.trace is not None:
+                doc["trace"] = args.trace
+            if args.threads is not None:
+                doc["threads"] = args.threads
+        cfg = resolve_config(doc)
+        return train(cfg, args.result, args.quiet)
+    except ConfigProblem as e:
+        print(f"gradscale.run: run '{name}': config key '{e.key}': {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+
+if __name__ == "__main__":
+    sys.exit(main())

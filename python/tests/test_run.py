@@ -1,0 +1,163 @@
+"""`python -m gradscale.run` (gradscale/run.py): a tiny factory model trains and writes the C++ runner's
+result schema and a trace; every bad input is one line naming the run and the key, exit 2."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from gradscale import run
+
+PYTHON_DIR = os.path.join(os.path.dirname(__file__), "..")
+
+FACTORY = '''
+import torch
+from torch import nn
+
+def make_model(num_classes=10, width=8, in_channels=1):
+    return nn.Sequential(nn.Flatten(), nn.Linear(in_channels * 28 * 28, width), nn.ReLU(), nn.Linear(width, num_classes))
+
+def raises(**kw):
+    raise RuntimeError("no model today")
+
+def not_a_module():
+    return 42
+
+def wrong_classes():
+    return nn.Sequential(nn.Flatten(), nn.Linear(784, 7))
+
+def make_data(n=64):
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(n, 1, 28, 28, generator=g)
+    y = torch.randint(0, 10, (n,), generator=g)
+    return torch.utils.data.TensorDataset(x[:48], y[:48]), torch.utils.data.TensorDataset(x[48:], y[48:])
+
+def tiny_lm(vocab, context, d=8):
+    class LM(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(vocab, d)
+            self.out = nn.Linear(d, vocab)
+        def forward(self, idx):
+            return self.out(torch.relu(self.emb(idx)))
+    return LM()
+'''
+
+
+@pytest.fixture
+def factory(tmp_path):
+    path = tmp_path / "models.py"
+    path.write_text(FACTORY)
+    return str(path)
+
+
+def base(factory, **kw):
+    cfg = {"model": {"python": f"{factory}:make_model"}, "data": "synthetic:64", "batch": 16, "max_steps": 4,
+           "format": "fp16", "grad_format": "fp8_e5m2", "scaler": "torch", "trace_every": 1, "eval_every": 2,
+           "threads": 1, "progress_seconds": 0}
+    cfg.update(kw)
+    return cfg
+
+
+def write(tmp_path, cfg, name="config.json"):
+    path = tmp_path / name
+    path.write_text(json.dumps(cfg))
+    return str(path)
+
+
+def test_trains_and_writes_the_result_schema(tmp_path, factory):
+    cfg = base(factory, scaler={"policy": "adaptive", "method": "measured", "init_scale": "auto",
+                                "cast_form": "measured"})
+    result, trace = tmp_path / "result.json", tmp_path / "trace"
+    assert run.main([write(tmp_path, cfg), "--result", str(result), "--trace", str(trace), "--quiet"]) == 0
+    r = json.loads(result.read_text())
+    # The keys the ablation table and `gradscale inspect` read, as `gradscale train` writes them.
+    for key in ("schema", "steps", "skipped_steps", "diverged", "complete", "test_accuracy", "test_loss",
+                "train_loss", "train_accuracy", "history", "train_seconds", "final_scale", "config", "trace"):
+        assert key in r, key
+    assert r["schema"] == "gradscale.result/1" and r["steps"] == 4 and r["complete"] and not r["diverged"]
+    assert [h["step"] for h in r["history"]] == [2, 4]
+    assert r["engine"]["name"] == "pytorch"
+    t = json.loads((tmp_path / "trace.json").read_text())
+    assert t["schema"] == "gradscale.trace/1" and t["summary"]["layers"]
+    assert t["summary"]["test_accuracy"] == r["test_accuracy"]
+
+
+def test_same_seed_same_result(tmp_path, factory):
+    out = []
+    for k in range(2):
+        result = tmp_path / f"r{k}.json"
+        assert run.main([write(tmp_path, base(factory), f"c{k}.json"), "--result", str(result), "--quiet"]) == 0
+        out.append(json.loads(result.read_text())["history"])
+    assert [h["test_loss"] for h in out[0]] == [h["test_loss"] for h in out[1]]
+
+
+def test_text_and_user_dataset(tmp_path, factory):
+    text = tmp_path / "text.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog. " * 20)
+    lm = base(factory, model={"python": f"{factory}:tiny_lm"}, data=f"text:{text}:ctx=8", format="fp32",
+              grad_format="fp16")
+    result = tmp_path / "lm.json"
+    assert run.main([write(tmp_path, lm, "lm.json"), "--result", str(result), "--quiet"]) == 0
+    assert json.loads(result.read_text())["test_loss"] > 0
+    user = base(factory, data={"python": f"{factory}:make_data", "n": 64})
+    assert run.main([write(tmp_path, user, "user.json"), "--result", str(tmp_path / "u.json"), "--quiet"]) == 0
+
+
+@pytest.mark.parametrize("change,key,words", [
+    ({"model": {"python": "FACTORY:raises"}}, "model", "raised RuntimeError: no model today"),
+    ({"model": {"python": "FACTORY:not_a_module"}}, "model", "returned int, not an nn.Module"),
+    ({"model": {"python": "FACTORY:wrong_classes"}}, "model", "output has shape (2, 7)"),
+    ({"model": {"python": "FACTORY:nowhere"}}, "model", "has no function 'nowhere'"),
+    ({"model": {"python": "/no/such/file.py:f"}}, "model", "is not a file"),
+    ({"model": {"torchvision": "resnet_huge"}}, "model", "has no model 'resnet_huge'"),
+    ({"model": "mlp"}, "model", "must be {\"torchvision\""),
+    ({"data": "imagenet"}, "data", "unknown data spec 'imagenet'"),
+    ({"data": "text:/no/such/file"}, "data", "is not a file"),
+    ({"lr": -1}, "lr", "finite number >= 0"),
+    ({"colour": "red"}, "colour", "unknown config key"),
+    ({"optimizer": {"name": "sgd", "betas": 1}}, "optimizer", "no parameter 'betas'"),
+    ({"resume": "/tmp/x"}, "resume", "do not checkpoint or resume"),
+    ({"scaler": {"policy": "no-such-policy"}}, "scaler", "no-such-policy"),
+])
+def test_bad_input_is_one_line_naming_run_and_key(tmp_path, factory, capsys, change, key, words):
+    cfg = base(factory)
+    for k, v in change.items():
+        cfg[k] = json.loads(json.dumps(v).replace("FACTORY", factory))
+    run_dir = tmp_path / "runs" / "bad_seed0"
+    run_dir.mkdir(parents=True)
+    status = run.main([write(run_dir, cfg), "--result", str(run_dir / "result.json"), "--quiet"])
+    err = capsys.readouterr().err.strip()
+    assert status == 2, err
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith(f"gradscale.run: run 'bad_seed0': config key '{key}': "), err
+    assert words in err, err
+    assert not (run_dir / "result.json").exists()
+
+
+def test_missing_torchvision(tmp_path, factory, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "torchvision", None)  # import torchvision raises ImportError
+    cfg = base(factory, model={"torchvision": "resnet18"})
+    assert run.main([write(tmp_path, cfg), "--check"]) == 2
+    err = capsys.readouterr().err
+    assert "config key 'model': torchvision is not installed" in err
+
+
+def test_check_runs_lists_every_bad_run(tmp_path, factory, capsys):
+    runs = [{"name": "good", "config": base(factory)},
+            {"name": "bad", "config": base(factory, model={"python": f"{factory}:wrong_classes"})}]
+    path = tmp_path / "runs.json"
+    path.write_text(json.dumps(runs))
+    assert run.main(["--check-runs", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [e for e in err if e.startswith("gradscale.run: run 'bad': config key 'model'")] and len(err) == 1
+
+
+def test_module_entry_point_exit_status(tmp_path, factory):
+    cfg = base(factory, model={"python": f"{factory}:raises"})
+    env = dict(os.environ, PYTHONPATH=PYTHON_DIR)
+    p = subprocess.run([sys.executable, "-m", "gradscale.run", write(tmp_path, cfg)], env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2
+    assert "config key 'model'" in p.stderr and "Traceback" not in p.stderr
