@@ -2,8 +2,9 @@
 # Installs what gradscale needs from Debian's packages, and only what is missing. Idempotent; works
 # as root or through sudo. matplotlib (for the trace and result plots) is part of the default set;
 # `--peer` adds what the PyTorch comparison needs; `--torch` what the PyTorch plug-in needs (Debian's
-# torch, pybind11, Python's headers, pytest) and a venv at .venv (system site packages) whose
-# interpreter imports gradscale.torch once the build has made the core (scripts/build.sh).
+# torch, pybind11, Python's headers, pytest), a venv at .venv (system site packages) and, in it, the
+# package installed by pip (`pip install -e .` through scripts/build.sh --package: scikit-build-core from
+# PyPI builds gradscale._core in the build directory that scripts/build.sh uses).
 #   scripts/setup.sh [--peer] [--torch]
 set -euo pipefail
 
@@ -20,7 +21,8 @@ if command -v clang++ >/dev/null 2>&1; then
 fi
 want_venv=0
 # The venv for the plug-in: Debian's interpreter (where Debian's torch lives), its site packages
-# visible, and python/ on its path through a .pth file (the compiled core is built into python/gradscale).
+# visible, and the package installed by pip; the package's build backend (scikit-build-core) is
+# installed into it from PyPI, so that later builds reuse the same build directory (build.sh).
 make_venv() {
   [ "$want_venv" = 1 ] || return 0
   local root
@@ -30,8 +32,12 @@ make_venv() {
   fi
   local site
   site=$("$root/.venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-  echo "$root/python" > "$site/gradscale.pth"
-  echo "setup: .venv ready ($("$root/.venv/bin/python" -c 'import torch; print("torch", torch.__version__)'))"
+  rm -f "$site/gradscale.pth"  # the .pth into python/ that an older set-up wrote
+  if ! "$root/.venv/bin/python" -c 'import scikit_build_core' 2>/dev/null; then
+    "$root/.venv/bin/python" -m pip install -q 'scikit-build-core>=0.10'
+  fi
+  "$root/scripts/build.sh" --package
+  echo "setup: .venv ready ($(cd / && "$root/.venv/bin/python" -c 'import torch, gradscale.torch, gradscale; print("torch", torch.__version__, "gradscale", gradscale.__version__)'))"
 }
 for arg in "$@"; do
   case "$arg" in

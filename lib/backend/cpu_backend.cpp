@@ -4,14 +4,9 @@
 #include <omp.h>
 
 #include "lib/backend/backend.h"
+#include "lib/backend/cuda_loader.h"
 #include "lib/instrument/histogram.h"
 #include "lib/model/join.h"
-
-// The CUDA backend's factory, defined by lib/cuda/backend.cpp in gradscale::cuda. Weak: a program
-// without that component links, and sees a null address. (gradscale::cuda's link interface asks the
-// linker for the symbol, so its object is taken from the static archive; CMakeLists.txt.)
-extern "C" gradscale::Backend* gradscale_make_cuda_backend(int device) __attribute__((weak));
-extern "C" int gradscale_cuda_device_count() __attribute__((weak));  // the same object defines it
 
 namespace gradscale {
 namespace {
@@ -73,11 +68,13 @@ Backend& cpu_backend() {
 }
 
 bool cuda_backend_built() {
-  return gradscale_make_cuda_backend != nullptr;
+  return cuda_backend_present();
 }
 
 int cuda_device_count() {
-  return gradscale_cuda_device_count != nullptr ? gradscale_cuda_device_count() : 0;
+  if (!cuda_backend_present()) return 0;
+  const CudaEntries& cuda = cuda_entries();
+  return cuda.device_count != nullptr ? cuda.device_count() : 0;  // a backend that cannot load has no device
 }
 
 std::unique_ptr<Backend> make_backend(const std::string& device) {
@@ -90,12 +87,9 @@ std::unique_ptr<Backend> make_backend(const std::string& device) {
     index = std::stoi(device.substr(5));
   }
   GS_CHECK_CONFIG(index >= 0, "unknown device '" << device << "' (allowed: cpu, cuda, cuda:N)");
-  GS_CHECK_CONFIG(
-      cuda_backend_built(),
-      "device '" << device
-                 << "': this program has no CUDA backend (link gradscale::cuda, which a build "
-                    "configured with -DGRADSCALE_CUDA=ON on a machine with the CUDA toolkit provides)");
-  return std::unique_ptr<Backend>(gradscale_make_cuda_backend(index));
+  const CudaEntries& cuda = cuda_entries();
+  GS_CHECK_CONFIG(cuda.make_backend != nullptr, "device '" << device << "': " << cuda.why);
+  return std::unique_ptr<Backend>(cuda.make_backend(index));
 }
 
 }  // namespace gradscale
