@@ -7,64 +7,18 @@
 #include <optional>
 #include <vector>
 
+#include "adaptive/adaptive_config.h"
 #include "adaptive/local_safety.h"
 #include "adaptive/math.h"
 #include "adaptive/method.h"
 #include "lib/core/error.h"
+#include "lib/core/config_reader.h"
 #include "lib/core/json_read.h"
-#include "lib/optim/config_reader.h"
-#include "lib/scaler/scale_range.h"
 
 namespace gradscale::adaptive {
 namespace {
 
-using optim_detail::ConfigReader;
-using optim_detail::Interval;
-
 constexpr double kInf = std::numeric_limits<double>::infinity();
-
-struct AdaptiveConfig {
-  std::string method = "approx_range";
-  double n_uf = 1e-3;
-  double scale_upper_bound = 16, accum_upper_bound = 1024;
-  bool power_of_two = true;
-  std::int64_t update_every = 1;
-  double relu_factor = 0.5;
-  bool auto_init = false;
-  double init_scale = 1;
-  std::string cast_form = "no_weight";
-  std::int64_t recover_every = 50;
-  double fixed_scale = 1;
-  int margin = 4;
-  std::optional<double> u_min, u_max;  // unset: the gradient format's
-  bool control_all = false;  // "control_at": "all" — every layer sends its gradient at a local scale
-  // A registered LayerController that decides the local scales instead of `method` (empty: none).
-  std::string controller;
-  nlohmann::json controller_config = nlohmann::json::object();
-  // Per-layer overrides ("layers"): layer name -> "global" or an object of kLayerKeys (validated).
-  nlohmann::json layers = nlohmann::json::object();
-};
-
-// The keys a layer's override may give ({"layers": {"head": {"n_uf": 1e-4}}}): its method and what the
-// method and the bounds read. The loss-level keys (init_scale, cast_form, recover_every, u_min, u_max)
-// are the policy's.
-const char* const kLayerKeys[] = {"method", "n_uf", "scale_upper_bound", "accum_upper_bound", "power_of_two",
-                                  "update_every", "relu_factor", "fixed_scale", "margin"};
-
-// How one layer decides: the policy's method and keys, or its override's; `global`: it sends its
-// gradient at s = 1 (the global scale), with no statistics and no φ_l.
-struct LayerRule {
-  bool global = false;
-  std::string method_name;
-  std::shared_ptr<const Method> method;
-  MethodParams params;
-  ScaleBounds bounds;
-  std::int64_t update_every = 1;
-};
-
-// The keys of the per-layer method, which a configuration with "controller" does not take.
-const char* const kMethodKeys[] = {"method",       "scale_upper_bound", "accum_upper_bound", "power_of_two",
-                                   "update_every", "relu_factor",       "fixed_scale"};
 
 // The cached decision of one layer (update_every).
 struct LayerCache {
@@ -74,8 +28,7 @@ struct LayerCache {
 
 class AdaptiveScaler final : public Scaler, public LayerController {
  public:
-  AdaptiveScaler(AdaptiveConfig c, Format format) : c_(std::move(c)), method_(make_method(c_.method)) {
-    format_ = format;
+  AdaptiveScaler(AdaptiveConfig c, Format format) : c_(std::move(c)) {
     set_format(format);
     if (!c_.controller.empty()) user_ = make_controller(c_.controller, c_.controller_config, format);
   }
@@ -199,44 +152,13 @@ class AdaptiveScaler final : public Scaler, public LayerController {
       r.kept = const_cast<AdaptiveScaler*>(this)->cache_at(layer_id).unbound;
       return r;
     }
-    if (lr.method_name == "approx_range") r.formula = ScaleRule::kApproxRange;
-    else if (lr.method_name == "abs_range") r.formula = ScaleRule::kAbsRange;
-    else if (lr.method_name == "measured") r.formula = ScaleRule::kMeasured;
-    else if (lr.method_name == "fixed") r.formula = ScaleRule::kFixed;
-    else return std::nullopt;  // element_wise streams every partial product: the host decides
+    const std::optional<ScaleRule::Formula> formula = method_formula(lr.method_name);
+    if (!formula) return std::nullopt;  // element_wise streams every partial product: the host decides
+    r.formula = *formula;
     return r;  // the backend fills in K (`reduction`) from the layer
   }
 
-  nlohmann::json config() const override {
-    if (user_) {  // the loss-level keys only: the controller owns the per-layer decision
-      nlohmann::json j = {{"policy", "adaptive"},         {"controller", c_.controller},
-                          {"controller_config", c_.controller_config}, {"n_uf", c_.n_uf},
-                          {"cast_form", c_.cast_form},     {"recover_every", c_.recover_every},
-                          {"margin", c_.margin}};
-      j["init_scale"] = c_.auto_init ? nlohmann::json("auto") : nlohmann::json(c_.init_scale);
-      if (c_.u_min) j["u_min"] = *c_.u_min;
-      if (c_.u_max) j["u_max"] = *c_.u_max;
-      return j;
-    }
-    nlohmann::json j = {{"policy", "adaptive"},
-                        {"method", c_.method},
-                        {"n_uf", c_.n_uf},
-                        {"scale_upper_bound", c_.scale_upper_bound},
-                        {"accum_upper_bound", c_.accum_upper_bound},
-                        {"power_of_two", c_.power_of_two},
-                        {"update_every", c_.update_every},
-                        {"relu_factor", c_.relu_factor},
-                        {"cast_form", c_.cast_form},
-                        {"recover_every", c_.recover_every},
-                        {"fixed_scale", c_.fixed_scale},
-                        {"margin", c_.margin}};
-    j["init_scale"] = c_.auto_init ? nlohmann::json("auto") : nlohmann::json(c_.init_scale);
-    if (c_.u_min) j["u_min"] = *c_.u_min;
-    if (c_.u_max) j["u_max"] = *c_.u_max;
-    if (c_.control_all) j["control_at"] = "all";  // the default "gemm" is left out: configs stay as they were
-    if (!c_.layers.empty()) j["layers"] = c_.layers;
-    return j;
-  }
+  nlohmann::json config() const override { return adaptive_config_json(c_); }
 
   nlohmann::json state() const override {
     nlohmann::json layers = nlohmann::json::array();
@@ -271,7 +193,7 @@ class AdaptiveScaler final : public Scaler, public LayerController {
     const double phi = read_phi(r, where);
     const std::int64_t clean = r.required_integer("clean_steps", 0, c_.recover_every - 1);
     const double last = r.required_number("last_loss_scale", Interval{0, kInf, false, true});
-    const double floor = r.number("loss_floor", 0.0, Interval{0, kInf, false, true});  // absent before round 3
+    const double floor = r.number("loss_floor", 0.0, Interval{0, kInf, false, true});  // absent in older states
     const nlohmann::json& layers = state.at("layers");
     GS_CHECK_CONFIG(layers.is_array(), "scaler 'adaptive' state: 'layers' must be an array");
     std::vector<LayerCache> cache(cache_.size());
@@ -297,16 +219,8 @@ class AdaptiveScaler final : public Scaler, public LayerController {
 
  private:
   void set_format(Format f) {
-    const FormatInfo& info = format_info(f);
-    params_.n_uf = c_.n_uf;
-    params_.c = underflow_coefficient(c_.n_uf);
-    params_.u_min = c_.u_min.value_or(info.min_subnormal);
-    params_.u_max = c_.u_max.value_or(info.max_finite);
-    params_.relu_factor = c_.relu_factor;
-    params_.fixed_scale = c_.fixed_scale;
-    params_.margin = c_.margin;
-    bounds_ = ScaleBounds{c_.scale_upper_bound, c_.accum_upper_bound, c_.power_of_two};
-    default_rule_ = LayerRule{false, c_.method, method_, params_, bounds_, c_.update_every};
+    default_rule_ = default_layer_rule(c_, f);
+    params_ = default_rule_.params;
     format_ = f;
   }
 
@@ -318,7 +232,7 @@ class AdaptiveScaler final : public Scaler, public LayerController {
       bool found = false;
       for (std::size_t i = 0; i < layers.size(); ++i) {
         if (layers[i].name != name) continue;
-        rules_[i] = override_rule(name, value, format_);
+        rules_[i] = override_layer_rule(c_, name, value, format_);
         found = true;
       }
       if (!found) {
@@ -330,52 +244,6 @@ class AdaptiveScaler final : public Scaler, public LayerController {
     }
   }
 
- public:
-  // The rule of an override (c_ gives what it does not): validated here, so a bad override fails when
-  // the policy is made.
-  LayerRule override_rule(const std::string& name, const nlohmann::json& value, Format f) const {
-    const std::string where = "scaler 'adaptive': 'layers': '" + name + "'";
-    if (value.is_string()) {
-      GS_CHECK_CONFIG(value == "global", where << " must be \"global\" or an object of per-layer keys, got "
-                                               << json_excerpt(value));
-      LayerRule r = default_rule_;
-      r.global = true;
-      return r;
-    }
-    GS_CHECK_CONFIG(value.is_object(), where << " must be \"global\" or an object of per-layer keys, got "
-                                             << json_excerpt(value));
-    const ConfigReader r(value, where, std::vector<std::string>(std::begin(kLayerKeys), std::end(kLayerKeys)));
-    LayerRule rule;
-    rule.method_name = c_.method;
-    if (r.has("method")) {
-      GS_CHECK_CONFIG(value.at("method").is_string(), where << ": 'method' must be a string, got "
-                                                            << json_excerpt(value.at("method")));
-      rule.method_name = value.at("method").get<std::string>();
-    }
-    rule.method = make_method(rule.method_name);
-    GS_CHECK_CONFIG(!c_.control_all || rule.method_name == "measured" || rule.method_name == "fixed",
-                    where << ": 'control_at': \"all\" needs a method that decides without a weight (measured or "
-                          << "fixed), got '" << rule.method_name << "'");
-    const FormatInfo& info = format_info(f);
-    MethodParams& p = rule.params;
-    p.n_uf = r.number("n_uf", c_.n_uf, Interval{0, 0.5, true, true});
-    p.c = underflow_coefficient(p.n_uf);
-    p.u_min = c_.u_min.value_or(info.min_subnormal);
-    p.u_max = c_.u_max.value_or(info.max_finite);
-    p.relu_factor = r.number("relu_factor", c_.relu_factor, Interval{0, 1, true, false});
-    p.fixed_scale = r.number("fixed_scale", c_.fixed_scale, Interval{0, kInf, true, true});
-    p.margin = static_cast<int>(r.integer("margin", c_.margin, 0, 64));
-    rule.bounds.scale_upper_bound = r.number("scale_upper_bound", c_.scale_upper_bound, Interval{0, kInf, true, true});
-    rule.bounds.accum_upper_bound = r.number("accum_upper_bound", c_.accum_upper_bound, Interval{0, kInf, true, true});
-    rule.bounds.power_of_two = r.boolean("power_of_two", c_.power_of_two);
-    rule.update_every = r.integer("update_every", c_.update_every, 1, std::int64_t{1} << 40);
-    check_scale_range("adaptive", "scale_upper_bound", rule.bounds.scale_upper_bound);
-    check_scale_range("adaptive", "accum_upper_bound", rule.bounds.accum_upper_bound);
-    check_scale_range("adaptive", "fixed_scale", p.fixed_scale);
-    return rule;
-  }
-
- private:
   const LayerRule& rule(int layer_id) const {
     return layer_id >= 0 && static_cast<std::size_t>(layer_id) < rules_.size() ? rules_[static_cast<std::size_t>(layer_id)]
                                                                                : default_rule_;
@@ -393,14 +261,12 @@ class AdaptiveScaler final : public Scaler, public LayerController {
   }
 
   AdaptiveConfig c_;
-  std::shared_ptr<const Method> method_;
   Format format_;
   LayerRule default_rule_;        // the policy's own keys
   std::vector<LayerRule> rules_;  // per layer (bind); default_rule_ for a layer outside the table
   std::unique_ptr<LayerController> user_;  // c_.controller's, when configured
   std::unique_ptr<Method> cast_measured_ = make_measured();  // cast_form "measured" at the loss
-  MethodParams params_;
-  ScaleBounds bounds_;
+  MethodParams params_;  // the policy's own (default_rule_'s): the loss scale's rules and u_max read them
   std::vector<LayerCache> cache_;
   std::int64_t step_ = 0;
   LocalSafety safety_;          // φ of the loss scale and φ_l per layer (SPEC §6.5)
@@ -408,134 +274,10 @@ class AdaptiveScaler final : public Scaler, public LayerController {
   double loss_floor_ = 0;       // its floor (SPEC §6.5): 0 before the first iteration
 };
 
-// The scales and bounds in float32's range (scale_range.h), and a u_min or u_max given alone checked
-// against the default of the other: the gradient format's smallest subnormal and largest finite value.
-void check_adaptive_ranges(const AdaptiveConfig& c, Format format) {
-  check_scale_range("adaptive", "scale_upper_bound", c.scale_upper_bound);
-  check_scale_range("adaptive", "accum_upper_bound", c.accum_upper_bound);
-  check_scale_range("adaptive", "fixed_scale", c.fixed_scale);
-  if (!c.auto_init) check_scale_range("adaptive", "init_scale", c.init_scale);
-  const FormatInfo& info = format_info(format);
-  if (c.u_max && !c.u_min)
-    GS_CHECK_CONFIG(*c.u_max > info.min_subnormal,
-                    "scaler 'adaptive': 'u_max' (" << *c.u_max << ") must be above 'u_min', which is "
-                                                   << info.min_subnormal << " (the smallest subnormal of "
-                                                   << format_name(format) << ") when not given");
-  if (c.u_min && !c.u_max)
-    GS_CHECK_CONFIG(*c.u_min < info.max_finite,
-                    "scaler 'adaptive': 'u_min' (" << *c.u_min << ") must be below 'u_max', which is "
-                                                   << info.max_finite << " (the largest finite value of "
-                                                   << format_name(format) << ") when not given");
-}
-
 }  // namespace
 
-const std::vector<std::string>& method_names() {
-  static const std::vector<std::string> names = {"approx_range", "abs_range", "element_wise", "fixed",
-                                                 "measured"};
-  return names;
-}
-
-std::unique_ptr<Method> make_method(const std::string& name) {
-  if (name == "approx_range") return make_approx_range();
-  if (name == "abs_range") return make_abs_range();
-  if (name == "element_wise") return make_element_wise();
-  if (name == "fixed") return make_fixed();
-  if (name == "measured") return make_measured();
-  std::string known;
-  for (const auto& n : method_names()) known += (known.empty() ? "" : ", ") + n;
-  throw ConfigError("scaler 'adaptive': unknown method '" + name + "' (allowed: " + known + ")");
-}
-
 std::unique_ptr<Scaler> make_adaptive_scaler(const nlohmann::json& config, Format format) {
-  const ConfigReader r(config, "scaler 'adaptive'",
-                       {"policy", "method", "n_uf", "scale_upper_bound", "accum_upper_bound", "power_of_two",
-                        "update_every", "relu_factor", "init_scale", "cast_form", "recover_every", "fixed_scale",
-                        "margin", "u_min", "u_max", "controller", "controller_config", "control_at", "layers"});
-  AdaptiveConfig c;
-  if (r.has("controller")) {
-    const nlohmann::json& name = config.at("controller");
-    GS_CHECK_CONFIG(name.is_string() && !name.get<std::string>().empty(),
-                    "scaler 'adaptive': 'controller' must be the name of a registered controller, got "
-                        << json_excerpt(name));
-    c.controller = name.get<std::string>();
-    for (const char* key : kMethodKeys)
-      GS_CHECK_CONFIG(!r.has(key), "scaler 'adaptive': '" << key << "' belongs to the built-in methods and is not "
-                                                          << "taken with 'controller' ('" << c.controller
-                                                          << "' decides the local scales; its own keys go in "
-                                                          << "'controller_config')");
-    if (r.has("controller_config")) {
-      c.controller_config = config.at("controller_config");
-      GS_CHECK_CONFIG(c.controller_config.is_object(), "scaler 'adaptive': 'controller_config' must be an object, got "
-                                                           << json_excerpt(c.controller_config));
-    }
-  } else {
-    GS_CHECK_CONFIG(!r.has("controller_config"),
-                    "scaler 'adaptive': 'controller_config' is given without 'controller'");
-  }
-  if (r.has("method")) {
-    GS_CHECK_CONFIG(config.at("method").is_string(), "scaler 'adaptive': 'method' must be a string, got "
-                                                         << json_excerpt(config.at("method")));
-    c.method = config.at("method").get<std::string>();
-  }
-  make_method(c.method);  // validates the name
-  if (r.has("control_at")) {
-    const nlohmann::json& at = config.at("control_at");
-    GS_CHECK_CONFIG(at == "gemm" || at == "all", "scaler 'adaptive': 'control_at' must be \"gemm\" (Linear and "
-                                                 "Conv2d, the default) or \"all\" (every layer that sends a "
-                                                 "gradient upstream), got " << json_excerpt(at));
-    c.control_all = at == "all";
-    GS_CHECK_CONFIG(!c.control_all || c.controller.empty(),
-                    "scaler 'adaptive': 'control_at' is not taken with 'controller' ('"
-                        << c.controller << "' says where it acts: LayerController::acts_at)");
-    GS_CHECK_CONFIG(!c.control_all || c.method == "measured" || c.method == "fixed",
-                    "scaler 'adaptive': 'control_at': \"all\" needs a method that decides without a weight "
-                    "(measured or fixed); '" << c.method << "' reads the layer's weight, which BatchNorm, "
-                    "pooling, ReLU, Flatten, Dropout and Add do not have");
-  }
-  c.n_uf = r.number("n_uf", c.n_uf, Interval{0, 0.5, true, true});
-  c.scale_upper_bound = r.number("scale_upper_bound", c.scale_upper_bound, Interval{0, kInf, true, true});
-  c.accum_upper_bound = r.number("accum_upper_bound", c.accum_upper_bound, Interval{0, kInf, true, true});
-  c.power_of_two = r.boolean("power_of_two", c.power_of_two);
-  c.update_every = r.integer("update_every", c.update_every, 1, std::int64_t{1} << 40);
-  c.relu_factor = r.number("relu_factor", c.relu_factor, Interval{0, 1, true, false});
-  if (r.has("init_scale") && config.at("init_scale").is_string()) {
-    GS_CHECK_CONFIG(config.at("init_scale") == "auto", "scaler 'adaptive': 'init_scale' must be a number > 0 or \"auto\", got "
-                                                           << json_excerpt(config.at("init_scale")));
-    c.auto_init = true;
-  } else {
-    c.init_scale = r.number("init_scale", c.init_scale, Interval{0, kInf, true, true});
-  }
-  if (r.has("cast_form")) {
-    const nlohmann::json& f = config.at("cast_form");
-    GS_CHECK_CONFIG(f == "no_weight" || f == "lognormal" || f == "measured",
-                    "scaler 'adaptive': 'cast_form' must be \"no_weight\", \"lognormal\" or \"measured\", got "
-                        << json_excerpt(f));
-    c.cast_form = f.get<std::string>();
-  }
-  c.recover_every = r.integer("recover_every", c.recover_every, 1, std::int64_t{1} << 40);
-  c.fixed_scale = r.number("fixed_scale", c.fixed_scale, Interval{0, kInf, true, true});
-  c.margin = static_cast<int>(r.integer("margin", c.margin, 0, 64));
-  if (r.has("u_min")) c.u_min = r.number("u_min", 0, Interval{0, kInf, true, true});
-  if (r.has("u_max")) c.u_max = r.number("u_max", 0, Interval{0, kInf, true, true});
-  if (c.u_min && c.u_max)
-    GS_CHECK_CONFIG(*c.u_min < *c.u_max, "scaler 'adaptive': 'u_min' (" << *c.u_min << ") must be below 'u_max' ("
-                                                                         << *c.u_max << ")");
-  check_adaptive_ranges(c, format);
-  if (r.has("layers")) {
-    const nlohmann::json& layers = config.at("layers");
-    GS_CHECK_CONFIG(layers.is_object(), "scaler 'adaptive': 'layers' must be an object {layer name: \"global\" or "
-                                        "{per-layer keys}}, got " << json_excerpt(layers));
-    GS_CHECK_CONFIG(c.controller.empty() || layers.empty(),
-                    "scaler 'adaptive': 'layers' is not taken with 'controller' ('" << c.controller
-                                                                                   << "' decides every layer)");
-    c.layers = layers;
-  }
-  auto scaler = std::make_unique<AdaptiveScaler>(std::move(c), format);
-  if (config.contains("layers"))
-    for (const auto& [name, value] : config.at("layers").items())
-      scaler->override_rule(name, value, format);  // each override's keys checked now, not at bind
-  return scaler;
+  return std::make_unique<AdaptiveScaler>(parse_adaptive_config(config, format), format);
 }
 
 }  // namespace gradscale::adaptive

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -31,9 +32,12 @@ std::unique_ptr<Method> make_abs_range();
 std::unique_ptr<Method> make_element_wise();
 std::unique_ptr<Method> make_fixed();
 std::unique_ptr<Method> make_measured();
-// The method names, in the order the error messages list them.
+// The method names, in the order the error messages list them (adaptive/method_table.cpp).
 const std::vector<std::string>& method_names();
+// The method of that name (ConfigError naming the allowed ones otherwise).
 std::unique_ptr<Method> make_method(const std::string& name);
+// The formula a device evaluates for it (LayerController::device_rule); none where the host decides.
+std::optional<ScaleRule::Formula> method_formula(const std::string& name);
 
 // approx_range at a cast point (no weight, SPEC §6.2): σ_o = std(g), o_max = max|g|, no K.
 double approx_range_no_weight(const TensorStats& g, const MethodParams& p);

@@ -13,12 +13,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include "lib/optim/config_reader.h"
+#include "lib/core/config_reader.h"
 
 namespace gradscale::baselines {
 
-using optim_detail::ConfigReader;
-using optim_detail::Interval;
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr std::int64_t kMaxInt32 = std::numeric_limits<std::int32_t>::max();

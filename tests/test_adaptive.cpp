@@ -665,7 +665,7 @@ TEST_CASE("init_scale auto chooses S0 from the fp32 loss gradient with each cast
   }
 }
 
-TEST_CASE("per-layer overrides: a layer's own keys, a fixed scale, the global scale; in config() and refused when wrong",
+TEST_CASE("per-layer overrides: a layer's own keys, a fixed scale, the global scale, in config(), refused when wrong",
           "[adaptive]") {
   auto s = adaptive_scaler({{"method", "fixed"},
                             {"fixed_scale", 4},

@@ -1,5 +1,5 @@
-// Checked reading of optimizer and LR-schedule JSON configuration (see config_reader.h).
-#include "lib/optim/config_reader.h"
+// Checked reading of JSON configuration objects (see config_reader.h).
+#include "lib/core/config_reader.h"
 
 #include <algorithm>
 #include <cmath>
@@ -9,7 +9,7 @@
 #include "lib/core/error.h"
 #include "lib/core/json_read.h"
 
-namespace gradscale::optim_detail {
+namespace gradscale {
 namespace {
 
 std::string join(const std::vector<std::string>& names) {
@@ -133,4 +133,4 @@ std::string config_name(const nlohmann::json& cfg, const char* what,
   return s;
 }
 
-}  // namespace gradscale::optim_detail
+}  // namespace gradscale

@@ -1,6 +1,6 @@
-// Reading one JSON configuration object of lib/optim (an optimizer or an LR schedule) with checks:
-// every key must be known, every value of the right type and inside its range. Errors are ConfigError
-// messages that name the object, the key, the allowed range and the value found.
+// Reading one JSON configuration object (an optimizer, an LR schedule, a scaler policy, a layer's
+// override) with checks: every key must be known, every value of the right type and inside its range.
+// Errors are ConfigError messages that name the object, the key, the allowed range and the value found.
 #pragma once
 
 #include <cstdint>
@@ -9,7 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
-namespace gradscale::optim_detail {
+namespace gradscale {
 
 // A real interval such as [0, 1) or (0, inf); `text()` writes it the way error messages show it.
 struct Interval {
@@ -54,4 +54,4 @@ class ConfigReader {
 // `allowed`). A plain JSON string is accepted as the name alone.
 std::string config_name(const nlohmann::json& cfg, const char* what, const std::vector<std::string>& allowed);
 
-}  // namespace gradscale::optim_detail
+}  // namespace gradscale

@@ -7,12 +7,11 @@
 #include <limits>
 
 #include "lib/core/error.h"
-#include "lib/optim/config_reader.h"
+#include "lib/core/config_reader.h"
 
 namespace gradscale {
 namespace {
 
-using optim_detail::Interval;
 constexpr double kInf = std::numeric_limits<double>::infinity();
 const Interval kBetaRange{0.0, 1.0, false, true};
 const Interval kEpsRange{0.0, kInf, true, true};
@@ -40,8 +39,8 @@ void check_options(const Adam::Options& o) {
 }  // namespace
 
 Adam::Options Adam::Options::from_json(const nlohmann::json& cfg) {
-  const std::string name = optim_detail::config_name(cfg, "optimizer", {"adam", "adamw"});
-  const optim_detail::ConfigReader r(cfg, "optimizer '" + name + "'",
+  const std::string name = config_name(cfg, "optimizer", {"adam", "adamw"});
+  const ConfigReader r(cfg, "optimizer '" + name + "'",
                                      {"name", "beta1", "beta2", "eps", "weight_decay"});
   Options o;
   o.decoupled = name == "adamw";

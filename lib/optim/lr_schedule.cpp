@@ -6,12 +6,11 @@
 #include <limits>
 
 #include "lib/core/error.h"
-#include "lib/optim/config_reader.h"
+#include "lib/core/config_reader.h"
 
 namespace gradscale {
 namespace {
 
-using optim_detail::Interval;
 constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr double kPi = 3.14159265358979323846;
 constexpr std::int64_t kMaxSteps = std::numeric_limits<std::int64_t>::max();
@@ -58,7 +57,7 @@ void check_options(const LrSchedule::Options& o) {
 }  // namespace
 
 LrSchedule LrSchedule::from_json(const nlohmann::json& cfg) {
-  const std::string name = optim_detail::config_name(cfg, "lr schedule", {"constant", "step", "cosine"});
+  const std::string name = config_name(cfg, "lr schedule", {"constant", "step", "cosine"});
   std::vector<std::string> keys = {"name", "lr", "warmup_steps", "warmup_start_factor"};
   Options o;
   if (name == "step") {
@@ -68,7 +67,7 @@ LrSchedule LrSchedule::from_json(const nlohmann::json& cfg) {
     o.kind = Kind::cosine;
     keys.insert(keys.end(), {"total_steps", "min_lr"});
   }
-  const optim_detail::ConfigReader r(cfg, "lr schedule '" + name + "'", keys);
+  const ConfigReader r(cfg, "lr schedule '" + name + "'", keys);
   o.lr = r.required_number("lr", kLrRange);
   o.warmup_steps = r.integer("warmup_steps", o.warmup_steps, 0, kMaxSteps);
   o.warmup_start_factor = r.number("warmup_start_factor", o.warmup_start_factor, kStartFactorRange);

@@ -9,7 +9,7 @@
 #include "lib/core/error.h"
 #include "lib/core/json_read.h"
 #include "lib/optim/adam.h"
-#include "lib/optim/config_reader.h"
+#include "lib/core/config_reader.h"
 #include "lib/optim/sgd.h"
 
 namespace gradscale {
@@ -193,7 +193,7 @@ void Optimizer::restore_state(const nlohmann::json& state, const std::vector<Par
 }
 
 std::unique_ptr<Optimizer> make_optimizer(const nlohmann::json& cfg) {
-  const std::string name = optim_detail::config_name(cfg, "optimizer", {"sgd", "adam", "adamw"});
+  const std::string name = config_name(cfg, "optimizer", {"sgd", "adam", "adamw"});
   const nlohmann::json object = cfg.is_object() ? cfg : nlohmann::json{{"name", name}};
   if (name == "sgd") return std::make_unique<Sgd>(Sgd::Options::from_json(object));
   return std::make_unique<Adam>(Adam::Options::from_json(object));

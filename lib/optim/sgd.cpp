@@ -5,12 +5,11 @@
 #include <limits>
 
 #include "lib/core/error.h"
-#include "lib/optim/config_reader.h"
+#include "lib/core/config_reader.h"
 
 namespace gradscale {
 namespace {
 
-using optim_detail::Interval;
 const Interval kMomentumRange{0.0, 1.0, false, true};
 const Interval kWeightDecayRange{0.0, std::numeric_limits<double>::infinity(), false, true};
 
@@ -28,8 +27,8 @@ void check_options(const Sgd::Options& o) {
 }  // namespace
 
 Sgd::Options Sgd::Options::from_json(const nlohmann::json& cfg) {
-  optim_detail::config_name(cfg, "optimizer", {"sgd"});
-  const optim_detail::ConfigReader r(cfg, "optimizer 'sgd'",
+  config_name(cfg, "optimizer", {"sgd"});
+  const ConfigReader r(cfg, "optimizer 'sgd'",
                                      {"name", "momentum", "nesterov", "weight_decay"});
   Options o;
   o.momentum = r.number("momentum", o.momentum, kMomentumRange);
