@@ -68,6 +68,18 @@ if ! cmake --build "$build" -j "$(nproc)" "${target_args[@]}" >"$logs/build.txt"
   exit 1
 fi
 phase "built: $(grep -c "Building" "$logs/build.txt") sources, $(grep -c "warning" "$logs/build.txt") warning lines"
+# The plug-in's pytest runs on the package as pip installs it (editable, from this build directory);
+# pip needs scikit-build-core on the machine (no index there: carry its wheel, docs/gpu.md).
+if [ "$plugin" -eq 1 ]; then
+  if python3 -c 'import scikit_build_core' 2>/dev/null &&
+     python3 -m pip install -q --no-build-isolation --no-deps -e . --config-settings=build-dir="$build" \
+       >>"$logs/build.txt" 2>&1; then
+    phase "the Python package installed (editable)"
+  else
+    echo "gpu_run.sh: the plug-in's pytest is left out: pip could not install the package (scikit-build-core missing?)"
+    plugin=0
+  fi
+fi
 
 echo "== tests"
 filter=()

@@ -2,7 +2,7 @@
 # Installs what gradscale needs from Debian's packages, and only what is missing. Idempotent; works
 # as root or through sudo. matplotlib (for the trace and result plots) is part of the default set;
 # `--peer` adds what the PyTorch comparison needs; `--torch` what the PyTorch plug-in needs (Debian's
-# torch, pybind11, Python's headers, pytest), a venv at .venv (system site packages) and, in it, the
+# torch and torchvision (real architectures for the tests), pybind11, Python's headers, pytest), a venv at .venv (system site packages) and, in it, the
 # package installed by pip (`pip install -e .` through scripts/build.sh --package: scikit-build-core from
 # PyPI builds gradscale._core in the build directory that scripts/build.sh uses).
 #   scripts/setup.sh [--peer] [--torch]
@@ -42,8 +42,8 @@ make_venv() {
 for arg in "$@"; do
   case "$arg" in
     --peer) packages+=(python3-torch libopenblas0-pthread python3-numpy) ;;
-    --torch) packages+=(python3-torch libopenblas0-pthread python3-numpy python3-dev python3-venv pybind11-dev
-                        python3-pybind11 python3-pytest); want_venv=1 ;;
+    --torch) packages+=(python3-torch python3-torchvision libopenblas0-pthread python3-numpy python3-dev python3-venv
+                        pybind11-dev python3-pybind11 python3-pytest); want_venv=1 ;;
     -h|--help) sed -n '2,8p' "$0"; exit 0 ;;
     *) echo "setup.sh: unknown option '$arg' (allowed: --peer, --torch)" >&2; exit 2 ;;
   esac
