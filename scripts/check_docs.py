@@ -11,7 +11,7 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 README_MAX_LINES = 150
 PATH = re.compile(r"(?<![\w/.-])((?:scripts|docs|experiments)/[\w./-]*[\w/])")
-ROUND = re.compile(r"\bround \d+\b", re.IGNORECASE)
+ROUND = re.compile(r"(?<![-\w])round \d+\b", re.IGNORECASE)  # not the option --round
 
 
 def readme_paths(readme):
