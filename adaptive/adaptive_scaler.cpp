@@ -79,7 +79,7 @@ class AdaptiveScaler final : public Scaler, public LayerController {
     // back-offs, recovery after recover_every clean steps; the step is skipped only when a value the
     // update would use is not finite. Without the step's records (replay): §6.4's global halving.
     bool skip = stats.found_inf;
-    if (user_) {  // a registered controller: SPEC §6.4 as before (it sees φ; φ_l are the methods')
+    if (user_) {  // a registered controller: SPEC §6.4's global rule (it sees φ; φ_l are the methods')
       if (stats.found_inf)
         safety_.charge_loss_halving(c_.recover_every);
       else

@@ -47,7 +47,7 @@ class LocalSafety {
   // {"phi", "clean_steps"} of the loss scale; per layer only where φ_l < 1.
   nlohmann::json loss_state() const { return {{"phi", loss_.phi}, {"clean_steps", loss_.clean}}; }
   nlohmann::json layer_state(int layer_id) const;  // null when the layer's φ is 1
-  // From a policy state: the loss's factor, and a layer's (absent keys: 1 and 0). `where` names it.
+  // From a policy state: the loss's factor, and a layer's (absent keys: 1 and 0).
   void restore_loss(double phi, std::int64_t clean);
   void restore_layer(int layer_id, double phi, std::int64_t clean);
   void clear_layers();

@@ -150,8 +150,9 @@ def build_layers(model: nn.Module, layers: Optional[Sequence[Union[str, nn.Modul
 
 
 def trace_table(table: Iterable[Layer], model: nn.Module) -> List[dict]:
-    """The layer table of a trace (docs/trace.md): inputs are not known to the plug-in (autograd, not
-    a layer graph, connects the layers), so they are left empty."""
+    """The layer table of a trace (docs/trace.md), written when the Scaler is made: the layers' inputs are
+    left empty, since the plug-in learns them from autograd only during backward passes
+    (_backward_pass.py's layer graph, given to the core as LayerInfo::inputs)."""
     names = {id(p): n for n, p in model.named_parameters()}
     rows = []
     for layer in table:
