@@ -163,3 +163,45 @@ TEST_CASE("train: an output over the model spec a config file names is refused",
               "--trace 'spec.json' is the config's model_spec file");
   CHECK(read_text(tmp / "spec.json") == spec);
 }
+
+TEST_CASE("real_path follows every symlink, dangling ones too, and resolves '..' after them", "[output]") {
+  using gradscale::real_path;
+  TempDir tmp;
+  const std::string root = real_path(tmp.str());
+  fs::create_symlink("ck/checkpoint.json", tmp / "r.json");  // dangling: ck does not exist
+  CHECK(real_path(tmp / "r.json") == root + "/ck/checkpoint.json");
+  fs::create_symlink("r.json", tmp / "chain.json");  // a link to a dangling link
+  CHECK(real_path(tmp / "chain.json") == root + "/ck/checkpoint.json");
+  fs::create_symlink(root + "/ck", tmp / "d");  // a dangling directory link, absolute
+  CHECK(real_path(tmp / "d/x.json") == root + "/ck/x.json");
+  CHECK(real_path(tmp / "d/../y.json") == root + "/y.json");
+  fs::create_symlink("loop", tmp / "loop");  // a loop ends; the path stays usable in a message
+  CHECK_FALSE(real_path(tmp / "loop").empty());
+}
+
+TEST_CASE(
+    "train: an output through a dangling symlink or a hard link is refused like the file itself "
+    "(issue 40 item 1)",
+    "[cli][output]") {
+  TempDir tmp;
+  const std::string ck = kTrain + " --max-steps 4 --checkpoint ck --save-every 2";
+  // r.json → ck/checkpoint.json, which the run itself creates: the result would replace the checkpoint.
+  fs::create_symlink("ck/checkpoint.json", tmp / "r.json");
+  check_error(in_dir(tmp, ck + " --result r.json"), 2,
+              "--result 'r.json' is the file 'checkpoint.json' of the --checkpoint directory 'ck'");
+  CHECK_FALSE(fs::exists(tmp / "ck/checkpoint.json"));  // nothing ran
+  // A directory link: d → ck.
+  fs::create_symlink("ck", tmp / "d");
+  check_error(in_dir(tmp, ck + " --result d/tensors-4.bin"), 2, "of the --checkpoint directory 'ck'");
+  // link.json → x.json, one of the --trace x files.
+  fs::create_symlink("x.json", tmp / "link.json");
+  check_error(in_dir(tmp, kTrain + " --max-steps 4 --trace x --result link.json"), 2,
+              "--result 'link.json' and the --trace file 'x.json' are the same file");
+  CHECK_FALSE(fs::exists(tmp / "x.json"));
+  // A hard link to a checkpoint file, outside the checkpoint's directory.
+  REQUIRE(in_dir(tmp, ck).status == 0);
+  fs::create_hard_link(tmp / "ck/checkpoint.json", tmp / "h.json");
+  check_error(in_dir(tmp, ck + " --result h.json"), 2,
+              "--result 'h.json' is the file 'checkpoint.json' of the --checkpoint directory 'ck'");
+  CHECK(in_dir(tmp, kTrain + " --max-steps 6 --resume ck").status == 0);  // still resumable
+}

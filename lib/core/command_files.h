@@ -1,7 +1,8 @@
 // The files one command reads and writes, checked against each other before any work: one rule for
 // every output (a result, a trace, the files of a checkpoint directory, an ablation's directory), so
 // that no output replaces another output or an input of the same command. Paths are compared as real
-// paths (symlinks followed, "." and ".." resolved), and existing files also by identity (hard links).
+// paths (symlinks followed, dangling ones too; "." and ".." resolved), and existing files also by
+// identity (hard links, also to a file that a listed directory holds).
 #pragma once
 
 #include <functional>
@@ -40,7 +41,8 @@ class CommandFiles {
   std::vector<Dir> dirs_;
 };
 
-// `path` as an absolute path with the symlinks of its existing part followed and "."/".." resolved.
+// `path` as an absolute path with every symlink in it followed, a dangling one too (its target is
+// where a write through it lands), and "."/".." resolved.
 std::string real_path(const std::string& path);
 
 }  // namespace gradscale

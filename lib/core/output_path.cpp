@@ -10,19 +10,18 @@
 #include <cstring>
 #include <filesystem>
 
+#include "lib/core/command_files.h"
 #include "lib/core/error.h"
 
 namespace gradscale {
 namespace fs = std::filesystem;
 namespace {
 
-// Where a write to `path` lands: a symlink is followed to its target.
+// Where a write to `path` lands: a symlink is followed to its target, a dangling one too (the write
+// creates the target, as the collision check of command_files.h assumes).
 fs::path resolve(const std::string& path) {
   std::error_code ec;
-  if (fs::is_symlink(fs::symlink_status(path, ec))) {
-    fs::path target = fs::weakly_canonical(path, ec);
-    if (!ec) return target;
-  }
+  if (fs::is_symlink(fs::symlink_status(path, ec))) return real_path(path);
   return fs::path(path);
 }
 

@@ -13,9 +13,10 @@ namespace gradscale {
 using InputFile = std::pair<std::string, std::string>;
 
 // Checks that write_file_atomic(path, ...) can succeed: `path` is not empty and does not end in '/';
-// nothing is there or a regular file is (a symlink is followed; a directory, FIFO, device or socket is
-// refused); it is not one of `inputs`; its directory exists (it is created when missing) and a file
-// can be created in it (tried). Throws ConfigError starting with `what` (e.g. "--result").
+// nothing is there or a regular file is (a symlink is followed, a dangling one to where its target
+// would be; a directory, FIFO, device or socket is refused); it is not one of `inputs`; its directory
+// exists (it is created when missing) and a file can be created in it (tried). Throws ConfigError
+// starting with `what` (e.g. "--result").
 void check_output_file(const std::string& path, const std::string& what,
                        const std::vector<InputFile>& inputs = {});
 
@@ -27,7 +28,8 @@ void check_output_dir(const std::string& dir, const std::string& what);
 // name (temp_name_prefix(path) + a unique suffix) in the same directory, which is fsynced and then
 // renamed over `path`; the directory is fsynced after the rename. A crash at any moment leaves either
 // the old file or the new one. On failure the temp file is removed. A symlink at `path` is followed:
-// its target is replaced. Missing parent directories are created. Throws DataError naming the path.
+// its target is replaced (created, when the link dangles). Missing parent directories are created.
+// Throws DataError naming the path.
 void write_file_atomic(const std::string& path, const std::string& contents);
 
 // The file name every temp file of write_file_atomic(path) starts with: "<name of path>.tmp".
