@@ -27,9 +27,10 @@
 #include "lib/train/scaled_training.h"
 #include "lib/train/trainer.h"
 #include "tests/cli_run.h"
-#include "tests/thread_ranks.h"
+#include "tests/idx_dir.h"
 #include "tests/skip.h"
 #include "tests/temp_dir.h"
+#include "tests/thread_ranks.h"
 
 namespace {
 
@@ -264,11 +265,55 @@ TEST_CASE("mpirun: ranks started with different configs stop at the start, namin
   const auto r = run_shell("timeout 120 " + mpi + "sh -c 'exec \"$0\" " + kRun +
                                "--max-steps 4 --lr 0.00$((OMPI_COMM_WORLD_RANK + 1))' \"$GS\"");
   INFO(joined(r.lines));
-  CHECK(r.status != 0);
-  CHECK(r.status != 124);  // not the timeout: the ranks noticed
+  CHECK(r.status == 2);  // bad input (issue 40 item 5); not the timeout: the ranks noticed
   const std::string out = joined(r.lines);
   CHECK(out.find("the ranks were started with different configs: rank 1 differs from rank 0") != std::string::npos);
   CHECK(out.find("first at 'lr'") != std::string::npos);
+}
+
+TEST_CASE(
+    "mpirun: ranks that read different data or resume different checkpoints stop at the start, "
+    "naming the file (issue 40 items 2, 5)",
+    "[dist][cli]") {
+  const std::string mpi = mpirun(2);
+  TempDir tmp;
+  // The same command line in a working directory per rank, each with its own mnist:d.
+  for (const char* r : {"r0", "r1"}) gradscale::test::write_idx_dir(tmp / (std::string(r) + "/d"), 64);
+  {
+    std::fstream labels(tmp / "r1/d/train-labels-idx1-ubyte",
+                        std::ios::in | std::ios::out | std::ios::binary);
+    labels.seekp(-1, std::ios::end);
+    labels.put(5);  // rank 1's last training label: 5, rank 0's 63 % 10 = 3
+  }
+  const std::string train = "train --model mlp --data mnist:d --batch 32 --epochs 8 --threads 1 --quiet ";
+  auto per_rank = [&](const std::string& args) {
+    const std::string script =
+        "cd '" + tmp.str() + "/r'\"$OMPI_COMM_WORLD_RANK\" && exec \"$0\" " + train + args;
+    return run_shell("timeout 120 " + mpi + "sh -c " + gradscale::test::shell_quote(script) + " \"$GS\"");
+  };
+  const auto data = per_rank("--max-steps 2");
+  INFO(joined(data.lines));
+  CHECK(data.status == 2);
+  CHECK(joined(data.lines)
+            .find("the ranks read different files: the data 'mnist:d' differs on rank 1 from "
+                  "rank 0's (rank 0: content checksum xxh64:") != std::string::npos);
+  CHECK(joined(data.lines).find("test_accuracy") == std::string::npos);  // no rank trained
+
+  // The same data; each rank's checkpoint "ck" at another step.
+  gradscale::test::write_idx_dir(tmp / "r1/d", 64);
+  for (const auto& [dir, steps] : {std::pair<const char*, int>{"r0", 2}, {"r1", 4}})
+    REQUIRE(run_shell("cd '" + (tmp / dir) + "' && \"$GS\" " + train + "--max-steps " +
+                      std::to_string(steps) + " --checkpoint ck --save-every 2")
+                .status == 0);
+  const auto resumed = per_rank("--max-steps 8 --resume ck");
+  INFO(joined(resumed.lines));
+  CHECK(resumed.status == 2);
+  CHECK(joined(resumed.lines)
+            .find("the ranks read different files: the --resume checkpoint 'ck' differs on rank 1 "
+                  "from rank 0's (rank 0: step 2, weights xxh64:") != std::string::npos);
+  CHECK(joined(resumed.lines).find("this rank, 1: step 4, weights") != std::string::npos);
+  CHECK(joined(resumed.lines).find("test_accuracy") == std::string::npos);
+  CHECK(joined(resumed.lines).find("MPI_ERR") == std::string::npos);
 }
 
 TEST_CASE("mpirun: a rank that stops ends the others with a timeout error, not a hang", "[dist][cli]") {
@@ -355,6 +400,41 @@ TEST_CASE("two ranks (threads): a reduced statistic is the whole tensor's", "[di
     CHECK(m[0] == 2.0);
     CHECK(m[1] == std::numeric_limits<double>::infinity());  // NaN counts as +inf
   }
+}
+
+TEST_CASE(
+    "two ranks (threads): a config or a file that differs stops both ranks with a ConfigError "
+    "naming it (issue 40 items 2, 5)",
+    "[dist]") {
+  using namespace gradscale;
+  std::string messages[2], configs[2];
+  on_two_ranks([&](int r, Communicator& comm) {
+    DataParallel dp(comm);
+    dp.check_same_input("content checksum xxh64:1", "the data 'mnist:d'");  // the same: passes
+    dp.check_same_config(json{{"lr", 0.1}});
+    try {
+      dp.check_same_input(r == 0 ? "step 2" : "step 4", "the --resume checkpoint 'ck'");
+    } catch (const ConfigError& e) {
+      messages[r] = e.what();
+    }
+    try {
+      dp.check_same_config(json{{"lr", 0.1 * (r + 1)}});
+    } catch (const ConfigError& e) {
+      configs[r] = e.what();
+    }
+  });
+  const std::string head =
+      "the ranks read different files: the --resume checkpoint 'ck' differs on rank 1 from rank "
+      "0's (rank 0: step 2";
+  const std::string tail = "); every rank must run the same command on the same files";
+  CHECK(messages[0] == head + tail);
+  CHECK(messages[1] == head + "; this rank, 1: step 4" + tail);
+  CHECK(configs[0] ==
+        "the ranks were started with different configs: rank 1 differs from rank 0 (every rank "
+        "must run the same command and files)");
+  CHECK(configs[1] ==
+        "the ranks were started with different configs: rank 1 differs from rank 0; on this rank "
+        "(1) first at 'lr' (every rank must run the same command and files)");
 }
 
 TEST_CASE("two ranks (threads): ScaledTraining::distribute takes one process's decisions", "[dist][api]") {

@@ -13,6 +13,7 @@
 
 #include "experiments/cli/command.h"
 #include "experiments/cli/dist_launch.h"
+#include "experiments/cli/terminal_text.h"
 #include "experiments/cli/train_options.h"
 #include "lib/core/error.h"
 #include "lib/core/output_path.h"
@@ -77,8 +78,8 @@ int run_train(const std::vector<std::string>& args) {
     try {
       return train(config, vm, result_path, *comm);
     } catch (const std::exception& e) {
-      std::cerr << "gradscale train: rank " << comm->rank() << " of " << comm->size() << ": " << e.what()
-                << std::endl;
+      std::cerr << "gradscale train: rank " << comm->rank() << " of " << comm->size() << ": "
+                << terminal_message(e.what()) << std::endl;
       comm->abort(dynamic_cast<const ConfigError*>(&e) ? 2 : 1);
     }
   }

@@ -226,25 +226,36 @@ void DataParallel::reduce_sum_on_device(float* device_values, std::size_t n) {
   counts_.gradient_bytes += 4 * n;
 }
 
-void DataParallel::check_same_config(const nlohmann::json& config) {
-  if (comm_.size() == 1) return;
-  std::string text = config.dump();
+std::string DataParallel::root_text(const std::string& text) {
   std::uint64_t size = comm_.rank() == 0 ? text.size() : 0;
   comm_.all_reduce_sum(&size, 1);  // rank 0's size (the others add 0)
   std::string root(static_cast<std::size_t>(size), '\0');
   if (comm_.rank() == 0) root = text;
   comm_.broadcast(root.data(), root.size(), 0);
-  const bool same = root == text;
+  return root;
+}
+
+std::string DataParallel::differing_ranks(bool same, int& count) {
   std::vector<double> differs(static_cast<std::size_t>(comm_.size()));
   const double mine = same ? 0.0 : 1.0;
   comm_.all_gather(&mine, 1, differs.data());
   std::ostringstream ranks;
-  int count = 0;
+  count = 0;
   for (std::size_t r = 0; r < differs.size(); ++r)
     if (differs[r] > 0) ranks << (count++ ? ", " : "") << r;
+  return ranks.str();
+}
+
+void DataParallel::check_same_config(const nlohmann::json& config) {
+  if (comm_.size() == 1) return;
+  const std::string text = config.dump();
+  const std::string root = root_text(text);
+  const bool same = root == text;
+  int count = 0;
+  const std::string ranks = differing_ranks(same, count);
   if (count == 0) return;
   std::ostringstream msg;
-  msg << "the ranks were started with different configs: rank" << (count > 1 ? "s " : " ") << ranks.str()
+  msg << "the ranks were started with different configs: rank" << (count > 1 ? "s " : " ") << ranks
       << " differ" << (count > 1 ? "" : "s") << " from rank 0";
   if (!same) {
     nlohmann::json theirs;
@@ -256,17 +267,37 @@ void DataParallel::check_same_config(const nlohmann::json& config) {
     msg << "; on this rank (" << comm_.rank() << ") first at '" << key << "'";
   }
   msg << " (every rank must run the same command and files)";
-  throw DistributedError(msg.str());
+  throw ConfigError(msg.str());
 }
 
-void DataParallel::check_same_weights(const std::vector<Parameter*>& params, const std::string& what) {
+void DataParallel::check_same_input(const std::string& value, const std::string& what) {
   if (comm_.size() == 1) return;
+  const std::string root = root_text(value);
+  const bool same = root == value;
+  int count = 0;
+  const std::string ranks = differing_ranks(same, count);
+  if (count == 0) return;
+  std::ostringstream msg;
+  msg << "the ranks read different files: " << what << " differs on rank" << (count > 1 ? "s " : " ") << ranks
+      << " from rank 0's (rank 0: " << root;
+  if (!same) msg << "; this rank, " << comm_.rank() << ": " << value;
+  msg << "); every rank must run the same command on the same files";
+  throw ConfigError(msg.str());
+}
+
+std::uint64_t DataParallel::weights_checksum(const std::vector<Parameter*>& params) {
   std::uint64_t h = 0;
   for (const Parameter* p : params) {
     const Tensor host = p->value.on_host() ? Tensor() : p->value.to_host();  // a GPU's weights: copied
     const Tensor& v = p->value.on_host() ? p->value : host;
     h = xxh64(v.data(), static_cast<std::size_t>(v.size()) * sizeof(float), h);
   }
+  return h;
+}
+
+void DataParallel::check_same_weights(const std::vector<Parameter*>& params, const std::string& what) {
+  if (comm_.size() == 1) return;
+  const std::uint64_t h = weights_checksum(params);
   // Two 32-bit halves, each exact in a double; max and max of the negation give the range over ranks.
   const auto hi = static_cast<double>(h >> 32), lo = static_cast<double>(h & 0xffffffffu);
   double v[4] = {hi, -hi, lo, -lo};

@@ -70,11 +70,21 @@ class DataParallel final : public StatisticsReducer {
   // rank charges the same back-offs. Layer decisions (s, S) are already the same on every rank.
   void reduce_step(StepMonitor& monitor);
 
-  // DistributedError unless every rank was started with the same `config` (canonical JSON text): the
-  // message names the ranks that differ from rank 0 and, on each of them, the first key that differs.
+  // The start-up checks (docs/distributed.md, "What is checked at the start"): every rank must run the
+  // same command on the same files. Collective: every rank calls them in the same order, and every
+  // rank throws when one differs. ConfigError (bad input: `gradscale train` exits 2).
+  //
+  // Unless every rank was started with the same `config` (canonical JSON text): the message names the
+  // ranks that differ from rank 0 and, on each of them, the first key that differs.
   void check_same_config(const nlohmann::json& config);
+  // Unless `value`, what this rank read from a file of its own (the data's content checksum, the
+  // checkpoint it resumes), is rank 0's: the message names `what` (the file), the ranks that differ,
+  // rank 0's value and, on a rank that differs, its own.
+  void check_same_input(const std::string& value, const std::string& what);
   // DistributedError unless every rank holds bit-identical weights (their checksum): after `what`.
   void check_same_weights(const std::vector<Parameter*>& params, const std::string& what);
+  // The checksum of the weights that check_same_weights compares.
+  static std::uint64_t weights_checksum(const std::vector<Parameter*>& params);
 
   const ReductionCounts& counts() const { return counts_; }
 
@@ -82,6 +92,10 @@ class DataParallel final : public StatisticsReducer {
   // Several statistics in one go: counts summed, extremes max-reduced, sums in rank order.
   void reduce_all(const std::vector<TensorStats*>& stats);
   void count_statistics(std::uint64_t collectives, std::uint64_t bytes);
+  // Rank 0's `text` on every rank (broadcast), and the ranks whose `same` is false, as "1, 3" (and
+  // their number in `count`).
+  std::string root_text(const std::string& text);
+  std::string differing_ranks(bool same, int& count);
 
   Communicator& comm_;
   DeviceCollectives* device_ = nullptr;

@@ -108,7 +108,7 @@ class ScaledTraining {
   // depends on — S0, each layer's s, the join targets, found_inf, φ and the skip — are reduced over the
   // ranks so every rank takes the decisions one process with the whole batch takes, and the master
   // gradients are summed before the optimizer step. Checks first that every rank built the same model,
-  // formats and scaler (DistributedError naming the ranks and the key). On a GPU (a model on the CUDA
+  // formats and scaler (ConfigError naming the ranks and the key). On a GPU (a model on the CUDA
   // backend, each rank its own context) every decision is taken on the host from the reduced statistics,
   // and the weight gradients are summed on the device by `gpu_collectives`: "nccl", "host" (through host
   // memory over comm) or "auto" (nccl when the build has it; lib/cuda/collectives.h); ignored on the CPU.

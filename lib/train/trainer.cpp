@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <ostream>
 
+#include "lib/core/checksum.h"
 #include "lib/core/clock.h"
 #include "lib/core/json_read.h"
 #include "lib/core/threads.h"
@@ -69,14 +70,26 @@ Trainer::Trainer(TrainConfig config, std::ostream* log, Communicator* comm, cons
                                                         << comm_->size()
                                                         << " ranks: choose a batch that leaves none or at least "
                                                            "one sample per rank");
-    training_->distribute(*comm_, gpu_collectives);  // checks the model, formats and scaler agree
+    // What every rank reads must agree (docs/distributed.md, "What is checked at the start"): the model,
+    // formats and scaler, the whole config, and the data, which each rank loads from its own files.
+    training_->distribute(*comm_, gpu_collectives);
     DataParallel(*comm_).check_same_config(config_.to_json());
+    DataParallel(*comm_).check_same_input("content checksum " + data_.checksum,
+                                          "the data '" + config_.data + "'");
     const DeviceCollectives* device = training_->data_parallel()->device();
     if (log_) *log_ << "data-parallel: " << comm_->size() << " ranks (" << comm_->backend()
                     << (device ? ", GPU gradients: " + device->backend() : std::string()) << "), "
                     << config_.batch << " samples per batch split over them\n";
   }
-  if (!config_.resume_dir.empty()) load_checkpoint(config_.resume_dir);
+  if (!config_.resume_dir.empty()) {
+    load_checkpoint(config_.resume_dir);
+    // Each rank resumes from its own copy: the same step and weights, or the ranks would part at once.
+    if (comm_)
+      DataParallel(*comm_).check_same_input(
+          "step " + std::to_string(steps()) + ", weights " +
+              checksum_text(DataParallel::weights_checksum(model_->parameters())),
+          "the --resume checkpoint '" + config_.resume_dir + "'");
+  }
   if (!config_.trace_path.empty() && writes_)
     trace_ = std::make_unique<TraceWriter>(config_.trace_path, training_->trace_header(config_.to_json()),
                                            config_.trace_every, config_.trace_hist,
