@@ -6,7 +6,10 @@
 #   scripts/slurm_ablate.sh FILE.json --out DIR --shards N [--jobs J] [--cpus C] [--time T]
 #                           [--partition P] [--gradscale BIN] [--dry-run] [-- SBATCH_ARGS...]
 # --jobs: runs at a time inside each task (default 1); --cpus: cores per task (default: J); --time:
-# each task's limit (default 12:00:00); --dry-run: print the sbatch commands instead of running them.
+# each task's limit (default 12:00:00); --dry-run: print the two sbatch commands, every argument quoted
+# for POSIX sh, exactly as they would be submitted, instead of running them.
+# Slurm runs --wrap with /bin/sh (dash on Debian): the commands inside it are quoted for POSIX sh, in
+# single quotes (a quote as '\''), never bash's $'...'.
 set -euo pipefail
 
 die() { echo "slurm_ablate.sh: $*" >&2; exit 2; }
@@ -37,24 +40,39 @@ done
 cpus="${cpus:-$jobs}"
 [[ "$cpus" =~ ^[1-9][0-9]*$ ]] || die "--cpus must be a whole number >= 1, got '$cpus'"
 [ -x "$gradscale" ] || die "no gradscale binary at '$gradscale' (build it, or give --gradscale BIN)"
-file=$(realpath "$file")
-out=$(realpath -m "$out")
-gradscale=$(realpath "$gradscale")
+# realpath's answer in REPLY: its line without the newline realpath adds, but with any the name ends in.
+real() {
+  local r
+  r=$(realpath "$@" && echo x) || die "cannot resolve the path '${*: -1}'"
+  r="${r%x}"
+  REPLY="${r%$'\n'}"
+}
+real -- "$file"; file="$REPLY"
+real -m -- "$out"; out="$REPLY"
+real -- "$gradscale"; gradscale="$REPLY"
 
 # Everything is checked before anything is submitted: the file expands (a bad key stops here, not in
 # N tasks), and each shard is valid.
 "$gradscale" ablate "$file" --dry-run --shard "$shards/$shards" >/dev/null
 
-q() { printf '%q' "$1"; }
+# One word for POSIX sh: single-quoted, each ' as '\'' (any byte, a newline included, stands as it is).
+q() { local quote="'\\''"; printf "'%s'" "${1//\'/$quote}"; }
 common=(--parsable --cpus-per-task="$cpus" --time="$time_limit")
 [ -z "$partition" ] || common+=(--partition="$partition")
 array_cmd="$(q "$gradscale") ablate $(q "$file") --out $(q "$out") --shard \${SLURM_ARRAY_TASK_ID}/$shards --jobs $jobs"
 array=(sbatch "${common[@]}" --job-name=gradscale-ablate --array="1-$shards"
        --output="$out.slurm/shard-%a.log" "${extra[@]}" --wrap="$array_cmd")
 merge_cmd="$(q "$gradscale") ablate $(q "$file") --out $(q "$out") --table-only"
+# The merge's arguments; its --dependency (afterany: the array's job id) is added at submission.
+merge=(sbatch "${common[@]}" --job-name=gradscale-ablate-table --output="$out.slurm/table.log" "${extra[@]}"
+       --wrap="$merge_cmd")
 if [ "$dry_run" = 1 ]; then
-  printf '%q ' "${array[@]}"; echo
-  echo "sbatch ${common[*]} --job-name=gradscale-ablate-table --dependency=afterany:<array job id> --output=$(q "$out.slurm/table.log") --wrap=$(q "$merge_cmd")"
+  # What the submission below runs, as sh commands: the array's job id is read into $array_id.
+  printf 'mkdir -p %s\n' "$(q "$out.slurm")"
+  printf 'array_id=$('; for a in "${array[@]}"; do printf '%s ' "$(q "$a")"; done; printf ') && \\\n'
+  printf '%s ' "$(q "${merge[0]}")"
+  printf '%s"${array_id%%%%;*}" ' "$(q "--dependency=afterany:")"
+  for a in "${merge[@]:1}"; do printf '%s ' "$(q "$a")"; done; echo
   exit 0
 fi
 command -v sbatch >/dev/null 2>&1 || die "sbatch not found: run this on a Slurm login node (or use --dry-run)"
@@ -62,8 +80,7 @@ mkdir -p "$out.slurm"
 array_id=$("${array[@]}")
 array_id="${array_id%%;*}"
 [[ "$array_id" =~ ^[0-9]+$ ]] || die "sbatch did not return a job id (got '$array_id')"
-merge_id=$(sbatch "${common[@]}" --job-name=gradscale-ablate-table --dependency="afterany:$array_id" \
-                  --output="$out.slurm/table.log" "${extra[@]}" --wrap="$merge_cmd")
+merge_id=$("${merge[0]}" --dependency="afterany:$array_id" "${merge[@]:1}")
 merge_id="${merge_id%%;*}"
 echo "slurm_ablate.sh: job array $array_id (shards 1-$shards of $file into $out), tables by job $merge_id"
 echo "slurm_ablate.sh: logs in $out.slurm/; progress: squeue -j $array_id; a lost shard: rerun it with --shard K/$shards"

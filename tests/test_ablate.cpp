@@ -550,7 +550,10 @@ TEST_CASE("plot_ablation.py draws a tiny table", "[ablate][plot]") {
 TEST_CASE("ablate --shard: K/N parsed and checked, the shards partition the runs", "[ablate][shard]") {
   CHECK(parse_shard("2/8").index == 2);
   CHECK(parse_shard("2/8").count == 8);
-  CHECK(parse_shard("1/1").all());
+  CHECK(gradscale::ablate::Shard{}.all());
+  CHECK_FALSE(parse_shard("1/1").all());  // a shard, though it holds every run: no tables (issue 40 item 4)
+  CHECK(parse_shard("1/1").holds(0));
+  CHECK(parse_shard("1/1").holds(7));
   CHECK_THROWS_WITH(parse_shard("0/2"), Catch::Contains("K must be in [1, 2]"));
   CHECK_THROWS_WITH(parse_shard("3/2"), Catch::Contains("K must be in [1, 2]"));
   CHECK_THROWS_WITH(parse_shard("1/0"), Catch::Contains("N must be in [1, 100000]"));
@@ -632,6 +635,10 @@ TEST_CASE("ablate: a run another process holds is left to it (run locks)", "[abl
   CHECK(contains(joined(r.lines), "torch_seed0: run by another process (pid " + std::to_string(::getpid()) + "): left to it"));
   CHECK(run_state(run_paths(out, "none_seed0")) == RunState::done);
   CHECK(run_state(run_paths(out, "torch_seed0")) == RunState::pending);
+  // A shard, 1/1 too, writes no tables, and its summary counts the run it left (issue 40 item 4).
+  CHECK_FALSE(fs::exists(out + "/table.md"));
+  CHECK(contains(joined(r.lines), "ablate: shard 1/1: 2 of 2 runs (1 run now in"));
+  CHECK(contains(joined(r.lines), "0 already finished, 1 left to another process; 0 diverged, 0 failed)"));
   const RunLock second(out, "torch_seed0");  // and in-process: one holder at a time
   CHECK_FALSE(second.held());
   CHECK(second.holder() == std::to_string(::getpid()));
@@ -664,4 +671,57 @@ TEST_CASE("scripts/slurm_ablate.sh submits a job array of shards and a merge aft
   CHECK(bad.status == 2);
   CHECK(contains(joined(bad.lines), "--shards must be a whole number >= 1, got '0'"));
   CHECK_FALSE(fs::exists(tmp / "sbatch.args"));
+}
+
+TEST_CASE(
+    "scripts/slurm_ablate.sh quotes for POSIX sh, and --dry-run prints what it submits (issue 40 item 3)",
+    "[ablate][shard][cli]") {
+  if (gradscale::test::run_shell("command -v dash >/dev/null").status != 0)
+    gradscale::test::skip_test("no dash: Slurm's /bin/sh on Debian, which runs each job's --wrap here");
+  TempDir tmp;
+  // A directory name with a quote, a tab, a newline, non-ASCII bytes and a command substitution.
+  const std::string dir = tmp / "Jos\xc3\xa9 it's\tx\ny $(touch pwned)";
+  const std::string file = dir + "/a.json", out = dir + "/out";
+  write_text(file, "{}");
+  // Stand-ins: sbatch records its arguments (NUL-separated) and runs --wrap with dash, as Slurm runs it
+  // with /bin/sh; the gradscale binary records its own.
+  const std::string log = tmp / "args";
+  write_text(tmp / "bin/sbatch", "#!/bin/sh\nprintf 'sbatch\\0' >> '" + log +
+                                     "'; printf '%s\\0' \"$@\" >> '" + log +
+                                     "'\nfor a; do case \"$a\" in --wrap=*) SLURM_ARRAY_TASK_ID=2 dash -c "
+                                     "\"${a#--wrap=}\";; esac; done\necho '4242;cluster'\n");
+  write_text(tmp / "bin/gs",
+             "#!/bin/sh\nprintf 'gradscale\\0' >> '" + log + "'; printf '%s\\0' \"$@\" >> '" + log + "'\n");
+  ::chmod((tmp / "bin/sbatch").c_str(), 0755);
+  ::chmod((tmp / "bin/gs").c_str(), 0755);
+  const std::string script = std::string(GRADSCALE_SOURCE_DIR) + "/scripts/slurm_ablate.sh";
+  const std::string run = "cd '" + tmp.str() + "' && LC_ALL=C PATH='" + (tmp / "bin") + "':\"$PATH\" bash '" +
+                          script + "' " + gradscale::test::shell_quote(file) + " --out " +
+                          gradscale::test::shell_quote(out) + " --shards 3 --gradscale bin/gs ";
+  const auto r = gradscale::test::run_shell(run + "-- --account=p");
+  INFO(joined(r.lines));
+  REQUIRE(r.status == 0);
+  const std::string submitted = read_text(log);
+  // Each job received the paths as given: the shard task, then the merge.
+  const std::string task = std::string("gradscale\0ablate\0", 17) + file + '\0' + "--out" + '\0' + out +
+                           '\0' + "--shard" + '\0' + "2/3" + '\0' + "--jobs" + '\0' + "1" + '\0';
+  const std::string merge = std::string("gradscale\0ablate\0", 17) + file + '\0' + "--out" + '\0' + out +
+                            '\0' + "--table-only" + '\0';
+  CHECK(contains(submitted, task));
+  CHECK(contains(submitted, merge));
+  CHECK(contains(submitted, std::string("--dependency=afterany:4242") + '\0'));
+  CHECK(contains(submitted, std::string("--account=p") + '\0' + "--wrap="));
+  CHECK_FALSE(fs::exists(tmp / "pwned"));
+  // --dry-run prints sh commands that, run, submit exactly that (the extra arguments too).
+  fs::remove(log);
+  const auto dry = gradscale::test::run_shell(run + "--dry-run -- --account=p > dry.sh");
+  REQUIRE(dry.status == 0);
+  fs::remove(log);
+  const auto pasted = gradscale::test::run_shell("cd '" + tmp.str() + "' && PATH='" + (tmp / "bin") +
+                                                 "':\"$PATH\" dash dry.sh");
+  INFO(read_text(tmp / "dry.sh"));
+  REQUIRE(pasted.status == 0);
+  // The script's own check of the file ran once more in the real submission: compare from the first sbatch.
+  CHECK(read_text(log) == submitted.substr(submitted.find(std::string("sbatch") + '\0')));
+  CHECK_FALSE(fs::exists(tmp / "pwned"));
 }

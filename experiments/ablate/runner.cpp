@@ -313,6 +313,7 @@ RunnerSummary run_ablation(const Ablation& ablation, const RunnerOptions& option
         log << "ablate: " << r.name << ": run by another process (pid " << lock->second.holder()
             << "): left to it" << std::endl;
         run_locks.erase(lock);
+        ++summary.elsewhere;
         ++finished;
         continue;
       }

@@ -60,7 +60,9 @@ int threads_per_run(const RunnerOptions& options);
 void check_existing_runs(const Ablation& ablation, const std::string& out_dir);
 
 struct RunnerSummary {
-  int total = 0, skipped = 0, ran = 0, done = 0, diverged = 0, failed = 0;
+  // skipped: finished before (or by another process meanwhile); elsewhere: left to another process that
+  // held the run's lock (still running there, or left half-written when it ends).
+  int total = 0, skipped = 0, elsewhere = 0, ran = 0, done = 0, diverged = 0, failed = 0;
   double seconds = 0;
 };
 

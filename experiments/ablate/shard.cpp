@@ -29,7 +29,7 @@ Shard parse_shard(const std::string& text) {
                   "--shard '" << text << "': N must be in [1, " << kMaxShards << "], got " << n);
   GS_CHECK_CONFIG(k >= 1 && k <= n, "--shard '" << text << "': K must be in [1, " << n
                                                 << "] (shards are numbered from 1), got " << k);
-  return Shard{static_cast<int>(k), static_cast<int>(n)};
+  return Shard{static_cast<int>(k), static_cast<int>(n), /*given=*/true};
 }
 
 }  // namespace gradscale::ablate

@@ -10,9 +10,11 @@
 namespace gradscale::ablate {
 
 struct Shard {
-  int index = 1;  // K, from 1
-  int count = 1;  // N; 1: every run (no sharding)
-  bool all() const { return count == 1; }
+  int index = 1;       // K, from 1
+  int count = 1;       // N
+  bool given = false;  // from --shard K/N (1/1 too): a shard, which writes no tables
+  // No --shard: the whole ablation, which writes the tables. (--shard 1/1 holds every run, as a shard.)
+  bool all() const { return !given; }
   bool holds(std::size_t run_index) const {
     return static_cast<int>(run_index % static_cast<std::size_t>(count)) == index - 1;
   }

@@ -119,8 +119,9 @@ int run_ablate(const std::vector<std::string>& args) {
     // Tables over every run are the merge's job: shards end at different times, and the other shards'
     // runs are not finished yet.
     std::cerr << "ablate: shard " << shard.label() << ": " << s.total << " of " << ab.runs.size() << " runs ("
-              << s.ran << " run now in " << std::fixed << std::setprecision(1) << s.seconds << " s, " << s.skipped
-              << " already finished; " << s.diverged << " diverged, " << s.failed
+              << s.ran << " run now in " << std::fixed << std::setprecision(1) << s.seconds << " s, "
+              << s.skipped << " already finished, " << s.elsewhere << " left to another process; "
+              << s.diverged << " diverged, " << s.failed
               << " failed); when every shard has ended: gradscale ablate " << file << " --out " << out_dir
               << " --table-only" << std::endl;
     return 0;
@@ -139,7 +140,9 @@ int run_ablate(const std::vector<std::string>& args) {
   std::cerr << "ablate: " << ab.runs.size() << " runs";
   if (!vm["table-only"].as<bool>())
     std::cerr << " (" << s.ran << " run now in " << std::fixed << std::setprecision(1) << s.seconds << " s, "
-              << s.skipped << " already finished)";
+              << s.skipped << " already finished"
+              << (s.elsewhere > 0 ? ", " + std::to_string(s.elsewhere) + " left to another process" : "")
+              << ")";
   if (diverged + failed + missing > 0)
     std::cerr << "; " << diverged << " diverged, " << failed << " failed, " << missing << " not run";
   std::cerr << "; tables in " << out_dir << "/table.{md,csv,tex,json}" << std::endl;
