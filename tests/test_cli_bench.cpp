@@ -40,7 +40,7 @@ TEST_CASE("bench rejects bad input with one line and exit 2", "[cli][bench]") {
   const CliResult steps = run_cli("bench step --data synthetic:64 --steps 0");
   CHECK(steps.status == 2);
   REQUIRE(steps.lines.size() == 1);
-  CHECK_THAT(steps.lines[0], Contains("--steps must be >= 1"));
+  CHECK_THAT(steps.lines[0], Contains("--steps must be a whole number in [1, 1000000], got '0'"));
   const CliResult what = run_cli("bench gemm");
   CHECK(what.status == 2);
   REQUIRE(what.lines.size() == 1);
@@ -52,4 +52,35 @@ TEST_CASE("bench rejects bad input with one line and exit 2", "[cli][bench]") {
   const CliResult model = run_cli("bench step --data synthetic:64 --model lenet");
   CHECK(model.status == 2);
   CHECK_THAT(model.lines.back(), Contains("lenet"));
+}
+
+TEST_CASE("bench: every numeric option has bounds, checked before any work (issue 40 item 6)",
+          "[cli][bench]") {
+  struct Case {
+    const char* args;
+    const char* message;
+  };
+  const Case cases[] = {
+      {"bench numeric --elements -5", "--elements must be a whole number in [1, 1073741824], got '-5'"},
+      {"bench numeric --elements 1e15", "--elements must be a whole number in [1, 1073741824], got '1e15'"},
+      {"bench numeric --elements 1000000000000000", "--elements must be a whole number in [1, 1073741824]"},
+      {"bench numeric --elements 99999999999999999999999", "--elements must be a whole number in [1, "},
+      {"bench numeric --elements 0", "--elements must be a whole number in [1, 1073741824], got '0'"},
+      {"bench cuda --elements -1", "--elements must be a whole number in [1, 1073741824], got '-1'"},
+      {"bench numeric --repeats 0", "--repeats must be a whole number in [1, 1000], got '0'"},
+      {"bench numeric --repeats 4294967297", "--repeats must be a whole number in [1, 1000]"},
+      {"bench step --data synthetic:64 --warmup 99999999999",
+       "--warmup must be a whole number in [0, 1000000], got '99999999999'"},
+      {"bench step --data synthetic:64 --warmup -1",
+       "--warmup must be a whole number in [0, 1000000], got '-1'"},
+      {"bench step --data synthetic:64 --steps 2.5",
+       "--steps must be a whole number in [1, 1000000], got '2.5'"},
+  };
+  for (const Case& c : cases) {
+    INFO(c.args);
+    const CliResult r = gradscale::test::run_shell(std::string("timeout 60 \"$GS\" ") + c.args);
+    CHECK(r.status == 2);
+    REQUIRE(r.lines.size() == 1);
+    CHECK_THAT(r.lines[0], Contains(c.message));
+  }
 }

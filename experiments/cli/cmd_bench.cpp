@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <functional>
 #include <iostream>
+#include <new>
 #include <random>
 #include <string>
 #include <vector>
@@ -40,8 +41,14 @@ double best_rate(std::size_t n, int repeats, const std::function<void()>& fn) {
 }
 
 int bench_numeric(std::size_t n, int repeats) {
-  const std::vector<float> in = gradient_like(n, 1);
-  std::vector<float> out(n);
+  std::vector<float> in, out;
+  try {
+    in = gradient_like(n, 1);
+    out.resize(n);
+  } catch (const std::bad_alloc&) {
+    throw ConfigError("--elements " + std::to_string(n) + ": out of memory for two buffers of " +
+                      std::to_string(n) + " floats; give fewer");
+  }
   std::printf("gradscale bench numeric: %zu floats, best of %d, one thread\n", n, repeats);
   std::printf("%-28s %12s\n", "operation", "G elem/s");
   auto row = [&](const std::string& name, const std::function<void()>& fn) {
@@ -75,8 +82,6 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 // device the per-layer times need a wait after every layer, which would slow the step it times: they
 // come from a second pass of `steps` steps, and the step time from the first, unprofiled one.
 int bench_step(TrainConfig config, std::int64_t steps, std::int64_t warmup) {
-  GS_CHECK_CONFIG(steps >= 1, "--steps must be >= 1 (got " << steps << ")");
-  GS_CHECK_CONFIG(warmup >= 0, "--warmup must be >= 0 (got " << warmup << ")");
   Trainer trainer(config, &std::cerr);  // prints which data it uses
   Batcher batches(trainer.data().train, config.batch, config.seed);
   Tensor x;
@@ -185,17 +190,22 @@ int run_bench_cuda(std::size_t, int) {
 }
 #endif
 
+// Bounds of the numeric options (docs/config.md): large enough for any figure worth taking,
+// small enough that a slip of the keyboard is refused at once instead of allocating or running for days.
+constexpr std::int64_t kMaxElements = std::int64_t{1} << 30;
+constexpr std::int64_t kMaxRepeats = 1000;
+constexpr std::int64_t kMaxSteps = 1000000;
+
 int run_bench(const std::vector<std::string>& args) {
   po::options_description desc("options");
   std::string what;
-  std::size_t n = std::size_t{1} << 24;
-  int repeats = 5;
-  std::int64_t steps = 50, warmup = 5;
   desc.add_options()("what", po::value(&what)->required(), "benchmark: numeric | step | cuda")(
-      "elements", po::value(&n), "numeric, cuda: number of floats (default 16M; cuda: 64M)")(
-      "repeats", po::value(&repeats), "numeric, cuda: runs per figure; the best is printed")(
-      "steps", po::value(&steps), "step: timed training steps (default 50)")(
-      "warmup", po::value(&warmup), "step: untimed steps first (default 5)");
+      "elements", po::value<std::string>(),
+      "numeric, cuda: number of floats, at most 2^30 (default 16M; cuda: 64M)")(
+      "repeats", po::value<std::string>()->default_value("5"),
+      "numeric, cuda: runs per figure, at most 1000; the best is printed")(
+      "steps", po::value<std::string>()->default_value("50"), "step: timed training steps, at most 1000000")(
+      "warmup", po::value<std::string>()->default_value("5"), "step: untimed steps first, at most 1000000");
   po::options_description train(
       "step: the training run (the options of `gradscale train` but the whole-run ones; docs/config.md)");
   add_train_options(train);
@@ -211,11 +221,14 @@ int run_bench(const std::vector<std::string>& args) {
                                           "without a GPU)"
                                         : "   (not in this build: it has no CUDA)");
   if (!parse_options(usage, desc, args, vm, &pos)) return 0;
-  if (what == "numeric") {
-    GS_CHECK_CONFIG(repeats >= 1, "--repeats must be >= 1 (got " << repeats << ")");
-    GS_CHECK_CONFIG(n >= 1, "--elements must be >= 1");
-    return bench_numeric(n, repeats);
-  }
+  auto count = [&](const char* option, std::int64_t lo, std::int64_t hi) {
+    return parse_count(vm[option].as<std::string>(), (std::string("--") + option).c_str(), lo, hi);
+  };
+  const auto elements = [&](std::size_t fallback) {
+    return vm.count("elements") ? static_cast<std::size_t>(count("elements", 1, kMaxElements)) : fallback;
+  };
+  const auto repeats = [&] { return static_cast<int>(count("repeats", 1, kMaxRepeats)); };
+  if (what == "numeric") return bench_numeric(elements(std::size_t{1} << 24), repeats());
   if (what == "step") {
     // Options about a whole run have nothing to act on here; say so rather than ignore them.
     for (const char* flag :
@@ -223,13 +236,10 @@ int run_bench(const std::vector<std::string>& args) {
       GS_CHECK_CONFIG(!vm.count(flag), "--" << flag
                                             << " does not apply to bench step (it times --steps steps "
                                                "after --warmup steps)");
+    const std::int64_t steps = count("steps", 1, kMaxSteps), warmup = count("warmup", 0, kMaxSteps);
     return bench_step(train_config_from(vm), steps, warmup);
   }
-  if (what == "cuda") {
-    GS_CHECK_CONFIG(repeats >= 1, "--repeats must be >= 1 (got " << repeats << ")");
-    GS_CHECK_CONFIG(n >= 1, "--elements must be >= 1");
-    return run_bench_cuda(vm.count("elements") ? n : std::size_t{1} << 26, repeats);
-  }
+  if (what == "cuda") return run_bench_cuda(elements(std::size_t{1} << 26), repeats());
   throw ConfigError("unknown benchmark '" + what + "' (allowed: numeric, step, cuda)");
 }
 

@@ -6,6 +6,7 @@
 #include <iostream>
 
 #include "lib/core/error.h"
+#include "lib/core/json_read.h"
 
 namespace gradscale::cli {
 namespace {
@@ -38,6 +39,20 @@ bool parse_options(const std::string& usage, const po::options_description& desc
                       "': this command takes only options (see --help)");
   po::notify(vm);
   return true;
+}
+
+std::int64_t parse_count(const std::string& text, const char* what, std::int64_t lo, std::int64_t hi) {
+  const bool negative = !text.empty() && text[0] == '-';
+  const std::string digits = negative ? text.substr(1) : text;
+  const bool whole = !digits.empty() && digits.find_first_not_of("0123456789") == std::string::npos;
+  // Past 18 digits the value is out of any range here; strtoll would clip it.
+  const bool in_range = whole && digits.size() <= 18 && [&] {
+    const std::int64_t v = (negative ? -1 : 1) * std::strtoll(digits.c_str(), nullptr, 10);
+    return v >= lo && v <= hi;
+  }();
+  GS_CHECK_CONFIG(in_range, what << " must be a whole number in [" << lo << ", " << hi << "], got '"
+                                 << text_excerpt(text) << "'");
+  return (negative ? -1 : 1) * std::strtoll(digits.c_str(), nullptr, 10);
 }
 
 double parse_real(const std::string& text, const char* what) {

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <boost/program_options.hpp>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -15,6 +16,10 @@ namespace po = boost::program_options;
 bool parse_options(const std::string& usage, const po::options_description& desc,
                    const std::vector<std::string>& args, po::variables_map& vm,
                    const po::positional_options_description* positional = nullptr);
+
+// A whole number in [lo, hi] written in decimal digits (no sign but a leading '-', no exponent): the
+// value of a count option such as --steps. Throws ConfigError naming `what` and the range otherwise.
+std::int64_t parse_count(const std::string& text, const char* what, std::int64_t lo, std::int64_t hi);
 
 // Decimal or C99 hex-float ("0x1p-25"), "inf", "-inf", "nan"; throws ConfigError naming the text.
 double parse_real(const std::string& text, const char* what);
