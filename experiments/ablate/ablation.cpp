@@ -1,6 +1,7 @@
 // Ablation files: reading, expansion into runs and validation (see ablation.h, docs/ablations.md).
 #include "experiments/ablate/ablation.h"
 #include "experiments/ablate/limits.h"
+#include "experiments/ablate/torch_runs.h"
 
 #include <cerrno>
 #include <cstdio>
@@ -86,6 +87,17 @@ void check_data_spec(const std::string& spec) {
                     "' (allowed: fashion-mnist, mnist:DIR, synthetic, synthetic:N)");
 }
 
+// A data spec only PyTorch runs read: text:PATH, or an image shape after fashion-mnist / mnist:DIR /
+// synthetic:N (the forms both engines read are checked as the C++ engine reads them).
+bool torch_only_data(const json& value) {
+  const std::string spec = value.get<std::string>();
+  if (spec.compare(0, 5, "text:") == 0) return true;
+  const auto colon = spec.rfind(':');
+  if (colon == std::string::npos) return false;
+  const std::string tail = spec.substr(colon + 1);
+  return tail.size() >= 5 && (tail[0] == '1' || tail[0] == '3') && tail[1] == 'x';
+}
+
 // Labels and keys are shown in tables, file names and on the terminal: a control character (a byte
 // below 0x20, or 0x7f) in one is refused here, so no output has to guess how to show it.
 void check_printable(const std::string& text, const std::string& what) {
@@ -112,6 +124,16 @@ void check_setting(const std::string& key, const json& value, const std::string&
     json probe = json::object();
     try {
       apply_setting(probe, key, value);
+    } catch (const ConfigError& e) {
+      throw ConfigError(what + ": " + e.what());
+    }
+    return;
+  }
+  // A PyTorch run's model, data forms only its runs read, and its own keys: checked by torch_runs.h.
+  const bool torch_data = key == "data" && (value.is_object() || (value.is_string() && torch_only_data(value)));
+  if ((key == "model" && is_torch_model(value)) || torch_data || is_torch_only_key(key)) {
+    try {
+      check_torch_setting(key, value);
     } catch (const ConfigError& e) {
       throw ConfigError(what + ": " + e.what());
     }
@@ -317,6 +339,7 @@ std::string file_safe(const std::string& text) {
 }
 
 void validate_config(const json& config) {
+  if (is_torch_run(config)) return validate_torch_config(config);
   TrainConfig c;
   c.merge_json(config);
   const Format grad = c.grad_format.value_or(c.format);
@@ -371,7 +394,13 @@ Ablation expand_ablation(const ordered_json& doc, const std::string& where) {
       base[k] = to_json(v);
     }
     try {
-      validate_config(base);
+      // A base without a model may hold a PyTorch run's own keys for the runs whose model an axis sets:
+      // they are checked per run, where the model is known.
+      json checked = base;
+      if (!checked.contains("model"))
+        for (auto it = checked.begin(); it != checked.end();)
+          it = is_torch_only_key(it.key()) ? checked.erase(it) : std::next(it);
+      validate_config(checked);
     } catch (const ConfigError& e) {
       throw ConfigError(where + ": base: " + e.what());
     }

@@ -1,0 +1,117 @@
+"""`gradscale ablate` with PyTorch runs (python -m gradscale.run as each run's process): a two-run ablation of a
+factory model in a temporary file (and of a small torchvision model when torchvision is installed) runs,
+resumes after the runner is killed, merges shards and gives the table columns a C++ ablation gives; a bad
+model stops it at --dry-run, naming the run and the key, exit 2."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+CLI = os.environ.get("GRADSCALE_CLI") or os.path.join(ROOT, "build", "gradscale")
+
+FACTORY = '''
+from torch import nn
+
+def make_model(num_classes=10, width=8):
+    return nn.Sequential(nn.Flatten(), nn.Linear(784, width), nn.ReLU(), nn.Linear(width, num_classes))
+
+def wrong():
+    return nn.Sequential(nn.Flatten(), nn.Linear(784, 7))
+'''
+
+
+def _runner_starts_torch_runs() -> bool:
+    if not os.access(CLI, os.X_OK):
+        return False
+    out = subprocess.run([CLI, "ablate", "--help"], capture_output=True, text=True, timeout=60)
+    return "--python" in out.stdout + out.stderr
+
+
+pytestmark = pytest.mark.skipif(not _runner_starts_torch_runs(),
+                                reason=f"{CLI} is missing or its ablate has no --python (PyTorch runs)")
+
+
+def ablate(*args, check=True):
+    env = dict(os.environ, GRADSCALE_PYTHON=sys.executable)
+    p = subprocess.run([CLI, "ablate", *args, "--no-plots"], capture_output=True, text=True, timeout=300,
+                       env=env, cwd=ROOT)
+    if check:
+        assert p.returncode == 0, p.stderr
+    return p
+
+
+def ablation(tmp_path, model="make_model", torchvision=False):
+    factory = tmp_path / "factory.py"
+    factory.write_text(FACTORY)
+    models = [{"label": "factory", "value": {"python": f"{factory}:{model}"}}]
+    if torchvision:
+        models.append({"label": "squeezenet", "set": {"model": {"torchvision": "squeezenet1_1"},
+                                                      "data": "synthetic:32:3x32x32"}})
+    doc = {"base": {"data": "synthetic:32", "batch": 16, "max_steps": 2, "format": "fp16", "grad_format": "fp8_e5m2",
+                    "trace_every": 1, "threads": 1},
+           "axes": {"model": models, "scaler": ["none", "torch"]}, "seeds": [0]}
+    path = tmp_path / "ablation.json"
+    path.write_text(json.dumps(doc))
+    return str(path)
+
+
+def table(out):
+    with open(os.path.join(out, "table.json")) as f:
+        return json.load(f)
+
+
+def test_runs_and_gives_the_columns_of_a_cpp_ablation(tmp_path):
+    try:
+        import torchvision  # noqa: F401
+        with_tv = True
+    except ImportError:
+        with_tv = False
+    out = str(tmp_path / "out")
+    ablate(ablation(tmp_path, torchvision=with_tv), "--out", out, "--jobs", "2")
+    t = table(out)
+    assert all(r["done"] == 1 for r in t["rows"]), t
+    assert len(t["rows"]) == (4 if with_tv else 2)
+    result = json.load(open(os.path.join(out, "runs", "factory_torch_seed0", "result.json")))
+    assert result["schema"] == "gradscale.result/1" and result["engine"]["name"] == "pytorch"
+    # A C++ ablation of the same axes: the same CSV columns.
+    cpp = tmp_path / "cpp.json"
+    cpp.write_text(json.dumps({"base": {"data": "synthetic:32", "batch": 16, "max_steps": 2, "trace_every": 1},
+                               "axes": {"model": ["mlp"], "scaler": ["none", "torch"]}, "seeds": [0]}))
+    ablate(str(cpp), "--out", str(tmp_path / "cpp"))
+    header = lambda d: open(os.path.join(d, "table.csv")).readline()  # noqa: E731
+    assert header(out) == header(str(tmp_path / "cpp"))
+
+
+def test_resumes_after_a_kill_and_merges_shards(tmp_path):
+    path = ablation(tmp_path)
+    out = str(tmp_path / "out")
+    env = dict(os.environ, GRADSCALE_PYTHON=sys.executable)
+    p = subprocess.Popen([CLI, "ablate", path, "--out", out, "--jobs", "1", "--no-plots"], cwd=ROOT, env=env,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    first = os.path.join(out, "runs", "factory_none_seed0", "result.json")
+    deadline = time.time() + 120
+    while not os.path.exists(first) and time.time() < deadline and p.poll() is None:
+        time.sleep(0.05)
+    os.killpg(p.pid, signal.SIGKILL)  # the runner and its run
+    p.wait()
+    assert os.path.exists(first)
+    again = ablate(path, "--out", out)
+    assert "already finished" in again.stderr
+    assert all(r["done"] == 1 for r in table(out)["rows"])
+    # Two shards into one directory, then the tables.
+    shards = str(tmp_path / "shards")
+    ablate(path, "--out", shards, "--shard", "1/2")
+    ablate(path, "--out", shards, "--shard", "2/2")
+    ablate(path, "--out", shards, "--table-only")
+    assert [r["done"] for r in table(shards)["rows"]] == [1, 1]
+
+
+def test_bad_model_stops_the_dry_run(tmp_path):
+    p = ablate(ablation(tmp_path, model="wrong"), "--dry-run", check=False)
+    assert p.returncode == 2
+    assert "run 'factory_none_seed0': config key 'model':" in p.stderr and "(2, 7)" in p.stderr
