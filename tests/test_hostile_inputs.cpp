@@ -162,3 +162,18 @@ TEST_CASE("bad --trace and --progress-seconds values are refused (issue 22 item 
                 "--progress-seconds must be a finite number >= 0");
   CHECK_FALSE(fs::exists(tmp / "out"));
 }
+
+TEST_CASE("a model spec layer named 'input' and a model parameter given twice are refused (issue 40 item 7)",
+          "[cli][model]") {
+  TempDir tmp;
+  const std::string train = "train --data synthetic:64 --batch 32 --max-steps 1 --threads 1 --quiet";
+  write_text(tmp / "spec.json", R"({"input":[1,28,28],"layers":[{"type":"flatten","name":"input"},)"
+                                R"({"type":"linear","out":10,"inputs":["input"]}]})");
+  check_error(in_dir(tmp, train + " --model-spec spec.json"), 2,
+              "model spec: layer 0 ('input', flatten): the layer name 'input' is reserved");
+  check_error(in_dir(tmp, train + " --model deep-mlp:depth=2,depth=3"), 2,
+              "model 'deep-mlp': parameter 'depth' is given twice");
+  check_error(in_dir(tmp, train + " --model resnet-mini:n=1,n=1"), 2,
+              "model 'resnet-mini': parameter 'n' is given twice");
+  CHECK(in_dir(tmp, train + " --model deep-mlp:depth=2,width=8").status == 0);
+}

@@ -156,6 +156,9 @@ std::unique_ptr<Model> build_model(const json& spec, Rng& rng) {
     const std::string where = "model spec: layer " + std::to_string(index) + " ('" + text_excerpt(name) +
                               "', " + text_excerpt(type) + ")";
     GS_CHECK_CONFIG(kLayerTypes.count(type), where << ": unknown type (allowed: " << type_list() << ")");
+    GS_CHECK_CONFIG(
+        name != "input",
+        where << ": the layer name 'input' is reserved (in \"inputs\" it names the model's input)");
     GS_CHECK_CONFIG(!ids.count(name), where << ": duplicate layer name");
 
     // Inputs: the previous layer by default (the model input for the first), else named layers.
@@ -280,6 +283,7 @@ namespace {
 std::map<std::string, double> parse_params(const std::string& text, const std::string& model,
                                            const std::map<std::string, double>& defaults) {
   std::map<std::string, double> params = defaults;
+  std::set<std::string> given;
   std::stringstream ss(text);
   std::string item;
   while (std::getline(ss, item, ',')) {
@@ -288,6 +292,8 @@ std::map<std::string, double> parse_params(const std::string& text, const std::s
                     "model '" << model << "': parameter '" << item << "' is not key=value");
     const std::string key = item.substr(0, eq);
     GS_CHECK_CONFIG(defaults.count(key), "model '" << model << "': unknown parameter '" << key << "'");
+    GS_CHECK_CONFIG(given.insert(key).second, "model '" << model << "': parameter '" << text_excerpt(key)
+                                                        << "' is given twice (give each once)");
     try {
       std::size_t used = 0;
       params[key] = std::stod(item.substr(eq + 1), &used);
