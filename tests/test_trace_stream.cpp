@@ -219,3 +219,22 @@ TEST_CASE("error messages never put a control character on the terminal (issue 2
   CHECK_THAT(joined(r), Contains("mlp\\e[2J"));
   CHECK_FALSE(has_control(joined(r)));
 }
+
+TEST_CASE("a trace .json with a number no double holds is a one-line error naming the file (issue 40 item 8)",
+          "[trace][cli]") {
+  TempDir tmp;
+  std::ifstream in(kData + "trace_small.json");
+  json d = json::parse(in);
+  d["header"]["config"]["epochs"] = 918273645;
+  std::string text = d.dump();
+  text.replace(text.find("918273645"), 9, "1e400");
+  require_scan_error(tmp, "t.json", text, "t.json: not valid JSON (number overflow parsing '1e400')");
+  text.replace(text.find("1e400"), 5, "-1e400");
+  require_scan_error(tmp, "n.json", text, "n.json: not valid JSON (number overflow parsing '-1e400')");
+  const gradscale::test::CliResult r = gradscale::test::run_cli("inspect '" + (tmp / "t.json") + "'");
+  CHECK(r.status == 1);  // a trace that cannot be read, as docs/trace.md gives it
+  REQUIRE(r.lines.size() == 1);
+  CHECK_THAT(r.lines[0],
+             Contains("gradscale inspect: ") && Contains("t.json: not valid JSON (number overflow"));
+  CHECK_THAT(r.lines[0], !Contains("json.exception"));
+}

@@ -204,6 +204,13 @@ void scan_document(const std::string& path, Checker& checker) {
     GS_CHECK_DATA(false,
                   path << ": not valid JSON (a trace .json is one document; a run that died leaves only "
                           "the .jsonl)");
+  } catch (const json::exception& e) {  // out_of_range: a number such as 1e400 that no double holds
+    in.check_rest();
+    const std::string what = e.what();  // "[json.exception.out_of_range.406] number overflow parsing …"
+    const std::size_t id_end = what.find("] ");
+    GS_CHECK_DATA(false, path << ": not valid JSON ("
+                              << text_excerpt(id_end == std::string::npos ? what : what.substr(id_end + 2))
+                              << ")");
   }
   in.check();
   const Where w{path, "document"};
