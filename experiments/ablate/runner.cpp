@@ -22,6 +22,7 @@
 
 #include "experiments/ablate/files.h"
 #include "experiments/ablate/out_dir.h"
+#include "experiments/ablate/torch_runs.h"
 #include "lib/core/error.h"
 #include "lib/core/clock.h"
 #include "lib/core/json_read.h"
@@ -105,7 +106,7 @@ pid_t spawn(const std::string& executable, const std::vector<std::string>& args,
     ::dup2(out, 1);
     ::dup2(out, 2);
     ::execv(executable.c_str(), argv.data());
-    const char msg[] = "gradscale ablate: cannot execute the gradscale binary\n";
+    const char msg[] = "gradscale ablate: cannot execute the run's program (the gradscale binary, or the Python of a PyTorch run)\n";
     [[maybe_unused]] const auto n = ::write(2, msg, sizeof msg - 1);
     ::_exit(127);
   }
@@ -251,6 +252,7 @@ RunnerSummary run_ablation(const Ablation& ablation, const RunnerOptions& option
     }
   }
   const int threads = threads_per_run(options);
+  const std::string python = options.python.empty() ? default_python() : options.python;
   log << "ablate: ";
   if (!options.shard.all())
     log << "shard " << options.shard.label() << " (" << summary.total << " of " << ablation.runs.size() << " runs): ";
@@ -333,10 +335,16 @@ RunnerSummary run_ablation(const Ablation& ablation, const RunnerOptions& option
       Child c;
       c.run = i;
       c.threads = r.config.contains("threads") ? r.config["threads"].get<int>() : threads;
-      c.argv = {"gradscale", "train", "--config", p.config, "--result", p.result, "--trace", p.trace};
-      if (!r.config.contains("threads")) c.argv.insert(c.argv.end(), {"--threads", std::to_string(threads)});
+      std::string executable = options.executable;
+      if (is_torch_run(r.config)) {  // python -m gradscale.run, writing the same files (torch_runs.h)
+        executable = python;
+        c.argv = torch_run_argv(python, p.config, p.result, p.trace, r.config.contains("threads") ? 0 : threads);
+      } else {
+        c.argv = {"gradscale", "train", "--config", p.config, "--result", p.result, "--trace", p.trace};
+        if (!r.config.contains("threads")) c.argv.insert(c.argv.end(), {"--threads", std::to_string(threads)});
+      }
       c.start = now_seconds();
-      c.pid = spawn(options.executable, c.argv, p.log);
+      c.pid = spawn(executable, c.argv, p.log);
       running.push_back(std::move(c));
       changed = true;
     }

@@ -47,6 +47,7 @@ struct RunnerOptions {
   bool retry_failed = false;
   double progress_seconds = 10;               // a progress line at least this often while runs go on
   std::string executable = "/proc/self/exe";  // the gradscale binary each run executes
+  std::string python;  // the interpreter PyTorch runs execute (torch_runs.h); "": default_python()
   Shard shard;  // only the runs of this shard (shard.h); every run by default
 };
 

@@ -3,6 +3,7 @@
 // interrupted ablation), then writes the tables and plots. With --shard K/N it runs only the K-th of N
 // disjoint subsets of the runs (experiments/ablate/shard.h) and leaves the tables to --table-only.
 #include <cmath>
+#include <filesystem>
 #include <iomanip>
 #include <iostream>
 #include <string>
@@ -14,6 +15,7 @@
 #include "experiments/ablate/runner.h"
 #include "experiments/ablate/shard.h"
 #include "experiments/ablate/table.h"
+#include "experiments/ablate/torch_runs.h"
 #include "experiments/cli/command.h"
 #include "experiments/cli/parse.h"
 #include "lib/core/error.h"
@@ -65,6 +67,9 @@ int run_ablate(const std::vector<std::string>& args) {
       "no-plots", po::bool_switch(), "make no plots")("no-trace-plots", po::bool_switch(),
                                                       "no per-run trace plots (scripts/plot_trace.py)")(
       "progress-seconds", po::value<double>()->default_value(10.0), "seconds between progress lines")(
+      "python", po::value<std::string>(),
+      "the interpreter of PyTorch runs (python -m gradscale.run; default $GRADSCALE_PYTHON, else the "
+      "checkout's .venv/bin/python, else python3)")(
       "shard", po::value<std::string>(),
       "K/N: run only the K-th of N disjoint subsets of the runs (run i is in shard i mod N + 1), beside "
       "the other shards in the same --out; no tables (--table-only makes them when all have ended)");
@@ -95,6 +100,11 @@ int run_ablate(const std::vector<std::string>& args) {
 
   // Everything is expanded and validated before anything runs.
   const Ablation ab = load_ablation(file);
+  // PyTorch runs: their models and data are built once each, now (a missing torchvision, an unknown
+  // model, a factory that raises, an output that does not fit the data stop the ablation here).
+  export_python_path();
+  const std::string python = vm.count("python") ? vm["python"].as<std::string>() : default_python();
+  if (!vm["table-only"].as<bool>()) check_torch_runs(ab, python, std::filesystem::temp_directory_path().string());
   if (dry_run) {
     print_dry_run(ab, out_dir, shard, std::cout);
     return 0;
@@ -109,6 +119,7 @@ int run_ablate(const std::vector<std::string>& args) {
   options.retry_failed = vm["retry-failed"].as<bool>();
   options.progress_seconds = progress_seconds;
   options.shard = shard;
+  options.python = python;
   RunnerSummary s;
   if (!vm["table-only"].as<bool>()) {
     s = run_ablation(ab, options, std::cerr);
