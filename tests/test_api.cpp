@@ -310,13 +310,45 @@ TEST_CASE("the version: gradscale --version, GRADSCALE_VERSION and gradscale/ver
         GRADSCALE_VERSION);
 }
 
-TEST_CASE("the README's C++ example is experiments/examples/minimal_loop.cpp, which the install test builds",
+namespace {
+
+std::string read_source_file(const std::string& path) {
+  std::ifstream in(std::string(GRADSCALE_SOURCE_DIR) + "/" + path);
+  REQUIRE(in);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// The lines strictly between "// README begin" and "// README end" in `source`, each marker on a line
+// of its own; empty when either marker is missing, repeated or out of order.
+std::string readme_excerpt(const std::string& source) {
+  const std::string begin = "// README begin\n", end = "// README end\n";
+  const std::size_t b = source.find(begin), e = source.find(end);
+  if (b == std::string::npos || e == std::string::npos || e < b) return "";
+  if (source.find(begin, b + 1) != std::string::npos || source.find(end, e + 1) != std::string::npos)
+    return "";
+  const std::size_t from = b + begin.size(), to = source.rfind('\n', e - 1) + 1;  // the marker's line
+  return to > from ? source.substr(from, to - from) : "";
+}
+
+}  // namespace
+
+TEST_CASE(
+    "the README's C++ example is the marked excerpt of experiments/examples/minimal_loop.cpp, which "
+    "the install test builds; docs/api.md shows the whole file",
+    "[api][docs]") {
+  const std::string readme = read_source_file("README.md"), api = read_source_file("docs/api.md"),
+                    example = read_source_file("experiments/examples/minimal_loop.cpp");
+  const std::string excerpt = readme_excerpt(example);
+  REQUIRE(!excerpt.empty());
+  CHECK(std::count(excerpt.begin(), excerpt.end(), '\n') <= 20);  // a README example, not the program
+  CHECK(readme.find("```cpp\n" + excerpt + "```\n") != std::string::npos);
+  CHECK(api.find("```cpp\n" + example + "```\n") != std::string::npos);
+}
+
+TEST_CASE("readme_excerpt: the lines between the markers, nothing when a marker is missing or repeated",
           "[api][docs]") {
-  const auto read = [](const std::string& path) {
-    std::ifstream in(std::string(GRADSCALE_SOURCE_DIR) + "/" + path);
-    REQUIRE(in);
-    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-  };
-  const std::string readme = read("README.md"), example = read("experiments/examples/minimal_loop.cpp");
-  CHECK(readme.find("```cpp\n" + example + "```\n") != std::string::npos);
+  CHECK(readme_excerpt("a\n  // README begin\nb\nc\n  // README end\nd\n") == "b\nc\n");
+  CHECK(readme_excerpt("a\n// README begin\nb\n") == "");
+  CHECK(readme_excerpt("// README end\nb\n// README begin\n") == "");
+  CHECK(readme_excerpt("// README begin\nb\n// README end\n// README begin\nc\n// README end\n") == "");
 }
