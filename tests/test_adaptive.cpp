@@ -658,7 +658,7 @@ TEST_CASE("init_scale auto chooses S0 from the fp32 loss gradient with each cast
       CHECK(s0 == 2.0);
     }
     if (std::string(form) == "no_weight") {
-      // The no-weight form, never below the floor of SPEC §6.5 (round 3): measured's rule, 2 here.
+      // The no-weight form, never below the floor of SPEC §6.5: measured's rule, 2 here.
       const TensorStats m = tensor_moments(g.data(), g.size());
       CHECK(s0 == std::max(2.0, adaptive::power_of_two_floor(adaptive::approx_range_no_weight(m, fp16_params(0.1)))));
     }

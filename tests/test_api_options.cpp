@@ -1,4 +1,4 @@
-// The API a user's own program meets (issue 23 item 6): threads without <omp.h>, the evaluation helper
+// The API a user's own program meets: threads without <omp.h>, the evaluation helper
 // against the loop every user wrote around predict, and layers built by named options with their input
 // sizes inferred at finalize (the same weights as the positional constructors).
 #include <catch2/catch.hpp>

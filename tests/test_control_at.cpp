@@ -1,4 +1,4 @@
-// Where a per-layer controller acts (issue 23 item 7): "control_at": "gemm" (the default, the paper's
+// Where a per-layer controller acts: "control_at": "gemm" (the default, the paper's
 // Linear and Conv2d) or "all" (every layer that sends a gradient upstream). The default is unchanged bit
 // for bit; with "all", GlobalAvgPool and BatchNorm take local scales and their fp8 gradients underflow
 // less; overflows at such a layer are charged to its own factor; what cannot follow refuses the option.

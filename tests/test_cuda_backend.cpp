@@ -393,7 +393,7 @@ TEST_CASE("CUDA backend: a step waits for the device twice, under a global or an
   // Once for the step's measurements (one copy: statistics, loss, edge counts and the scales decided on
   // the device), once for the divergence check (one index per parameter) when the step was applied;
   // nothing per layer: an adaptive controller's rule is evaluated on the device, and a join's T is
-  // chosen there. The adaptive policy waits once more, for S0: since round 3 it reads the exact fp32
+  // chosen there. The adaptive policy waits once more, for S0: it reads the exact fp32
   // loss gradient every step for S0's floor (SPEC §6.5), as init_scale "auto" always did; with device
   // decisions off it also decides each weight gradient's factor r on the host: one wait per weight or
   // bias tensor (6 in mlp, 8 in cnn). With device decisions off the host decides: one wait more per controller query (every
@@ -522,8 +522,8 @@ TEST_CASE("CUDA backend: a diverging run stops at the CPU's step, naming the sam
 TEST_CASE("CUDA backend: a step whose accumulated scale leaves float32's range is skipped, as on the CPU",
           "[cuda][backend][train]") {
   test::require_cuda_device();
-  // Issue 22 item 9. Each layer's s is at most 1e-30: over the mlp's linear layers S falls far below
-  // 2^-126, where 1/S is inf. Whoever decides the scales, host or device, the step is skipped (the
+  // Scales outside float32's range. Each layer's s is at most 1e-30: over the mlp's linear layers S
+  // falls far below 2^-126, where 1/S is inf. Whoever decides the scales, host or device, the step is skipped (the
   // CPU's rule), never applied with 0·inf weights and never a failure.
   const json scaler = {{"policy", "adaptive"}, {"scale_upper_bound", 1e-30}};
   TrainConfig c = config_for("mlp", Format::fp16, scaler, "cpu");

@@ -1,4 +1,4 @@
-// A trace written through the API names its model (issue 23 item 11): Model::name goes into the trace
+// A trace written through the API names its model: Model::name goes into the trace
 // header's "model", which `gradscale inspect --check` shows, with no "model" key in the run's config.
 #include <catch2/catch.hpp>
 
