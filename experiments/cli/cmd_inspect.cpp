@@ -72,6 +72,23 @@ struct Row {
   double rate_max = 0;
   std::size_t with_stats = 0;  // records with statistics (act or wgrad) to look for overflows in
   std::size_t overflow_events = 0;
+  // The fp32 shadow's figures (--shadow), summed over the records that have them.
+  struct ShadowSum {
+    std::size_t records = 0;
+    double rel_error = 0, underflow_mass = 0;
+  } shadow_upstream, shadow_weight;
+
+  static void add_shadow(ShadowSum& sum, const json& m) {
+    if (!m["rel_error"].is_number() || !m["underflow_mass"].is_number()) return;
+    ++sum.records;
+    sum.rel_error += m["rel_error"].get<double>();
+    sum.underflow_mass += m["underflow_mass"].get<double>();
+  }
+  void add_shadow(const json* shadow) {
+    if (!shadow) return;
+    if (shadow->contains("upstream")) add_shadow(shadow_upstream, (*shadow)["upstream"]);
+    if (shadow->contains("weight")) add_shadow(shadow_weight, (*shadow)["weight"]);
+  }
 
   void add(double scale, double scale_in, const json* grad, const json* wgrad) {
     by_S.add(scale);
@@ -126,6 +143,7 @@ class Gathered : public TraceVisitor {
       const auto id = l["id"].get<std::size_t>();
       rows_[id].add(l["S"].get<double>(), l["S_in"].get<double>(), find_stats(l, "act"),
                     find_stats(l, "wgrad"));
+      rows_[id].add_shadow(find_stats(l, "shadow"));
       if (!has_statistics(st)) continue;
       measured_[id] = true;
       if (l.contains("act")) sends_[id] = true;
@@ -249,6 +267,14 @@ class Gathered : public TraceVisitor {
     j["underflow_rate"] =
         r.rated ? json{{"mean", r.rate_sum / static_cast<double>(r.rated)}, {"max", r.rate_max}} : json();
     j["overflow_events"] = r.with_stats ? json(r.overflow_events) : json();
+    const auto shadow = [](const Row::ShadowSum& s) {
+      const double n = static_cast<double>(s.records);
+      return s.records ? json{{"records", s.records}, {"rel_error_mean", s.rel_error / n},
+                              {"underflow_mass_mean", s.underflow_mass / n}}
+                       : json();
+    };
+    if (r.shadow_upstream.records || r.shadow_weight.records)
+      j["shadow"] = {{"upstream", shadow(r.shadow_upstream)}, {"weight", shadow(r.shadow_weight)}};
     return j;
   }
 
@@ -348,6 +374,27 @@ void print_table(const json& table) {
   };
   for (const json& r : table["layers"]) row(text(r["id"]), r, r["kind"].get<std::string>());
   row("-", table["loss"], "loss");
+  // The fp32 shadow (--shadow): what precision cost each layer's gradients, mean over its records.
+  bool any = false;
+  for (const json& r : table["layers"]) any = any || r.contains("shadow");
+  if (!any) return;
+  std::printf("\nagainst the fp32 shadow (mean over the records that have it):\n");
+  const std::vector<int> shadow_widths = {7, 14, 14, 7, 14, 14};
+  print_cells(c, "id", "layer", "kind",
+              {"records", "upstream error", "underflow mass", "records", "weight error", "underflow mass"},
+              shadow_widths);
+  for (const json& r : table["layers"]) {
+    if (!r.contains("shadow")) continue;
+    const json& up = r["shadow"]["upstream"];
+    const json& w = r["shadow"]["weight"];
+    const json none;
+    print_cells(c, text(r["id"]), r["name"].get<std::string>(), r["kind"].get<std::string>(),
+                {up.is_null() ? "0" : text(up["records"]), fmt("%.3e", up.is_null() ? none : up["rel_error_mean"]),
+                 fmt("%.3e", up.is_null() ? none : up["underflow_mass_mean"]), w.is_null() ? "0" : text(w["records"]),
+                 fmt("%.3e", w.is_null() ? none : w["rel_error_mean"]),
+                 fmt("%.3e", w.is_null() ? none : w["underflow_mass_mean"])},
+                shadow_widths);
+  }
 }
 
 void print_totals(const json& run) {

@@ -256,6 +256,26 @@ std::vector<LayerRow> check_header(const Where& w, const json& h) {
   return table;
 }
 
+// A layer's "shadow" (--shadow, lib/train/shadow.h): "upstream" and/or "weight", each with
+// underflow_mass in [0, 1], rel_error ≥ 0 and cosine in [-1, 1] (null where undefined).
+void check_shadow(const Where& w, const json& shadow, bool has_parameters) {
+  if (!shadow.is_object() || shadow.empty()) w.fail("key 'shadow' must be an object with 'upstream' or 'weight'");
+  for (const auto& [kind, m] : shadow.items()) {
+    if (kind != "upstream" && kind != "weight")
+      w.fail("key 'shadow." + kind + "': allowed are 'upstream' and 'weight'");
+    if (kind == "weight" && !has_parameters) w.fail("key 'shadow.weight' on a layer without parameters");
+    if (!m.is_object()) w.fail("key 'shadow." + kind + "' must be an object");
+    const std::string p = "shadow." + kind + ".";
+    const std::pair<const char*, std::pair<double, double>> ranges[] = {
+        {"underflow_mass", {0.0, 1.0}}, {"rel_error", {0.0, std::numeric_limits<double>::infinity()}}, {"cosine", {-1.0 - 1e-9, 1.0 + 1e-9}}};
+    for (const auto& [key, range] : ranges) {
+      need_number_or_null(w, m, p, key);
+      if (m[key].is_number() && (m[key].get<double>() < range.first || m[key].get<double>() > range.second))
+        w.fail("key '" + p + key + "' is " + m[key].dump() + ", outside its range");
+    }
+  }
+}
+
 // One step record; `previous` is the step number before it (0 for the first).
 void check_step(const Where& w0, const json& st, const std::vector<LayerRow>& table, bool with_binades,
                 std::uint64_t previous) {
@@ -325,6 +345,7 @@ void check_step(const Where& w0, const json& st, const std::vector<LayerRow>& ta
       if (!row.has_parameters) lw.fail("key 'wgrad_scale' on a layer without parameters");
       need_positive(lw, l, "", "wgrad_scale");
     }
+    if (l.contains("shadow")) check_shadow(lw, l["shadow"], row.has_parameters);
   }
 }
 

@@ -46,7 +46,10 @@ void add_train_options(po::options_description& desc) {
       "resume", po::value<std::string>(), "[resume] continue from the checkpoint in this directory")(
       "trace", po::value<std::string>(), "[trace] write a per-layer scale trace to PATH.jsonl and PATH.json")(
       "trace-every", po::value<std::int64_t>(), "[trace_every] a traced step every N iterations (default 10)")(
-      "trace-hist", po::bool_switch(), "[trace_hist] add binade histograms to the trace");
+      "trace-hist", po::bool_switch(), "[trace_hist] add binade histograms to the trace")(
+      "shadow", po::bool_switch(),
+      "[shadow] on traced steps, also run the backward pass in fp32 and trace, per layer, what precision cost "
+      "its gradients (underflowed mass, relative error, cosine; CPU, one process)");
 }
 
 TrainConfig train_config_from(const po::variables_map& vm) {
@@ -76,6 +79,7 @@ TrainConfig train_config_from(const po::variables_map& vm) {
   if (vm.count("threads")) overrides["threads"] = vm["threads"].as<int>();
   if (vm.count("device")) overrides["device"] = vm["device"].as<std::string>();
   if (vm.count("trace-hist") && vm["trace-hist"].as<bool>()) overrides["trace_hist"] = true;
+  if (vm.count("shadow") && vm["shadow"].as<bool>()) overrides["shadow"] = true;
   for (const char* flag : {"epochs", "batch", "eval-batch", "max-steps", "seed", "save-every", "trace-every"}) {
     if (!vm.count(flag)) continue;
     std::string key = flag;

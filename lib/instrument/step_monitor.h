@@ -15,6 +15,16 @@ namespace gradscale {
 // or bias gradient, or the loss gradient. Each site has its own slot in the monitor's records.
 enum class GradSite : std::uint8_t { upstream, join, weight, loss };
 
+// What precision cost one gradient of a layer against an fp32 shadow of the same backward pass
+// (ScaledTraining::set_shadow, the plug-in's Scaler(shadow=True); docs/trace.md): the share of Σ|g|
+// that rounded to zero (g: the fp32 values just before their rounding), ‖g_lp/S − g_fp32‖/‖g_fp32‖ and
+// the cosine between the two (NaN where a norm is 0 and the other is not).
+struct ShadowMetrics {
+  double underflow_mass = 0;
+  double rel_error = 0;
+  double cosine = 1;
+};
+
 struct LayerRecord {
   int layer_id = -1;
   bool ran = false;             // the layer's backward ran this iteration
@@ -37,6 +47,9 @@ struct LayerRecord {
   // rounding among them (inf when one was not finite). Always kept.
   bool overflow_upstream = false, overflow_weight = false, overflow_join = false;
   float overflow_max_abs = 0;
+  // Against the fp32 shadow, on the steps it ran: the gradient sent upstream, the weight gradients.
+  bool has_shadow_upstream = false, has_shadow_weight = false;
+  ShadowMetrics shadow_upstream, shadow_weight;
 };
 
 // Collects found_inf and per-layer records during one iteration. Passed explicitly.

@@ -64,6 +64,18 @@ struct ForwardContext {
   std::mt19937_64* rng = nullptr;  // dropout masks; required when training with dropout
 };
 
+// Sees each gradient a layer rounds and sends on, in host memory: the fp32 values just before the
+// rounding and the stored values after, with the scale they are stored at (lib/train/shadow.h compares
+// them with an fp32 shadow of the pass). A backward pass without one pays nothing.
+class GradientObserver {
+ public:
+  virtual ~GradientObserver() = default;
+  // The gradient layer `layer_id` sends upstream (after its local scale s), stored at `scale`.
+  virtual void upstream(int layer_id, const float* before, const float* after, std::size_t n, double scale) = 0;
+  // One of its weight-gradient parts, stored at `scale` (its factor r times S_in).
+  virtual void weight(int layer_id, const float* before, const float* after, std::size_t n, double scale) = 0;
+};
+
 struct BackwardContext {
   const Precision& precision;
   Scaler& scaler;  // the loss-level policy; its layer_controller() chooses local scales
@@ -72,6 +84,7 @@ struct BackwardContext {
   // Data-parallel training (lib/dist): reduces each statistic a decision depends on over the ranks
   // (lib/instrument/statistics_reducer.h). Null in one process.
   StatisticsReducer* reducer = nullptr;
+  GradientObserver* observer = nullptr;  // host layers only (ScaledTraining's fp32 shadow)
 };
 
 class Layer {

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <vector>
 
 #include "lib/layers/layer.h"
 #include "lib/layers/upstream_decision.h"
@@ -117,12 +118,30 @@ void round_activation_grad(Tensor& t, int layer_id, const Precision& p, StepMoni
                                   layer_id, p, monitor);
 }
 
+namespace {
+
+// The values before a rounding the observer will see (none without an observer).
+std::vector<float> before_rounding(const Tensor& t, const BackwardContext& ctx) {
+  if (ctx.observer == nullptr || !t.on_host()) return {};
+  return std::vector<float>(t.data(), t.data() + t.size());
+}
+
+void observe_upstream(const Layer& layer, const std::vector<float>& before, const ScaledGrad& gx,
+                      BackwardContext& ctx) {
+  if (ctx.observer != nullptr && gx.g.on_host())
+    ctx.observer->upstream(layer.id(), before.data(), gx.g.data(), before.size(), gx.scale);
+}
+
+}  // namespace
+
 void send_upstream_grad(const Layer& layer, const ScaledGrad& grad_output, ScaledGrad& gx, BackwardContext& ctx,
                         bool rounds) {
   LayerController* controller = ctx.scaler.layer_controller();
   if (controller == nullptr || !controller->acts_at(layer.id())) {  // the paper's rule: S passes on
+    const std::vector<float> before = before_rounding(gx.g, ctx);
     if (rounds) round_activation_grad(gx.g, layer.id(), ctx.precision, ctx.monitor);
     gx.scale = grad_output.scale;
+    observe_upstream(layer, before, gx, ctx);
     return;
   }
   static const Tensor kNoWeight;
@@ -240,11 +259,14 @@ void scale_upstream_grad(const Layer& layer, const ScaledGrad& grad_output, cons
   r.local_scale = decision.s;
   r.unbound_scale = decision.unbound;
   r.sent_grad = true;
+  std::vector<float> before = before_rounding(gx.g, ctx);
+  for (float& v : before) v *= static_cast<float>(decision.s);  // what is rounded: s·g (exact for a power of two)
   r.sent_max_abs = round_gradient(gx.g.data(), static_cast<std::size_t>(gx.g.size()),
                                   static_cast<float>(decision.s), GradSite::upstream, layer.id(),
                                   ctx.precision, ctx.monitor);
   gx.scale = decision.s * grad_output.scale;
   r.scale_out = gx.scale;
+  observe_upstream(layer, before, gx, ctx);
 }
 
 void accumulate_weight_grad(Tensor& g, double scale, Parameter& param, int layer_id, const Precision& p,
@@ -305,7 +327,11 @@ void accumulate_weight_grads(const Layer& layer, std::initializer_list<WeightGra
                                 : 1.0;
     smallest = first ? r : std::min(smallest, r);
     first = false;
+    std::vector<float> before = before_rounding(*w.grad, ctx);
+    for (float& v : before) v *= static_cast<float>(r);  // what is rounded: r·g
     accumulate_weight_grad(*w.grad, scale, *w.param, layer.id(), ctx.precision, ctx.monitor, r);
+    if (ctx.observer != nullptr && w.grad->on_host())
+      ctx.observer->weight(layer.id(), before.data(), w.grad->data(), before.size(), r * scale);
   }
   ctx.monitor.record_of(layer.id()).weight_grad_scale = smallest;
 }

@@ -44,7 +44,8 @@ void TrainConfig::merge_json(const json& j) {
                                              "lr",           "epochs",     "batch",     "eval_batch",
                                              "max_steps",    "seed",       "threads",   "progress_seconds", "device",
                                              "checkpoint",   "save_every", "resume",
-                                             "grad_format",  "trace",      "trace_every", "trace_hist"};
+                                             "grad_format",  "trace",      "trace_every", "trace_hist",
+                                             "shadow"};
   for (const auto& [k, v] : j.items()) {
     if (!keys.count(k)) {
       std::string allowed;
@@ -77,6 +78,9 @@ void TrainConfig::merge_json(const json& j) {
     } else if (k == "trace_hist") {
       GS_CHECK_CONFIG(v.is_boolean(), "config key 'trace_hist' must be true or false, got " << json_excerpt(v));
       trace_hist = v.get<bool>();
+    } else if (k == "shadow") {
+      GS_CHECK_CONFIG(v.is_boolean(), "config key 'shadow' must be true or false, got " << json_excerpt(v));
+      shadow = v.get<bool>();
     } else if (k == "weight_grads") {
       const std::string w = text(v, "weight_grads");
       GS_CHECK_CONFIG(
@@ -152,6 +156,7 @@ json TrainConfig::to_json() const {
             {"trace_every", trace_every},
             {"trace_hist", trace_hist}};
   if (!model_spec.is_null()) j["model_spec"] = model_spec;
+  if (shadow) j["shadow"] = true;  // absent when off: configs of runs without it stay as they were
   return j;
 }
 

@@ -38,6 +38,7 @@ struct TrainConfig {
   std::string trace_path;         // non-empty: write a trace to PATH.jsonl and PATH.json (SPEC §8)
   std::int64_t trace_every = 10;  // a traced step every N iterations (plus notable ones)
   bool trace_hist = false;        // binade histograms in the trace
+  bool shadow = false;            // on traced steps, the fp32 shadow of the backward pass (lib/train/shadow.h)
 
   // Reads the keys present in `j` over the current values; unknown keys or bad values → ConfigError
   // naming the key and what is allowed.

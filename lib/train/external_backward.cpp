@@ -135,6 +135,13 @@ double ExternalBackward::loss_gradient(float* g, std::int64_t n) {
   return loss_scale_;
 }
 
+void ExternalBackward::note_shadow(int layer, bool weight, const ShadowMetrics& metrics) {
+  check_layer(layer, false, "note_shadow");
+  LayerRecord& r = monitor_.record_of(layer);
+  (weight ? r.shadow_weight : r.shadow_upstream) = metrics;
+  (weight ? r.has_shadow_weight : r.has_shadow_upstream) = true;
+}
+
 void ExternalBackward::note_layer(int layer, double scale_in) {
   check_layer(layer, false, "note_layer");
   LayerRecord& r = monitor_.record_of(layer);

@@ -88,6 +88,10 @@ class ExternalBackward {
   void weight_gradient(int layer, float* g, std::int64_t n, double scale);
   // Records that `layer` ran backward on a gradient at scale `scale_in` (its record's S_in).
   void note_layer(int layer, double scale_in);
+  // What precision cost `layer`'s gradient sent upstream (`weight` false) or its weight gradients
+  // (true) against the caller's fp32 shadow of the pass (lib/train/shadow.h; the plug-in's
+  // Scaler(shadow=True)): into its record, and so into the trace.
+  void note_shadow(int layer, bool weight, const ShadowMetrics& metrics);
   // ---- data-parallel: every rank takes the same verdict ---------------------------------------------
   // What the ranks must agree on before finish_step, as a fixed-size buffer (layers + 4 values) to be
   // summed over the ranks: found_inf, the first non-finite layer, popart_als's edge counts. After the

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <optional>
 #include <sstream>
 
 #include "lib/backend/backend.h"
@@ -180,10 +181,19 @@ void ScaledTraining::backward(const Tensor& loss_grad, double loss_scale, double
                      static_cast<float>(loss_scale), GradSite::loss, model_.num_layers() - 1, precision_, monitor_);
   monitor_.loss = loss;
   monitor_.correct = 0;
+  std::unique_ptr<ShadowRecorder> shadow;
+  if (shadow_due()) {
+    ScaledGrad fp32;
+    fp32.g.copy_from(loss_grad);
+    shadow = shadow_pass(fp32);
+  }
   model_.zero_grads();
   BackwardContext ctx{precision_, *scaler_, monitor_, steps_, parallel_.get()};
+  std::optional<ShadowComparison> compare;
+  if (shadow) ctx.observer = &compare.emplace(*shadow, monitor_);
   model_.backward(loss_grad_, ctx);
   model_.backend().finish_backward(monitor_);
+  if (compare) compare->finish(model_);
   if (parallel_) {
     parallel_->reduce_step(monitor_);
     loss = monitor_.loss;
@@ -205,12 +215,25 @@ LossResult ScaledTraining::loss_backward(const Tensor& logits, const std::vector
   Backend& backend = model_.backend();
   // Data-parallel: the mean over the whole batch (this rank's rows of its gradient, its share of the loss).
   const std::int64_t over = parallel_ ? batch_total(static_cast<std::int64_t>(labels.size())) : 0;
+  std::unique_ptr<ShadowRecorder> shadow;
+  if (shadow_due()) {  // the loss gradient at scale 1 in fp32, into a monitor of its own
+    Precision fp32 = precision_;
+    fp32.grad_format = Format::fp32;
+    StepMonitor scratch;
+    scratch.reset(model_.num_layers(), false, 0.0);
+    ScaledGrad g;
+    backend.loss_backward(logits, labels, 1.0, fp32, g, scratch, model_.num_layers() - 1, over);
+    shadow = shadow_pass(g);
+  }
   backend.loss_backward(logits, labels, loss_scale, precision_, loss_grad_, monitor_, model_.num_layers() - 1,
                         over);
   model_.zero_grads();
   BackwardContext ctx{precision_, *scaler_, monitor_, steps_, parallel_.get()};
+  std::optional<ShadowComparison> compare;
+  if (shadow) ctx.observer = &compare.emplace(*shadow, monitor_);
   model_.backward(loss_grad_, ctx);
   backend.finish_backward(monitor_);  // also the loss: a device's comes with its measurements
+  if (compare) compare->finish(model_);
   if (parallel_) parallel_->reduce_step(monitor_);  // found_inf, max|g|, loss, statistics: the whole batch's
   const LossResult loss{monitor_.loss, monitor_.correct};
   current_.loss = loss.loss;
@@ -218,6 +241,33 @@ LossResult ScaledTraining::loss_backward(const Tensor& logits, const std::vector
   current_.loss_scale = loss_scale;
   phase_ = Phase::backwarded;
   return loss;
+}
+
+void ScaledTraining::set_shadow(bool on) {
+  GS_CHECK_CONFIG(!on || (model_.device() == Device::cpu && !parallel_),
+                  "the fp32 shadow (shadow) runs on the CPU backend in one process: the model is on "
+                      << (model_.device() == Device::cpu ? "the CPU, data-parallel" : "a device"));
+  shadow_ = on;
+}
+
+std::unique_ptr<ShadowRecorder> ScaledTraining::shadow_pass(const ScaledGrad& loss_grad_fp32) {
+  // Nothing rounded (gradients in fp32, weight gradients kept), nothing scaled (no controller: s = 1),
+  // found_inf and statistics into a monitor of its own; the parameters' gradients it leaves are read,
+  // then zeroed by the step's own pass.
+  Precision fp32 = precision_;
+  fp32.grad_format = Format::fp32;
+  fp32.quantize_weight_grads = false;
+  const std::unique_ptr<Scaler> none = make_scaler(nlohmann::json{{"policy", "none"}}, Format::fp32);
+  StepMonitor scratch;
+  scratch.reset(model_.num_layers(), false, 0.0);
+  auto shadow = std::make_unique<ShadowRecorder>();
+  model_.zero_grads();
+  BackwardContext ctx{fp32, *none, scratch, steps_, nullptr};
+  ctx.observer = shadow.get();
+  model_.backward(loss_grad_fp32, ctx);
+  model_.backend().finish_backward(scratch);
+  shadow->take_weight_grads(model_);
+  return shadow;
 }
 
 StepResult ScaledTraining::step(double lr) {

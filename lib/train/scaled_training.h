@@ -20,6 +20,7 @@
 #include "lib/model/model.h"
 #include "lib/optim/optimizer.h"
 #include "lib/scaler/scaler.h"
+#include "lib/train/shadow.h"
 
 namespace gradscale {
 
@@ -116,6 +117,15 @@ class ScaledTraining {
   // gradient and its share of the loss. Dropout masks are drawn per rank. Save from one rank; load on
   // every rank (any N). A communicator of one rank changes nothing.
   void distribute(Communicator& comm, const std::string& gpu_collectives = "auto");
+
+  // ---- what precision costs each layer (lib/train/shadow.h) ----------------------------------------
+  // On: on every step with statistics (begin_step(true)), loss_backward and backward first run the
+  // backward pass in fp32 over the same forward values, nothing rounded and nothing scaled, and the
+  // step's records get, per layer, ShadowMetrics of the gradient it sent upstream and of its weight
+  // gradients against it (in the trace: "shadow"). One more backward pass on those steps. The CPU
+  // backend in one process: ConfigError on a device or after distribute().
+  void set_shadow(bool on);
+  bool shadow() const { return shadow_; }
   // The reductions (null unless distribute() was called): rank, size and what they moved.
   const DataParallel* data_parallel() const { return parallel_.get(); }
 
@@ -166,6 +176,9 @@ class ScaledTraining {
   // A rank's own dropout stream: the generator's state mixed with the rank (rank 0 keeps it).
   void mix_rank_into_rng();
   void check_outside_loss_grad(const Tensor& loss_grad, const char* call) const;
+  // The shadow pass from the fp32 loss gradient at scale 1, when this step has one (else null).
+  std::unique_ptr<ShadowRecorder> shadow_pass(const ScaledGrad& loss_grad_fp32);
+  bool shadow_due() const { return shadow_ && monitor_.record; }
   nlohmann::json identity() const;
 
   Model& model_;
@@ -185,6 +198,7 @@ class ScaledTraining {
   std::unique_ptr<DataParallel> parallel_;  // data-parallel: this rank's reductions (distribute())
   std::unique_ptr<DeviceCollectives> device_collectives_;  // a GPU model's: what parallel_ sums its gradients with
   std::int64_t batch_total_ = -1;           // the whole batch's count in this iteration (-1: not yet)
+  bool shadow_ = false;                     // set_shadow
 };
 
 }  // namespace gradscale

@@ -132,6 +132,16 @@ bool TraceWriter::write_step(const TraceStep& s, const StepMonitor& m) {
       l["overflow"] = {{"sites", sites}, {"max_abs", number(r.overflow_max_abs)}};
     }
     if (r.has_joined_grad) l["join"] = stats_to_json(r.joined_grad, histograms_);
+    if (r.has_shadow_upstream || r.has_shadow_weight) {
+      nlohmann::json shadow = nlohmann::json::object();
+      const auto metrics = [](const ShadowMetrics& sm) {
+        return nlohmann::json{{"underflow_mass", number(sm.underflow_mass)}, {"rel_error", number(sm.rel_error)},
+                              {"cosine", number(sm.cosine)}};
+      };
+      if (r.has_shadow_upstream) shadow["upstream"] = metrics(r.shadow_upstream);
+      if (r.has_shadow_weight) shadow["weight"] = metrics(r.shadow_weight);
+      l["shadow"] = std::move(shadow);
+    }
     layers.push_back(std::move(l));
   }
   j["layers"] = std::move(layers);

@@ -90,6 +90,11 @@ Trainer::Trainer(TrainConfig config, std::ostream* log, Communicator* comm, cons
               checksum_text(DataParallel::weights_checksum(model_->parameters())),
           "the --resume checkpoint '" + config_.resume_dir + "'");
   }
+  if (config_.shadow) {
+    GS_CHECK_CONFIG(!config_.trace_path.empty(),
+                    "shadow: the fp32 shadow's figures are written to the trace: give one (--trace PATH)");
+    training_->set_shadow(true);  // ConfigError on a device or with several ranks
+  }
   if (!config_.trace_path.empty() && writes_)
     trace_ = std::make_unique<TraceWriter>(config_.trace_path, training_->trace_header(config_.to_json()),
                                            config_.trace_every, config_.trace_hist,

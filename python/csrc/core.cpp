@@ -312,6 +312,9 @@ PYBIND11_MODULE(GS_CORE_NAME, m) {
         e.weight_gradient(layer, address(p), n, scale);
       })
       .def("note_layer", &ExternalBackward::note_layer)
+      .def("note_shadow", [](ExternalBackward& e, int layer, bool weight, double mass, double rel, double cosine) {
+        e.note_shadow(layer, weight, ShadowMetrics{mass, rel, cosine});
+      })
       .def("agreement_buffer", &ExternalBackward::agreement_buffer)
       .def("agree", &ExternalBackward::agree)
       .def("overflow_buffer", &ExternalBackward::overflow_buffer)

@@ -62,3 +62,28 @@ def test_a_transformer_trace_passes_inspect(tmp_path):
     scaler.close()
     r = _inspect(base + ".json")
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_the_fp32_shadow_reaches_the_trace(tmp_path):
+    """Scaler(shadow=True) with a trace: each traced step with statistics carries, per layer, the shadow's
+    figures in the CLI's form, which `gradscale inspect --check` accepts."""
+    import json
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+    base = str(tmp_path / "shadow")
+    scaler = Scaler(model, scaler="torch", format="fp16", grad_format="fp8_e5m2", trace=base, trace_every=1,
+                    shadow=True)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(32, 16), torch.randint(0, 4, (32,))
+    for _ in range(2):
+        opt.zero_grad()
+        scaler.scale(F.cross_entropy(model(x), y)).backward()
+        scaler.step(opt)
+        scaler.update()
+    scaler.close()
+    steps = [json.loads(line) for line in open(base + ".jsonl") if '"type":"step"' in line.replace(" ", "")]
+    shadows = [l["shadow"] for s in steps for l in s["layers"] if "shadow" in l]
+    assert shadows and all(set(m) <= {"upstream", "weight"} for m in shadows)
+    assert any(m["upstream"]["rel_error"] > 0 for m in shadows if "upstream" in m)  # e5m2 rounds
+    r = _inspect(base + ".json")
+    assert r.returncode == 0, r.stdout + r.stderr

@@ -546,6 +546,7 @@ class Scaler:
             group = _distributed.group_of(self._process_group)
             if group is not None:
                 _distributed.agree(self._core, group)
+            self._take_shadow()
             result = self._core.finish_step(self._loss_value)
             result["reason"] = "overflow" if result["skipped"] else None
             self._scaler_seconds += result["scaler_seconds"]
@@ -556,14 +557,23 @@ class Scaler:
                 self._trace_counts["overflows"] += int(result["found_inf"])
             layer = result["first_nonfinite_layer"]
             result["first_nonfinite_layer"] = self._layers[layer].name if 0 <= layer < len(self._layers) else None
-        if self._tracker.shadow is not None:
-            self._shadow_rows = self._tracker.shadow.rows(len(self._layers))
+        if self._tracker.shadow is not None:  # a failed pass's step
             self._tracker.shadow = None
-        elif self._shadow:
             self._shadow_rows = {}
         self._verdict = result
         self._last = result
         self.skipped_steps += int(result["skipped"])
+
+    def _take_shadow(self) -> None:
+        """The step's shadow figures into layer_scales() and the core's records (so into the trace)."""
+        if self._tracker.shadow is None:
+            self._shadow_rows = {}
+            return
+        self._shadow_rows = self._tracker.shadow.rows(len(self._layers))
+        self._tracker.shadow = None
+        for layer, row in self._shadow_rows.items():
+            for kind, m in (row or {}).items():
+                self._core.note_shadow(layer, kind == "weight", m["underflow_mass"], m["rel_error"], m["cosine"])
 
     def _applies_to(self, optimizer: torch.optim.Optimizer) -> bool:
         """Whether this optimizer steps. Not skipped: yes. Skipped for a failed pass: no. Skipped for
