@@ -334,7 +334,7 @@ std::string readme_excerpt(const std::string& source) {
 
 TEST_CASE(
     "the README's C++ example is the marked excerpt of experiments/examples/minimal_loop.cpp, which "
-    "the install test builds; docs/api.md shows the whole file",
+    "the install test builds, and docs/api.md shows the whole file",
     "[api][docs]") {
   const std::string readme = read_source_file("README.md"), api = read_source_file("docs/api.md"),
                     example = read_source_file("experiments/examples/minimal_loop.cpp");
