@@ -30,7 +30,7 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
-from ._functions import Enter, Exit, LossEdge, WorkingWeight, _dense, differentiable, owned_copy
+from ._functions import Enter, Exit, LossEdge, WorkingWeight, is_dense, differentiable, owned_copy
 from ._layers import Layer
 
 _ENTER = Enter._backward_cls
@@ -390,7 +390,7 @@ class BackwardPass:
                 return None
             maxima = []
             for _, g, _ in parts:
-                dense = g if _dense(g) else g.contiguous()
+                dense = g if is_dense(g) else g.contiguous()
                 maxima.append(self.core.max_abs(dense.data_ptr(), dense.numel()) if g.numel() else 0.0)
             target = self.core.join_target(maxima, [s for _, _, s in parts])
             if len({s for _, _, s in parts}) > 1:
@@ -485,7 +485,7 @@ class BackwardPass:
         weight = ctx.call.weight if layer.parametric else None
         if weight is not None:
             weight = weight.detach()
-            weight = weight if _dense(weight) else weight.contiguous()
+            weight = weight if is_dense(weight) else weight.contiguous()
         s = self.core.upstream(ctx.layer_id, out.data_ptr(), list(out.shape),
                                received.data_ptr() if received is not None else 0,
                                list(received.shape) if received is not None else [],

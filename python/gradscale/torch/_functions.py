@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 
 
-def _dense(t: torch.Tensor) -> bool:
+def is_dense(t: torch.Tensor) -> bool:
     """Whether t's elements fill one block of memory (in any order of dimensions: contiguous,
     channels_last, a transpose): the core then reads its numel() values from data_ptr()."""
     if t.is_contiguous() or (t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last)) or \
@@ -44,14 +44,14 @@ def owned_copy(g: torch.Tensor) -> torch.Tensor:
     if g.dtype != torch.float32:
         raise TypeError(f"gradscale.torch: gradients must be float32, got {g.dtype} on {g.device}")
     g = g.detach()
-    return g.clone() if _dense(g) else g.clone(memory_format=torch.contiguous_format)
+    return g.clone() if is_dense(g) else g.clone(memory_format=torch.contiguous_format)
 
 
 def round_forward(x: torch.Tensor, fmt: str, core) -> torch.Tensor:
     """A new tensor: x rounded to the forward format (the identity copy for fp32), by `core` (an
     ExternalBackward) where x lives, in x's memory layout when x is dense."""
     x = x.detach()
-    out = x.clone() if _dense(x) else x.clone(memory_format=torch.contiguous_format)
+    out = x.clone() if is_dense(x) else x.clone(memory_format=torch.contiguous_format)
     if fmt != "fp32" and out.numel():
         core.quantize_(out.data_ptr(), out.numel(), fmt)
     return out

@@ -163,12 +163,3 @@ def trace_table(table: Iterable[Layer], model: nn.Module) -> List[dict]:
                      "parametric": layer.parametric,
                      "parameters": [{"name": names.get(id(p), "?"), "shape": list(p.shape)} for p in params]})
     return rows
-
-
-def param_owner(table: Iterable[Layer]) -> Dict[int, int]:
-    """id(parameter) -> layer id (the first layer that owns it: tied weights count once)."""
-    owner: Dict[int, int] = {}
-    for layer in table:
-        for p in layer.params:
-            owner.setdefault(id(p), layer.id)
-    return owner
