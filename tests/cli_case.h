@@ -1,5 +1,5 @@
-// Helpers of the CLI cases of issue 22 (test_output_collisions, test_silent_results,
-// test_hostile_inputs): files written and read whole, the CLI run inside a temp directory with a
+// Helpers of the CLI cases (test_overwrites_refused, test_wrong_results_refused,
+// test_bad_inputs_refused, ...): files written and read whole, the CLI run inside a temp directory with a
 // time limit, and the check of a one-line error exit.
 #pragma once
 

@@ -551,7 +551,7 @@ TEST_CASE("ablate --shard: K/N parsed and checked, the shards partition the runs
   CHECK(parse_shard("2/8").index == 2);
   CHECK(parse_shard("2/8").count == 8);
   CHECK(gradscale::ablate::Shard{}.all());
-  CHECK_FALSE(parse_shard("1/1").all());  // a shard, though it holds every run: no tables (issue 40 item 4)
+  CHECK_FALSE(parse_shard("1/1").all());  // a shard, though it holds every run: no tables
   CHECK(parse_shard("1/1").holds(0));
   CHECK(parse_shard("1/1").holds(7));
   CHECK_THROWS_WITH(parse_shard("0/2"), Catch::Contains("K must be in [1, 2]"));
@@ -635,7 +635,7 @@ TEST_CASE("ablate: a run another process holds is left to it (run locks)", "[abl
   CHECK(contains(joined(r.lines), "torch_seed0: run by another process (pid " + std::to_string(::getpid()) + "): left to it"));
   CHECK(run_state(run_paths(out, "none_seed0")) == RunState::done);
   CHECK(run_state(run_paths(out, "torch_seed0")) == RunState::pending);
-  // A shard, 1/1 too, writes no tables, and its summary counts the run it left (issue 40 item 4).
+  // A shard, 1/1 too, writes no tables, and its summary counts the run it left.
   CHECK_FALSE(fs::exists(out + "/table.md"));
   CHECK(contains(joined(r.lines), "ablate: shard 1/1: 2 of 2 runs (1 run now in"));
   CHECK(contains(joined(r.lines), "0 already finished, 1 left to another process; 0 diverged, 0 failed)"));
@@ -674,7 +674,7 @@ TEST_CASE("scripts/slurm_ablate.sh submits a job array of shards and a merge aft
 }
 
 TEST_CASE(
-    "scripts/slurm_ablate.sh quotes for POSIX sh, and --dry-run prints what it submits (issue 40 item 3)",
+    "scripts/slurm_ablate.sh quotes for POSIX sh, and --dry-run prints what it submits",
     "[ablate][shard][cli]") {
   if (gradscale::test::run_shell("command -v dash >/dev/null").status != 0)
     gradscale::test::skip_test("no dash: Slurm's /bin/sh on Debian, which runs each job's --wrap here");

@@ -484,7 +484,7 @@ TEST_CASE("fp8_e4m3 saturation is an overflow: found_inf and a backing-off torch
   std::vector<float> ok = {1.0f, 440.0f};  // rounds to 448 without overflowing
   round_gradient(ok.data(), ok.size(), 1.0f, GradSite::upstream, 0, p, m);
   CHECK_FALSE(m.found_inf);
-  // In training: the torch scaler now backs off from 65536 with fp8_e4m3 gradients.
+  // In training: the torch scaler backs off from 65536 with fp8_e4m3 gradients (448 is their largest).
   TrainConfig c;
   c.model = "mlp";
   c.data = "synthetic:256";

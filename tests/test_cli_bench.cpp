@@ -54,7 +54,7 @@ TEST_CASE("bench rejects bad input with one line and exit 2", "[cli][bench]") {
   CHECK_THAT(model.lines.back(), Contains("lenet"));
 }
 
-TEST_CASE("bench: every numeric option has bounds, checked before any work (issue 40 item 6)",
+TEST_CASE("bench: every numeric option has bounds, checked before any work",
           "[cli][bench]") {
   struct Case {
     const char* args;

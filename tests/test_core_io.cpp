@@ -232,7 +232,8 @@ TEST_CASE("check macros keep file:line out of the message and in Error::where()"
   }
   CHECK(Error("thrown by hand").where().empty());
   CHECK(std::string(source_file_name("/a/b/lib/scaler/registry.cpp")) == "registry.cpp");
-  // The message of the issue: a bad policy name given to the registry.
+  // A bad policy name given to the registry: the message names it and what a name may hold, without
+  // a source path (where() has the file and line).
   try {
     register_scaler("Not A Name", [](const json&, Format) { return std::unique_ptr<Scaler>(); });
     FAIL("no exception");

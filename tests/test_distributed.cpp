@@ -265,7 +265,7 @@ TEST_CASE("mpirun: ranks started with different configs stop at the start, namin
   const auto r = run_shell("timeout 120 " + mpi + "sh -c 'exec \"$0\" " + kRun +
                                "--max-steps 4 --lr 0.00$((OMPI_COMM_WORLD_RANK + 1))' \"$GS\"");
   INFO(joined(r.lines));
-  CHECK(r.status == 2);  // bad input (issue 40 item 5); not the timeout: the ranks noticed
+  CHECK(r.status == 2);  // bad input; not the timeout: the ranks noticed
   const std::string out = joined(r.lines);
   CHECK(out.find("the ranks were started with different configs: rank 1 differs from rank 0") != std::string::npos);
   CHECK(out.find("first at 'lr'") != std::string::npos);
@@ -273,7 +273,7 @@ TEST_CASE("mpirun: ranks started with different configs stop at the start, namin
 
 TEST_CASE(
     "mpirun: ranks that read different data or resume different checkpoints stop at the start, "
-    "naming the file (issue 40 items 2, 5)",
+    "naming the file",
     "[dist][cli]") {
   const std::string mpi = mpirun(2);
   TempDir tmp;
@@ -404,7 +404,7 @@ TEST_CASE("two ranks (threads): a reduced statistic is the whole tensor's", "[di
 
 TEST_CASE(
     "two ranks (threads): a config or a file that differs stops both ranks with a ConfigError "
-    "naming it (issue 40 items 2, 5)",
+    "naming it",
     "[dist]") {
   using namespace gradscale;
   std::string messages[2], configs[2];

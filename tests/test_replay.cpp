@@ -1,6 +1,6 @@
-// Tests of `gradscale replay` through the built binary (GRADSCALE_CLI): the exact JSON lines of the
-// issue's example and of a few hand-worked sequences, the deepspeed raise, the popart_als statistics
-// syntax, and exit status 2 with one clear line for bad input.
+// Tests of `gradscale replay` through the built binary (GRADSCALE_CLI): the exact JSON lines of
+// docs/cli.md's torch example and of a few hand-worked sequences, the deepspeed raise, the popart_als
+// statistics syntax, and exit status 2 with one clear line for bad input.
 #include <catch2/catch.hpp>
 
 #include <string>
@@ -25,7 +25,7 @@ Result replay(const std::string& arguments) {
 
 }  // namespace
 
-TEST_CASE("replay prints the issue's torch example exactly", "[replay]") {
+TEST_CASE("replay prints a torch sequence of growth and back-off exactly", "[replay]") {
   const Result r = replay(
       "--scaler " + quote(R"({"policy":"torch","init_scale":4,"growth_interval":2,"backoff_factor":0.25})") +
       " --events FFI");

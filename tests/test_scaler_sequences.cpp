@@ -96,7 +96,8 @@ TEST_CASE("static: constant scale, found_inf skips", "[scaler]") {
   CHECK(make("static:0.1")->loss_scale() == 0.1);
 }
 
-TEST_CASE("torch: the issue's example and growth on the exact step", "[scaler]") {
+TEST_CASE("torch: growth after growth_interval clean steps, back-off on an overflow, on the exact step",
+          "[scaler]") {
   auto s = make(R"({"policy":"torch","init_scale":4,"growth_interval":2,"backoff_factor":0.25})");
   const auto r = run(*s, "FFI");
   CHECK(scales(r) == std::vector<double>{4, 8, 2});
@@ -162,8 +163,8 @@ TEST_CASE("deepspeed: consecutive hysteresis refills on every clean step", "[sca
 TEST_CASE("deepspeed: growth step of the current and the legacy rule", "[scaler]") {
   // From the start (last_overflow_iter = -1): the current rule grows on the 4th clean step of a
   // 3-step window, the legacy rule on the 3rd.
-  auto now = make(R"({"policy":"deepspeed","init_scale":1,"scale_window":3})");
-  CHECK(scales(run(*now, "FFFFFFF")) == std::vector<double>{1, 1, 1, 2, 2, 2, 4});
+  auto current = make(R"({"policy":"deepspeed","init_scale":1,"scale_window":3})");
+  CHECK(scales(run(*current, "FFFFFFF")) == std::vector<double>{1, 1, 1, 2, 2, 2, 4});
   auto legacy = make(R"({"policy":"deepspeed","init_scale":1,"scale_window":3,"legacy_growth":true})");
   CHECK(scales(run(*legacy, "FFFFFFF")) == std::vector<double>{1, 1, 2, 2, 2, 4, 4});
   // After an overflow: the current rule needs window + 1 clean steps, the legacy rule window.

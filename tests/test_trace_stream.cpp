@@ -1,7 +1,7 @@
-// Traces read as a stream (experiments/cli/trace_file.h, issue 22 item 17): the reader hands on one
-// checked record at a time, so a trace of any length needs the memory of one step; the document is
-// parsed with its steps dropped as they are checked. Also the terminal side of item 20: ablation
-// labels and keys with control characters are refused, and no error message carries one.
+// Traces read as a stream (experiments/cli/trace_file.h): the reader hands on one checked record at a
+// time, so a trace of any length needs the memory of one step; the document is parsed with its steps
+// dropped as they are checked. Also names on the terminal: ablation labels and keys with control
+// characters are refused, and no error message carries one.
 #include <catch2/catch.hpp>
 
 #include <sys/stat.h>
@@ -194,7 +194,7 @@ TEST_CASE("inspect gives the same answer for a trace and the same trace with its
   CHECK(b["traced_steps"] == 200);
 }
 
-TEST_CASE("ablation labels and keys with control characters are refused (issue 22 item 20)",
+TEST_CASE("ablation labels and keys with control characters are refused",
           "[ablate][cli]") {
   TempDir tmp;
   const std::string base = R"({"base":{"data":"synthetic:64","model":"mlp","batch":32,"max_steps":2},)";
@@ -210,7 +210,7 @@ TEST_CASE("ablation labels and keys with control characters are refused (issue 2
     CHECK_FALSE(has_control(joined(in_dir(tmp, std::string("ablate ") + f + " --dry-run"))));
 }
 
-TEST_CASE("error messages never put a control character on the terminal (issue 22 item 20)", "[cli]") {
+TEST_CASE("error messages never put a control character on the terminal", "[cli]") {
   TempDir tmp;
   const CliResult r =
       in_dir(tmp, "train --model \"$(printf 'mlp\\033[2J')\" --data synthetic:64 --max-steps 1");
@@ -220,7 +220,7 @@ TEST_CASE("error messages never put a control character on the terminal (issue 2
   CHECK_FALSE(has_control(joined(r)));
 }
 
-TEST_CASE("a trace .json with a number no double holds is a one-line error naming the file (issue 40 item 8)",
+TEST_CASE("a trace .json with a number no double holds is a one-line error naming the file",
           "[trace][cli]") {
   TempDir tmp;
   std::ifstream in(kData + "trace_small.json");

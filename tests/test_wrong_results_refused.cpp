@@ -78,7 +78,7 @@ TEST_CASE("a step whose accumulated scale leaves float32's range is skipped, nev
           "[cli][scaler]") {
   TempDir tmp;
   // Each layer's s is at most 1e-30: the product over three linear layers is far below 2^-126, so
-  // the unscale 1/S would be inf (0·inf = NaN weights before the fix, then exit 3 "diverged").
+  // the unscale 1/S would be inf (0·inf = NaN weights if applied, then exit 3 "diverged").
   const CliResult r = in_dir(tmp, kTrain + " --max-steps 3 --format fp16 --result r.json --scaler "
                                            "'{\"policy\":\"adaptive\",\"scale_upper_bound\":1e-30}'");
   INFO(joined(r));

@@ -1,6 +1,7 @@
-// Issue 22, hangs, resources and errors (items 15-21): FIFOs and devices where a file is read, an
-// ablation of a million runs, labels longer than a file name, a result file of the wrong types,
-// control characters in names shown on the terminal, and checks that came too late or not at all.
+// Inputs that could hang a command, exhaust it or crash it are refused with one line, before any work:
+// FIFOs and devices where a file is read, an ablation of a million runs, labels longer than a file
+// name, a result file of the wrong types, control characters in names shown on the terminal, and model
+// specs and options that only fail once training has started unless they are checked first.
 #include <catch2/catch.hpp>
 
 #include <sys/stat.h>
@@ -48,7 +49,7 @@ TEST_CASE("read_bounded never blocks on a FIFO and stops a device at the cap", "
   CHECK_THROWS_WITH(read_json_file(tmp / "fifo", "config file", JsonSource::config), Contains("is a FIFO"));
 }
 
-TEST_CASE("ablate --dry-run does not block on a FIFO in a run directory (issue 22 item 15)", "[ablate][cli]") {
+TEST_CASE("ablate --dry-run does not block on a FIFO in a run directory", "[ablate][cli]") {
   TempDir tmp;
   write_text(tmp / "s.json", kAblation);
   fs::create_directories(tmp / "out/runs/none_seed0");
@@ -63,7 +64,7 @@ TEST_CASE("ablate --dry-run does not block on a FIFO in a run directory (issue 2
         gradscale::ablate::RunState::half_written);
 }
 
-TEST_CASE("ablate: the number of runs is capped before they are built (issue 22 item 16)", "[ablate][cli]") {
+TEST_CASE("ablate: the number of runs is capped before they are built", "[ablate][cli]") {
   TempDir tmp;
   std::string values;
   for (int i = 0; i < 1000; ++i) values += (i ? "," : "") + std::to_string(i + 1);
@@ -79,7 +80,7 @@ TEST_CASE("ablate: the number of runs is capped before they are built (issue 22 
   check_error(in_dir(tmp, "ablate bad.json --dry-run"), 2, "\"max_runs\" must be an integer in [1, 1000000]");
 }
 
-TEST_CASE("ablate and inspect read /dev/zero and directories without hanging (issue 22 items 17, 21)",
+TEST_CASE("ablate and inspect read /dev/zero and directories without hanging",
           "[cli][io]") {
   TempDir tmp;
   check_error(in_dir(tmp, "ablate /dev/zero --dry-run"), 2, "ablation file '/dev/zero' is larger than 64 MiB");
@@ -90,7 +91,7 @@ TEST_CASE("ablate and inspect read /dev/zero and directories without hanging (is
   check_error(in_dir(tmp, "ablate t.json --dry-run"), 2, "ablation file 't.json' is a FIFO");
 }
 
-TEST_CASE("ablate: a label too long for a file name is refused at the check (issue 22 item 18)",
+TEST_CASE("ablate: a label too long for a file name is refused at the check",
           "[ablate][cli]") {
   TempDir tmp;
   const std::string label(300, 'x');
@@ -100,7 +101,7 @@ TEST_CASE("ablate: a label too long for a file name is refused at the check (iss
   CHECK_FALSE(fs::exists(tmp / "out"));
 }
 
-TEST_CASE("ablate --table-only: a result of the wrong types is no result, not a raw exception (issue 22 item 19)",
+TEST_CASE("ablate --table-only: a result of the wrong types is no result, not a raw exception",
           "[ablate][cli]") {
   TempDir tmp;
   write_text(tmp / "s.json", kAblation);
@@ -118,7 +119,7 @@ TEST_CASE("ablate --table-only: a result of the wrong types is no result, not a 
   CHECK_THAT(joined(t), Contains("1 not run"));
 }
 
-TEST_CASE("inspect escapes control characters and elides long names (issue 22 item 20)", "[cli][trace]") {
+TEST_CASE("inspect escapes control characters and elides long names", "[cli][trace]") {
   TempDir tmp;
   REQUIRE(in_dir(tmp, "train --model mlp --data synthetic:64 --batch 32 --max-steps 2 --threads 1 --quiet "
                       "--trace tr --trace-every 1")
@@ -140,7 +141,7 @@ TEST_CASE("inspect escapes control characters and elides long names (issue 22 it
   }
 }
 
-TEST_CASE("a model spec with the wrong number of classes is exit 2 before training (issue 22 item 21)",
+TEST_CASE("a model spec with the wrong number of classes is exit 2 before training",
           "[cli][model]") {
   TempDir tmp;
   write_text(tmp / "spec5.json", R"({"input":[1,28,28],"layers":[{"type":"flatten"},{"type":"linear","out":5}]})");
@@ -150,7 +151,7 @@ TEST_CASE("a model spec with the wrong number of classes is exit 2 before traini
   check_error(in_dir(tmp, "ablate s.json --dry-run"), 2, "the model outputs 5 classes");
 }
 
-TEST_CASE("bad --trace and --progress-seconds values are refused (issue 22 item 21)", "[cli]") {
+TEST_CASE("bad --trace and --progress-seconds values are refused", "[cli]") {
   TempDir tmp;
   const std::string train = "train --model mlp --data synthetic:64 --batch 32 --max-steps 2 --threads 1 --quiet";
   check_error(in_dir(tmp, train + " --trace dir/"), 2, "--trace 'dir/' is a directory, not a path prefix");
@@ -163,7 +164,7 @@ TEST_CASE("bad --trace and --progress-seconds values are refused (issue 22 item 
   CHECK_FALSE(fs::exists(tmp / "out"));
 }
 
-TEST_CASE("a model spec layer named 'input' and a model parameter given twice are refused (issue 40 item 7)",
+TEST_CASE("a model spec layer named 'input' and a model parameter given twice are refused",
           "[cli][model]") {
   TempDir tmp;
   const std::string train = "train --data synthetic:64 --batch 32 --max-steps 1 --threads 1 --quiet";

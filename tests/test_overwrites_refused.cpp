@@ -1,6 +1,6 @@
-// Issue 22, data loss (items 1-7): every output of a command is checked against its other outputs and
-// its inputs before any work (CommandFiles), and `ablate --out` owns its directory (a marker, a lock,
-// the input never written). Each case is a reproducer of the issue that lost data before the fix.
+// No command overwrites what it reads or another of its outputs: every output of a command is checked
+// against its other outputs and its inputs before any work (CommandFiles), through symlinks and hard
+// links, and `ablate --out` owns its directory (a marker, a lock, the input never written).
 #include <catch2/catch.hpp>
 
 #include <fcntl.h>
@@ -60,7 +60,7 @@ TEST_CASE("CommandFiles: outputs that are one file, or an input, or a directory'
   CHECK_NOTHROW(d.check());
 }
 
-TEST_CASE("train: a trace or result over a checkpoint file is refused before training (issue 22 item 1)",
+TEST_CASE("train: a trace or result over a checkpoint file is refused before training",
           "[cli][output]") {
   TempDir tmp;
   const std::string ck = kTrain + " --max-steps 4 --checkpoint ck --save-every 2";
@@ -76,7 +76,7 @@ TEST_CASE("train: a trace or result over a checkpoint file is refused before tra
   CHECK(in_dir(tmp, kTrain + " --max-steps 6 --resume ck").status == 0);
 }
 
-TEST_CASE("train: a result over the checkpoint it resumes is refused (issue 22 item 2)", "[cli][output]") {
+TEST_CASE("train: a result over the checkpoint it resumes is refused", "[cli][output]") {
   TempDir tmp;
   REQUIRE(in_dir(tmp, kTrain + " --max-steps 4 --checkpoint rr --save-every 2").status == 0);
   const std::string before = read_text(tmp / "rr/checkpoint.json");
@@ -85,7 +85,7 @@ TEST_CASE("train: a result over the checkpoint it resumes is refused (issue 22 i
   CHECK(read_text(tmp / "rr/checkpoint.json") == before);
 }
 
-TEST_CASE("train: a result that is one of the trace files is refused (issue 22 item 3)", "[cli][output]") {
+TEST_CASE("train: a result that is one of the trace files is refused", "[cli][output]") {
   TempDir tmp;
   check_error(in_dir(tmp, kTrain + " --max-steps 4 --trace x --result x.json"), 2,
               "--result 'x.json' and the --trace file 'x.json' are the same file");
@@ -94,7 +94,7 @@ TEST_CASE("train: a result that is one of the trace files is refused (issue 22 i
   CHECK(fs::is_empty(tmp.path()));
 }
 
-TEST_CASE("ablate: an input inside --out is never written (issue 22 item 4)", "[ablate][cli][output]") {
+TEST_CASE("ablate: an input inside --out is never written", "[ablate][cli][output]") {
   TempDir tmp;
   for (const char* name : {"ablation.json", "table.md"}) {
     write_text(tmp / ("d/" + std::string(name)), kAblation);
@@ -104,7 +104,7 @@ TEST_CASE("ablate: an input inside --out is never written (issue 22 item 4)", "[
   }
 }
 
-TEST_CASE("ablate: --out must be an ablation directory, or new, or empty (issue 22 items 5, 6)",
+TEST_CASE("ablate: --out must be an ablation directory, or new, or empty",
           "[ablate][cli][output]") {
   TempDir tmp;
   write_text(tmp / "s.json", kAblation);
@@ -128,7 +128,7 @@ TEST_CASE("ablate: --out must be an ablation directory, or new, or empty (issue 
   CHECK(in_dir(tmp, "ablate s.json --out e --no-plots --table-only").status == 0);
 }
 
-TEST_CASE("ablate: a second process on one --out exits 2 naming the holder (issue 22 item 7)",
+TEST_CASE("ablate: a second process on one --out exits 2 naming the holder",
           "[ablate][cli][output]") {
   TempDir tmp;
   write_text(tmp / "s.json", kAblation);
@@ -179,10 +179,8 @@ TEST_CASE("real_path follows every symlink, dangling ones too, and resolves '..'
   CHECK_FALSE(real_path(tmp / "loop").empty());
 }
 
-TEST_CASE(
-    "train: an output through a dangling symlink or a hard link is refused like the file itself "
-    "(issue 40 item 1)",
-    "[cli][output]") {
+TEST_CASE("train: an output through a dangling symlink or a hard link is refused like the file itself",
+          "[cli][output]") {
   TempDir tmp;
   const std::string ck = kTrain + " --max-steps 4 --checkpoint ck --save-every 2";
   // r.json → ck/checkpoint.json, which the run itself creates: the result would replace the checkpoint.
