@@ -4,6 +4,7 @@ whose parameters are used without calling it. Real architectures (torchvision's,
 small inputs) give PyTorch's fp32 gradients bit for bit under power-of-two per-layer scales, in
 train and eval mode, contiguous and channels_last."""
 import copy
+import re
 import warnings
 
 import pytest
@@ -185,6 +186,28 @@ def test_overrides_are_refused_when_wrong():
         Scaler(mlp(), scaler=FIXED, overrides={"0": {"init_scale": 4}})
     with pytest.raises(TypeError, match="overrides"):
         Scaler(mlp(), scaler=FIXED, overrides={"0": [1]})
+
+
+@pytest.mark.parametrize("value,error,words", [
+    (float("nan"), ValueError, "finite float32"),
+    (float("inf"), ValueError, "finite float32"),
+    (-float("inf"), ValueError, "finite float32"),
+    (10 ** 400, ValueError, "finite float32"),  # float() of it raised OverflowError
+    ({"n_uf": float("nan")}, ValueError, "numbers must be finite"),  # was the core's 'invalid literal'
+    ({"method": "fixed", "fixed_scale": torch.tensor(2.0)}, TypeError, "not JSON serializable"),
+    ({"n_uf": "x"}, ValueError, "Scaler(overrides=...)"),
+    ({"method": "element_wise"}, ValueError, "element_wise"),  # refused per layer as it is for the policy
+])
+def test_overrides_bad_values_name_the_call_and_leave_the_model_usable(value, error, words):
+    model = mlp()
+    with pytest.raises(error, match=re.escape(words)):
+        Scaler(model, scaler=FIXED, overrides={"0": value})
+    Scaler(model, scaler=FIXED).remove()  # nothing was left attached
+
+
+def test_scaler_config_with_nan_names_the_call():
+    with pytest.raises(ValueError, match=re.escape("Scaler(scaler=...): numbers must be finite")):
+        Scaler(mlp(), scaler={"policy": "adaptive", "method": "measured", "n_uf": float("nan")})
 
 
 # ---- a layer used without calling it -------------------------------------------------------------

@@ -46,9 +46,20 @@ from ._layers import build_layers, trace_table
 from ._shadow import Shadow
 
 
+def _json_text(value: Any, call: str) -> str:
+    """`value` as JSON for the core: NaN, inf and objects JSON has no form for are refused here, naming the
+    call (the core's parser would only say 'invalid literal' at a column)."""
+    try:
+        return json.dumps(value, allow_nan=False)
+    except ValueError as e:
+        raise ValueError(f"gradscale.torch: {call}: numbers must be finite, got {value!r}") from e
+    except TypeError as e:
+        raise TypeError(f"gradscale.torch: {call}: {e} (give numbers, strings, lists and dicts)") from e
+
+
 def _policy_json(scaler: Union[str, Dict[str, Any]]) -> str:
     if isinstance(scaler, (dict, str)):
-        return json.dumps(scaler)  # a str is CLI text: "torch", "static:1024", or a JSON object as text
+        return _json_text(scaler, "Scaler(scaler=...)")  # a str is CLI text: "torch", "static:1024", or a JSON object
     raise TypeError(f"gradscale.torch: Scaler(scaler=...) takes a policy name or a configuration dict, "
                     f"got {type(scaler).__name__} {scaler!r}")
 
@@ -177,12 +188,18 @@ class Scaler:
             self._overrides = resolve_overrides(overrides, self._layers, config)
             config["layers"] = self._overrides
             self._core_args = self._core_args[:4] + (json.dumps(config),) + self._core_args[5:]
-            self._attach_core()
+            try:
+                self._attach_core()
+            except ValueError as e:  # the core's ConfigError, naming the layer and key
+                raise ValueError(f"gradscale.torch: Scaler(overrides=...): {e}") from e
             config = json.loads(self._core.scaler_config())
-        if isinstance(config, dict) and config.get("method") == "element_wise":
-            raise ValueError("gradscale.torch: method 'element_wise' needs the partial products of gradscale's own "
-                             "Linear/Conv2d layers, which a PyTorch model does not expose; use 'measured' or "
-                             "'approx_range' (or gradscale's own engine: gradscale train)")
+        element_wise = ["scaler="] if isinstance(config, dict) and config.get("method") == "element_wise" else []
+        element_wise += [f"overrides for layer '{name}'" for name, o in (config.get("layers") or {}).items()
+                         if isinstance(o, dict) and o.get("method") == "element_wise"] if isinstance(config, dict) else []
+        if element_wise:
+            raise ValueError(f"gradscale.torch: method 'element_wise' ({element_wise[0]}) needs the partial products "
+                             "of gradscale's own Linear/Conv2d layers, which a PyTorch model does not expose; use "
+                             "'measured' or 'approx_range' (or gradscale's own engine: gradscale train)")
         self._trace = None
         if trace is not None:
             base = _check_trace_path(trace)
@@ -648,7 +665,12 @@ def resolve_overrides(overrides: Any, layers, config: dict) -> Dict[str, Any]:
             raise TypeError(f"gradscale.torch: overrides[{key!r}] must be \"global\", a number (a fixed local "
                             f"scale) or a dict of per-layer keys, got {value!r}")
         if isinstance(value, (int, float)):
+            if not (isinstance(value, int) or math.isfinite(value)) or abs(value) > 3.4e38:
+                raise ValueError(f"gradscale.torch: overrides[{key!r}] = {value!r}: a fixed local scale must be a "
+                                 "finite float32 number > 0")
             value = {"method": "fixed", "fixed_scale": float(value)}
+        elif isinstance(value, dict):
+            _json_text(value, f"Scaler(overrides={{{key!r}: ...}})")
         for layer in chosen:
             if isinstance(value, str) or isinstance(resolved.get(layer.name), str):
                 resolved[layer.name] = value
