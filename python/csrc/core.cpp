@@ -15,6 +15,8 @@
 #include "lib/dist/communicator.h"
 #include "lib/dist/data_parallel.h"
 #include "lib/model/spec.h"
+#include "lib/optim/lr_schedule.h"
+#include "lib/optim/optimizer.h"
 #ifdef GS_CORE_CPU_TARGET
 #include "tests/cuda_on_cpu/memory.h"
 #endif
@@ -234,6 +236,10 @@ PYBIND11_MODULE(GS_CORE_NAME, m) {
         return stats_dict(tensor_stats(address(p), static_cast<std::size_t>(n), format_of(f)));
       }, "SPEC §3 counts of n float32 values against a format");
   m.def("reference_run", &reference_run);
+  // The optimizer and learning-rate schedule of a config, checked as `gradscale train` checks them
+  // (python -m gradscale.run; lib/optim): the resolved JSON, or ValueError naming the key and its range.
+  m.def("optimizer_config", [](const std::string& cfg) { return make_optimizer(json::parse(cfg))->config().dump(); });
+  m.def("lr_schedule_config", [](const std::string& cfg) { return LrSchedule::from_json(json::parse(cfg)).config().dump(); });
 
   // The per-layer trace of SPEC §8 (docs/trace.md), the same writer the CLI uses.
   py::class_<TraceWriter>(m, "TraceWriter", py::module_local())

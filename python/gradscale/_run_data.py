@@ -21,7 +21,7 @@ from typing import Any, Optional, Tuple
 
 import torch
 
-from ._run_load import ConfigProblem, call_factory, load_function
+from ._run_load import ConfigProblem, call_factory, load_function, one_line
 
 FASHION_DIR = "/usr/share/datasets/fashion-mnist"
 FASHION_ENV = "GRADSCALE_FASHION_MNIST_DIR"  # as lib/data's kFashionMnistDirEnv
@@ -38,8 +38,9 @@ class Split:
     """Examples addressed by index: tensors (fast batches), or a torch Dataset (collated per batch)."""
 
     def __init__(self, inputs: Optional[torch.Tensor] = None, targets: Optional[torch.Tensor] = None,
-                 dataset: Any = None, windows: int = 0):
+                 dataset: Any = None, windows: int = 0, where: str = "", part: str = ""):
         self.inputs, self.targets, self.dataset, self.windows = inputs, targets, dataset, windows
+        self.where, self.part = where, part  # a user's Dataset: its factory and "train" / "test", for messages
 
     def __len__(self) -> int:
         if self.windows:
@@ -50,10 +51,33 @@ class Split:
 
     def batch(self, index: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         if self.dataset is not None:
-            from torch.utils.data import default_collate
-            x, y = default_collate([tuple(self.dataset[int(i)])[:2] for i in index])
-            return x, y
+            return self._dataset_batch(index)
         return self.inputs[index], self.targets[index]
+
+    def _dataset_batch(self, index: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """A user's Dataset collated: (x, y) tensors with class labels y >= 0, else ConfigProblem("data")
+        naming the examples (a raising __getitem__, items of unequal shapes, float or negative labels)."""
+        from torch.utils.data import default_collate
+        first = int(index[0]) if len(index) else 0
+        what = f"{self.where}: examples {first}.. of its {self.part} set"
+        try:
+            items = [self.dataset[int(i)] for i in index]
+            if not all(isinstance(it, (tuple, list)) and len(it) >= 2 for it in items):
+                bad = next(it for it in items if not (isinstance(it, (tuple, list)) and len(it) >= 2))
+                raise ConfigProblem("data", f"{what}: an example must be (input, label), got {type(bad).__name__}")
+            x, y = default_collate([tuple(it)[:2] for it in items])
+        except ConfigProblem:
+            raise
+        except (Exception, SystemExit) as e:  # the user's Dataset: any error is reported, on one line
+            raise ConfigProblem("data", f"{what} raised {type(e).__name__}: {one_line(e)}") from e
+        if not isinstance(x, torch.Tensor) or not isinstance(y, torch.Tensor):
+            raise ConfigProblem("data", f"{what}: inputs and labels must collate to tensors, got "
+                                f"{type(x).__name__} and {type(y).__name__}")
+        if y.is_floating_point() or y.is_complex() or y.dtype == torch.bool:
+            raise ConfigProblem("data", f"{what}: labels must be integer class indices, got {y.dtype}")
+        if y.numel() and int(y.min()) < 0:
+            raise ConfigProblem("data", f"{what}: labels must be class indices >= 0, got {int(y.min())}")
+        return x, y.long()
 
 
 class PaddedSplit(Split):
@@ -155,6 +179,19 @@ def _image_shape(text: str, spec: str, default: tuple) -> tuple:
     return tuple(int(g) for g in m.groups())
 
 
+# The largest synthetic set, in numbers: lib/data's (10,000,000 + 2,500,000 test images of 1x28x28).
+MAX_SYNTHETIC_NUMBERS = 12_500_000 * 28 * 28
+
+
+def _check_synthetic_size(n: int, shape: tuple, spec: str) -> None:
+    total = n + max(1, n // 4)
+    numbers = total * shape[0] * shape[1] * shape[2]
+    if numbers > MAX_SYNTHETIC_NUMBERS:
+        raise ConfigProblem("data", f"'{spec}': {total} images of {'x'.join(map(str, shape))} are {numbers} "
+                            f"numbers ({numbers * 4 / 2**30:.1f} GiB), more than the largest synthetic set "
+                            f"({MAX_SYNTHETIC_NUMBERS}: 12500000 images of 1x28x28); choose a smaller N")
+
+
 def _synthetic(n: int, shape: tuple) -> Data:
     g = torch.Generator().manual_seed(0)  # the data is fixed by its spec, as lib/data's synthetic set
     total = n + max(1, n // 4)
@@ -205,13 +242,21 @@ def _user(spec: dict, check_only: bool) -> Data:
     if not (isinstance(out, (tuple, list)) and len(out) == 2):
         raise ConfigProblem("data", f"{where} must return (train, test) Datasets, got {type(out).__name__}")
     for part, ds in zip(("train", "test"), out):
-        if not (hasattr(ds, "__getitem__") and hasattr(ds, "__len__")) or len(ds) == 0:
+        try:
+            size = len(ds) if hasattr(ds, "__getitem__") and hasattr(ds, "__len__") else 0
+        except (Exception, SystemExit) as e:  # a __len__ that raises or is negative
+            raise ConfigProblem("data", f"{where}: len() of its {part} set raised {type(e).__name__}: "
+                                f"{one_line(e)}") from e
+        if size == 0:
             raise ConfigProblem("data", f"{where}: its {part} set is not a non-empty Dataset "
                                 f"(__len__ and __getitem__), got {type(ds).__name__}")
     classes = getattr(out[0], "classes", None)
     classes = len(classes) if isinstance(classes, (list, tuple)) else classes if isinstance(classes, int) else None
-    return Data(Split(dataset=out[0]), Split(dataset=out[1]), "dataset", classes, None,
-                f"{where}: {len(out[0])} train / {len(out[1])} test examples")
+    if classes is not None and (isinstance(classes, bool) or classes < 1):
+        raise ConfigProblem("data", f"{where}: its train set's 'classes' must be a count >= 1 or a list of "
+                            f"names, got {getattr(out[0], 'classes', None)!r}")
+    return Data(Split(dataset=out[0], where=where, part="train"), Split(dataset=out[1], where=where, part="test"),
+                "dataset", classes, None, f"{where}: {len(out[0])} train / {len(out[1])} test examples")
 
 
 def load_data(spec: Any, default_shape: tuple, check_only: bool = False) -> Data:
@@ -238,6 +283,7 @@ def load_data(spec: Any, default_shape: tuple, check_only: bool = False) -> Data
         if n and not (n.isdigit() and 1 <= int(n) <= 10_000_000):
             raise ConfigProblem("data", f"'{spec}': N must be an integer in [1, 10000000]")
         shape = _image_shape(shape, spec, default_shape)
+        _check_synthetic_size(int(n or 1024), shape, spec)
         if check_only:
             return Data(Split(), Split(), "images", 10, shape, "synthetic")
         return _synthetic(int(n or 1024), shape)

@@ -18,6 +18,12 @@ class ConfigProblem(Exception):
         self.key = key
 
 
+def one_line(text: str, limit: int = 600) -> str:
+    """A message on one line: PyTorch's and the user's errors may span several (a list of overloads)."""
+    flat = " ".join(str(text).split())
+    return flat if len(flat) <= limit else flat[:limit - 3] + "..."
+
+
 def load_function(ref: str, key: str) -> Tuple[Callable, str]:
     """The function `ref` ("path/to/file.py:name", a path relative to the working directory) names."""
     path, sep, name = ref.rpartition(":")
@@ -34,8 +40,8 @@ def load_function(ref: str, key: str) -> Tuple[Callable, str]:
     sys.modules[module_name] = module  # dataclasses and pickling look their module up
     try:
         spec.loader.exec_module(module)
-    except Exception as e:  # the user's file: any error is reported, on one line
-        raise ConfigProblem(key, f"importing '{path}' raised {type(e).__name__}: {e}") from e
+    except (Exception, SystemExit) as e:  # the user's file: any error (sys.exit too) is reported, on one line
+        raise ConfigProblem(key, f"importing '{path}' raised {type(e).__name__}: {one_line(e)}") from e
     fn = getattr(module, name, None)
     if not callable(fn):
         raise ConfigProblem(key, f"'{path}' has no function '{name}'")
@@ -59,6 +65,6 @@ def fill_from_data(fn: Callable, args: Dict[str, Any], offered: Dict[str, Any]) 
 def call_factory(fn: Callable, args: Dict[str, Any], key: str, where: str) -> Any:
     try:
         return fn(**args)
-    except Exception as e:  # the user's factory: any error is reported, on one line
-        shown = ", ".join(f"{k}={v!r}" for k, v in args.items())
-        raise ConfigProblem(key, f"{where}({shown}) raised {type(e).__name__}: {e}") from e
+    except (Exception, SystemExit) as e:  # the user's factory: any error (sys.exit too: a run that trained
+        shown = ", ".join(f"{k}={v!r}" for k, v in args.items())  # nothing must not exit 0) on one line
+        raise ConfigProblem(key, f"{where}({shown}) raised {type(e).__name__}: {one_line(e)}") from e

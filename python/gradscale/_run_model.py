@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from ._run_data import Data
-from ._run_load import ConfigProblem, call_factory, fill_from_data, load_function
+from ._run_load import ConfigProblem, call_factory, fill_from_data, load_function, one_line
 
 MODEL_FORMS = '{"torchvision": "NAME", ...kwargs} or {"python": "path/file.py:function", ...arguments}'
 
@@ -90,9 +90,9 @@ def check_output(model: nn.Module, where: str, data: Data, x: torch.Tensor, y: t
     try:
         with torch.no_grad():
             out = model(x)
-    except Exception as e:  # the user's model: any error on the data's inputs is a misfit
+    except (Exception, SystemExit) as e:  # the user's model: any error on the data's inputs is a misfit
         raise ConfigProblem("model", f"{where} raised {type(e).__name__} on the data's inputs of shape "
-                            f"{tuple(x.shape)}: {e}") from e
+                            f"{tuple(x.shape)}: {one_line(e)}") from e
     finally:
         model.train(was_training)
     if not isinstance(out, torch.Tensor):

@@ -22,14 +22,17 @@ import argparse
 import json
 import math
 import os
+import stat
 import sys
 import tempfile
 import time
+import traceback
 from typing import Any, Dict, List, Optional, Tuple
 
-from ._run_load import ConfigProblem
+from ._run_load import ConfigProblem, one_line
 
-EXIT_BAD_INPUT, EXIT_DIVERGED = 2, 3
+EXIT_FAILED, EXIT_BAD_INPUT, EXIT_DIVERGED = 1, 2, 3
+MAX_JSON_BYTES = 64 << 20  # lib/core/json_read.h kMaxJsonFileBytes
 NONFINITE_LOSS_LIMIT = 5  # lib/train/divergence.h kNonFiniteLossLimit
 FORMATS = ("fp32", "fp16", "bf16", "fp8_e5m2", "fp8_e4m3")
 DEFAULTS: Dict[str, Any] = {
@@ -146,14 +149,26 @@ def schedule_lr(cfg: dict, applied: int, total: int) -> float:
     return lr
 
 
-def check_schedule(cfg: dict) -> None:
-    s = cfg["schedule"]
-    allowed = {"constant": (), "step": ("step_size", "gamma"), "cosine": ("total_steps", "min_lr")}[s["name"]]
-    bad = [k for k in s if k not in ("name", "lr", "warmup_steps", "warmup_start_factor") + allowed]
-    if bad:
-        raise ConfigProblem("schedule", f"'{s['name']}' has no parameter '{bad[0]}'")
-    if s["name"] == "step" and not (isinstance(s.get("step_size"), int) and s["step_size"] >= 1):
-        raise ConfigProblem("schedule", "'step' needs \"step_size\", an integer >= 1")
+def check_schedule(cfg: dict, total: Optional[int] = None) -> None:
+    """The optimizer and the lr schedule, checked by lib/optim as `gradscale train` checks them (every key's
+    type and range: a momentum of "x" or NaN, a warm-up of -3 or 2.5, a gamma of 2). `total`: the run's steps,
+    cosine's default total_steps (None before the data is loaded: any count the warm-up allows)."""
+    from . import _core
+    s = dict(cfg["schedule"])
+    s.setdefault("lr", cfg["lr"])
+    if s["name"] == "cosine" and "total_steps" not in s:
+        warmup = s.get("warmup_steps", 0)
+        s["total_steps"] = total if total is not None else (warmup + 1 if isinstance(warmup, int) else 1)
+    for key, check, value in (("optimizer", _core.optimizer_config, cfg["optimizer"]),
+                              ("schedule", _core.lr_schedule_config, s)):
+        try:
+            text = json.dumps(value, allow_nan=False)
+        except ValueError as e:  # NaN or infinity, which Python's json reads in a config but JSON has not
+            raise ConfigProblem(key, f"numbers must be finite, got {value!r}") from e
+        try:
+            check(text)
+        except ValueError as e:  # the core's ConfigError, naming the key and its range
+            raise ConfigProblem(key, one_line(e)) from e
 
 
 # ---- set-up shared by --check and training ---------------------------------------------------------
@@ -213,9 +228,13 @@ def evaluate(model, split, cfg: dict, device) -> Tuple[float, float]:
         for start in range(0, n, cfg["eval_batch"]):
             x, y = split.batch(torch.arange(start, min(n, start + cfg["eval_batch"])))
             x, y = x.to(device), y.to(device)
-            out = model(x)
+            out = forward(model, "the model", x, "evaluation")
+            if not isinstance(out, torch.Tensor):
+                raise ConfigProblem("model", f"the model returned {type(out).__name__} in evaluation, not a "
+                                    "tensor of logits")
             logits = out.reshape(-1, out.shape[-1]).float()
             t = y.reshape(-1)
+            check_labels(t, logits.shape[-1], None, "test")
             loss_sum += float(F.cross_entropy(logits, t, reduction="sum"))
             correct += int((logits.argmax(1) == t).sum())
             count += t.numel()
@@ -223,14 +242,51 @@ def evaluate(model, split, cfg: dict, device) -> Tuple[float, float]:
     return correct / max(1, count), loss_sum / max(1, count)
 
 
+def forward(model, where: str, x, when: str):
+    """model(x); an error the user's model raises is bad input naming the model (one line)."""
+    try:
+        return model(x)
+    except (Exception, SystemExit) as e:
+        raise ConfigProblem("model", f"{where} raised {type(e).__name__} at {when} on inputs of shape "
+                            f"{tuple(x.shape)}: {one_line(e)}") from e
+
+
+def check_labels(target, classes: int, data, part: str) -> None:
+    """Class labels in [0, classes): cross_entropy raises an IndexError on others, or reads past the logits."""
+    if target.numel() == 0:
+        return
+    lo, hi = int(target.min()), int(target.max())
+    if lo < 0 or hi >= classes:
+        source = f" ({data.source})" if data is not None else ""
+        raise ConfigProblem("data", f"a {part} label is {lo if lo < 0 else hi}, outside the model's {classes} "
+                            f"outputs [0, {classes - 1}]{source}")
+
+
 def _finite(v: Optional[float]) -> Optional[float]:
     return v if v is not None and math.isfinite(v) else None
+
+
+def check_result_path(path: str) -> None:
+    """--result, checked before training (not after it): its directory is made as `gradscale train` makes it,
+    and the path must be a file there that can be written."""
+    directory = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise ConfigProblem("--result", f"'{path}' is a directory: give the result file's path")
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except OSError as e:
+        raise ConfigProblem("--result", f"cannot create the directory of '{path}': {e.strerror}") from e
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise ConfigProblem("--result", f"cannot write in '{directory}' (the directory of '{path}')")
 
 
 def write_atomic(path: str, text: str) -> None:
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=".tmp-" + os.path.basename(path), dir=directory)
+    umask = os.umask(0)
+    os.umask(umask)
     try:
+        os.fchmod(fd, 0o666 & ~umask)  # as a file open() creates (mkstemp's are 0600)
         with os.fdopen(fd, "w") as f:
             f.write(text)
             f.flush()
@@ -268,6 +324,7 @@ def train(cfg: dict, result_path: str, quiet: bool) -> int:
     total = cfg["epochs"] * per_epoch
     if cfg["max_steps"]:
         total = min(total, cfg["max_steps"])
+    check_schedule(cfg, total)  # cosine's total_steps: the run's
     eval_every = cfg["eval_every"] or per_epoch
     order_rng = torch.Generator().manual_seed(cfg["seed"])
     history: List[dict] = []
@@ -291,12 +348,16 @@ def train(cfg: dict, result_path: str, quiet: bool) -> int:
             x, y = x.to(device), y.to(device)
             for group in opt.param_groups:
                 group["lr"] = schedule_lr(cfg, applied_steps, total)
-            out = model(x)
+            out = forward(model, where, x, f"step {step + 1}")
             if not isinstance(out, torch.Tensor):
                 raise ConfigProblem("model", f"{where} returned {type(out).__name__} in training mode, not a "
                                     "tensor of logits")
+            if not out.requires_grad:
+                raise ConfigProblem("model", f"{where}'s output in training mode does not require grad (detached, "
+                                    "or computed under no_grad): there is nothing to train")
             logits = out.reshape(-1, out.shape[-1])
             target = y.reshape(-1)
+            check_labels(target, logits.shape[-1], data, "train")
             loss = F.cross_entropy(logits, target)
             opt.zero_grad(set_to_none=True)
             scaler.scale(loss).backward()
@@ -396,11 +457,24 @@ def _torchvision_version() -> Optional[str]:
 
 # ---- the command line ------------------------------------------------------------------------------
 def _read_json(path: str, what: str) -> Any:
+    """A JSON file as lib/core/json_read.h reads one: a regular file (a FIFO is refused, never waited on),
+    at most MAX_JSON_BYTES, nesting Python's parser can hold."""
     try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
+        st = os.stat(path)
+        if stat.S_ISDIR(st.st_mode):
+            raise ConfigProblem(what, f"cannot read '{path}': Is a directory")
+        if not stat.S_ISREG(st.st_mode):
+            raise ConfigProblem(what, f"cannot read '{path}': not a regular file (a FIFO, socket or device)")
+        with open(path, "rb") as f:
+            raw = f.read(MAX_JSON_BYTES + 1)
     except OSError as e:
         raise ConfigProblem(what, f"cannot read '{path}': {e.strerror}") from e
+    if len(raw) > MAX_JSON_BYTES:
+        raise ConfigProblem(what, f"'{path}' is larger than {MAX_JSON_BYTES >> 20} MiB: not a config")
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except RecursionError as e:
+        raise ConfigProblem(what, f"'{path}' is not valid JSON: nested too deeply") from e
     except ValueError as e:
         raise ConfigProblem(what, f"'{path}' is not valid JSON: {e}") from e
 
@@ -429,7 +503,7 @@ def check_runs(runs: List[Tuple[str, Any]]) -> List[str]:
             if seen[key] is not None:
                 raise seen[key]
         except ConfigProblem as e:
-            problems.append(f"run '{name}': config key '{e.key}': {e}")
+            problems.append(f"run '{name}': config key '{e.key}': {one_line(e)}")
     return problems
 
 
@@ -455,11 +529,19 @@ def main(argv: Optional[List[str]] = None) -> int:
             for path in args.config:
                 runs.append((args.name or run_name(path), _read_json(path, "config")))
         except ConfigProblem as e:
-            print(f"gradscale.run: {e.key}: {e}", file=sys.stderr)
+            print(f"gradscale.run: {e.key}: {one_line(e)}", file=sys.stderr)
             return EXIT_BAD_INPUT
-        problems = check_runs(runs)
+        try:
+            problems = check_runs(runs)
+        except Exception as e:  # not bad input (that is a problem line): one line, exit 1
+            if os.environ.get("GRADSCALE_DEBUG") == "1":
+                traceback.print_exc()
+            print(f"gradscale.run: {type(e).__name__}: {one_line(e)}", file=sys.stderr)
+            return EXIT_FAILED
         for line in problems:
             print(f"gradscale.run: {line}", file=sys.stderr)
+        if not problems:  # the line gradscale ablate waits for (torch_runs.cpp): exit 0 alone is any program's
+            print(f"ok: checked {len(runs)} run{'' if len(runs) == 1 else 's'}")
         return EXIT_BAD_INPUT if problems else 0
     if len(args.config) != 1:
         ap.error("give one config file (or --check with several)")
@@ -473,10 +555,18 @@ def main(argv: Optional[List[str]] = None) -> int:
             if args.threads is not None:
                 doc["threads"] = args.threads
         cfg = resolve_config(doc)
+        if args.result:
+            check_result_path(args.result)
         return train(cfg, args.result, args.quiet)
     except ConfigProblem as e:
-        print(f"gradscale.run: run '{name}': config key '{e.key}': {e}", file=sys.stderr)
+        key = e.key if e.key.startswith("--") else f"config key '{e.key}'"
+        print(f"gradscale.run: run '{name}': {key}: {one_line(e)}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except Exception as e:  # anything else: one line, as the C++ commands print (the traceback on request)
+        if os.environ.get("GRADSCALE_DEBUG") == "1":
+            traceback.print_exc()
+        print(f"gradscale.run: run '{name}': {type(e).__name__}: {one_line(e)}", file=sys.stderr)
+        return EXIT_FAILED
 
 
 if __name__ == "__main__":

@@ -33,6 +33,49 @@ def make_data(n=64):
     y = torch.randint(0, 10, (n,), generator=g)
     return torch.utils.data.TensorDataset(x[:48], y[:48]), torch.utils.data.TensorDataset(x[48:], y[48:])
 
+def exits(**kw):
+    raise SystemExit(0)
+
+def raises_in_training(num_classes=10):
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(784, num_classes)
+        def forward(self, x):
+            if self.training:
+                raise ValueError("only in training")
+            return self.fc(x.flatten(1))
+    return M()
+
+def detached(num_classes=10):
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(784, num_classes)
+        def forward(self, x):
+            return self.fc(x.flatten(1)).detach()
+    return M()
+
+def labelled(kind="float", n=64):
+    x = torch.randn(n, 1, 28, 28, generator=torch.Generator().manual_seed(1))
+    y = torch.arange(n) % 10
+    train, test = y[:48], y[48:]
+    if kind == "float":
+        train = train.float()
+    elif kind == "negative":
+        train = train - 1
+    elif kind == "test_too_large":
+        test = test + 50
+    return torch.utils.data.TensorDataset(x[:48], train), torch.utils.data.TensorDataset(x[48:], test)
+
+def getitem_raises():
+    class D:
+        def __len__(self):
+            return 8
+        def __getitem__(self, i):
+            raise KeyError(i)
+    return D(), D()
+
 def tiny_lm(vocab, context, d=8):
     class LM(nn.Module):
         def __init__(self):
@@ -117,14 +160,37 @@ def test_text_and_user_dataset(tmp_path, factory):
     ({"data": "text:/no/such/file"}, "data", "is not a file"),
     ({"lr": -1}, "lr", "finite number >= 0"),
     ({"colour": "red"}, "colour", "unknown config key"),
-    ({"optimizer": {"name": "sgd", "betas": 1}}, "optimizer", "no parameter 'betas'"),
+    ({"optimizer": {"name": "sgd", "betas": 1}}, "optimizer", "unknown key 'betas'"),
     ({"resume": "/tmp/x"}, "resume", "do not checkpoint or resume"),
     ({"scaler": {"policy": "no-such-policy"}}, "scaler", "no-such-policy"),
+    # The user's code: sys.exit in a factory, errors only in training mode, an output without a graph, an
+    # error message over several lines (PyTorch's list of overloads).
+    ({"model": {"python": "FACTORY:exits"}}, "model", "raised SystemExit"),
+    ({"model": {"python": "FACTORY:raises_in_training"}}, "model", "raised ValueError at step 1"),
+    ({"model": {"python": "FACTORY:detached"}}, "model", "does not require grad"),
+    ({"model": {"python": "FACTORY:make_model", "width": "wide"}}, "model", "raised TypeError"),
+    # A user's Dataset: float, negative or out-of-range labels, a __getitem__ that raises.
+    ({"data": {"python": "FACTORY:labelled", "kind": "float"}}, "data", "labels must be integer class indices"),
+    ({"data": {"python": "FACTORY:labelled", "kind": "negative"}}, "data", "labels must be class indices >= 0"),
+    ({"data": {"python": "FACTORY:labelled", "kind": "test_too_large"}}, "data", "a test label is 5"),
+    ({"data": {"python": "FACTORY:getitem_raises"}}, "data", "raised KeyError"),
+    ({"data": "synthetic:1000000:3x1024x1024"}, "data", "more than the largest synthetic set"),
+    # The optimizer's and schedule's keys as gradscale train checks them (lib/optim).
+    ({"optimizer": {"name": "sgd", "momentum": "x"}}, "optimizer", "'momentum'"),
+    ({"optimizer": {"name": "sgd", "momentum": float("nan")}}, "optimizer", "finite"),
+    ({"optimizer": {"name": "adam", "eps": [1]}}, "optimizer", "'eps'"),
+    ({"schedule": {"name": "step", "step_size": 1, "gamma": "x"}}, "schedule", "'gamma'"),
+    ({"schedule": {"name": "step", "step_size": True}}, "schedule", "'step_size'"),
+    ({"schedule": {"name": "constant", "warmup_steps": -3}}, "schedule", "'warmup_steps'"),
+    ({"schedule": {"name": "constant", "warmup_steps": 2.5}}, "schedule", "'warmup_steps'"),
+    ({"schedule": {"name": "constant", "lr": -1}}, "schedule", "'lr'"),
+    ({"schedule": {"name": "cosine", "total_steps": 0}}, "schedule", "'total_steps'"),
+    ({"schedule": {"name": "cosine", "min_lr": "x"}}, "schedule", "'min_lr'"),
 ])
 def test_bad_input_is_one_line_naming_run_and_key(tmp_path, factory, capsys, change, key, words):
     cfg = base(factory)
     for k, v in change.items():
-        cfg[k] = json.loads(json.dumps(v).replace("FACTORY", factory))
+        cfg[k] = json.loads(json.dumps(v).replace("FACTORY", factory))  # NaN stays NaN (Python's json)
     run_dir = tmp_path / "runs" / "bad_seed0"
     run_dir.mkdir(parents=True)
     status = run.main([write(run_dir, cfg), "--result", str(run_dir / "result.json"), "--quiet"])
@@ -161,3 +227,42 @@ def test_module_entry_point_exit_status(tmp_path, factory):
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 2
     assert "config key 'model'" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_bad_files_are_refused_before_training(tmp_path, factory, capsys):
+    """A config nested deeper than Python's parser holds, a FIFO (never waited on), a --result that is a
+    directory or under a file: exit 2 with one line, before any training."""
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100000 + "]" * 100000)
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)
+    good = write(tmp_path, base(factory))
+    for argv, words in (([str(deep)], "nested too deeply"), ([str(fifo)], "not a regular file"),
+                        ([good, "--result", str(tmp_path)], "is a directory"),
+                        ([good, "--result", str(tmp_path / "config.json" / "r.json")], "--result")):
+        assert run.main(argv + ["--quiet"]) == 2, argv
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and words in err, err
+    runs = tmp_path / "runs.json"
+    runs.write_text(json.dumps([{"name": "a", "config": base(factory, optimizer={"name": "sgd", "momentum": "x"})}]))
+    assert run.main(["--check-runs", str(runs)]) == 2
+    assert "run 'a': config key 'optimizer'" in capsys.readouterr().err
+
+
+def test_result_is_made_as_open_makes_a_file(tmp_path, factory):
+    result = tmp_path / "new" / "dir" / "result.json"  # its directory made, as gradscale train makes it
+    old = os.umask(0o022)
+    try:
+        assert run.main([write(tmp_path, base(factory)), "--result", str(result), "--quiet"]) == 0
+    finally:
+        os.umask(old)
+    assert (result.stat().st_mode & 0o777) == 0o644
+
+
+def test_an_error_that_is_not_bad_input_is_one_line_exit_1(tmp_path, factory, capsys, monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("the step\nfailed")
+    monkeypatch.setattr(run, "schedule_lr", broken)
+    path = write(tmp_path, base(factory), "c.json")
+    assert run.main([path, "--quiet"]) == 1
+    assert capsys.readouterr().err.strip().splitlines() == [f"gradscale.run: run '{path}': RuntimeError: the step failed"]
