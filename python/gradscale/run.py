@@ -276,8 +276,13 @@ def check_result_path(path: str) -> None:
         os.makedirs(directory, exist_ok=True)
     except OSError as e:
         raise ConfigProblem("--result", f"cannot create the directory of '{path}': {e.strerror}") from e
-    if not os.access(directory, os.W_OK | os.X_OK):
-        raise ConfigProblem("--result", f"cannot write in '{directory}' (the directory of '{path}')")
+    try:  # a file made and removed there: access() says yes to root where a write still fails (/proc)
+        fd, probe = tempfile.mkstemp(prefix=".tmp-" + os.path.basename(path), dir=directory)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise ConfigProblem("--result", f"cannot write in '{directory}' (the directory of '{path}'): "
+                            f"{e.strerror}") from e
 
 
 def write_atomic(path: str, text: str) -> None:

@@ -239,7 +239,8 @@ def test_bad_files_are_refused_before_training(tmp_path, factory, capsys):
     good = write(tmp_path, base(factory))
     for argv, words in (([str(deep)], "nested too deeply"), ([str(fifo)], "not a regular file"),
                         ([good, "--result", str(tmp_path)], "is a directory"),
-                        ([good, "--result", str(tmp_path / "config.json" / "r.json")], "--result")):
+                        ([good, "--result", str(tmp_path / "config.json" / "r.json")], "--result"),
+                        ([good, "--result", "/proc/gradscale-result.json"], "cannot write in '/proc'")):
         assert run.main(argv + ["--quiet"]) == 2, argv
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and words in err, err
