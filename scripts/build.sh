@@ -4,7 +4,7 @@
 #   scripts/build.sh [cmake args]            everything: library, CLI, tests, fuzz targets; and, with the
 #                                            .venv of scripts/setup.sh --torch, the Python package, built
 #                                            by pip in this build directory and installed there (editable)
-#   BUILD_TARGET=gradscale scripts/build.sh  that target and what it needs only (scripts/demo.sh: the CLI)
+#   BUILD_TARGET=gradscale scripts/build.sh  that target and what it needs only (e.g. the CLI)
 #   scripts/build.sh --package [cmake args]  configure, then only the Python package into .venv (setup.sh --torch)
 set -euo pipefail
 cd "$(dirname "$0")/.."

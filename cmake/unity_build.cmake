@@ -1,0 +1,35 @@
+# The unity build (-DCMAKE_UNITY_BUILD=ON; scripts/demo.sh uses it): the sources of the library, the
+# ablation runner and the CLI are compiled one folder at a time (each folder's .cpp files one translation
+# unit), so Eigen's and nlohmann/json's headers are parsed and their templates instantiated once per
+# folder instead of once per file (lib/layers' 11 files: 22 s of CPU time instead of 72 s). A source
+# that defines a file-local name (in an anonymous namespace) which a source of the same folder also
+# defines cannot share its folder's unit and is compiled on its own: the list below (with one that would
+# warn there). A new collision fails that folder's compile with "redefinition of ..."; scripts/demo.sh
+# then says so and builds file by file.
+set(GS_UNITY_SEPARATE
+    adaptive/adaptive_scaler.cpp         # kInf, as adaptive_config.cpp
+    lib/core/file_read.cpp               # a member of a file-local type (GCC's -Wsubobject-linkage
+                                         # outside the main file)
+    lib/numeric/quantize_fp8.cpp         # kInf, to_bits, ..., as quantize.cpp
+    lib/optim/lr_schedule.cpp            # kInf, as adam.cpp
+    lib/optim/sgd.cpp                    # kWeightDecayRange, as adam.cpp
+    lib/train/scaled_training.cpp        # scaler_from, as external_backward.cpp
+    experiments/cli/cmd_replay.cpp       # kUsage, as cmd_inspect.cpp
+    experiments/cli/trace_schema.cpp)    # shown, as cmd_train.cpp
+list(TRANSFORM GS_UNITY_SEPARATE PREPEND "${PROJECT_SOURCE_DIR}/")
+foreach(target gradscale_lib gradscale_experiments gradscale)
+  if(NOT TARGET ${target})
+    continue()
+  endif()
+  set_target_properties(${target} PROPERTIES UNITY_BUILD_MODE GROUP)
+  get_target_property(sources ${target} SOURCES)
+  foreach(source IN LISTS sources)
+    if(source IN_LIST GS_UNITY_SEPARATE)
+      continue()  # no group: compiled on its own
+    endif()
+    get_filename_component(folder "${source}" DIRECTORY)
+    file(RELATIVE_PATH folder "${PROJECT_SOURCE_DIR}" "${folder}")
+    string(REPLACE "/" "_" folder "${folder}")
+    set_source_files_properties("${source}" PROPERTIES UNITY_GROUP "${folder}")
+  endforeach()
+endforeach()
