@@ -12,7 +12,10 @@ the configuration finished). The last configuration column gives the bars (one c
 legend); the other columns, joined with " / ", give the groups along the x axis. The error bars are
 one standard deviation. A configuration with no finished run has no bar and is marked "n/a" (its
 runs diverged or failed: the table says which). Underflow rates are shown in percent. The accuracy
-panels zoom the y axis onto the bars (it does not start at 0, and the panel title says so).
+panels zoom the y axis onto the bars (it does not start at 0, and the panel title says so). The steps
+to target panel shows the mean over the runs that reached the target; where some did not, the bar is
+marked "k/n reached" (no bar when none did). Panels without a value in any row (no fp32 shadow, no
+target) are left out.
 
 --trace-plots RUNS_DIR also plots each run's trace (RUNS_DIR/<run>/trace.json) with scripts/plot_trace.py
 when that script is in this directory, in this one process (one matplotlib start), skipping traces
@@ -40,8 +43,12 @@ METRICS = {  # key: (panel title, scale of the shown numbers)
     "max_underflow": ("max per-layer underflow rate (%)", 100.0),
     "ms_per_step": ("time per step (ms)", 1.0),
     "scaler_percent": ("time in the scaler (% of training)", 1.0),
+    "shadow_rel_error": ("upstream gradient: relative error against the fp32 shadow", 1.0),
+    "shadow_underflow_mass": ("upstream gradient: underflowed mass (%, fp32 shadow)", 100.0),
+    "steps_to_target": ("steps to the target accuracy (runs that reached it)", 1.0),
 }
-DEFAULT_METRICS = "final_accuracy,mean_underflow,max_underflow,skipped_steps,ms_per_step,scaler_percent"
+DEFAULT_METRICS = ("final_accuracy,steps_to_target,mean_underflow,max_underflow,shadow_rel_error,"
+                   "shadow_underflow_mass,skipped_steps,ms_per_step,scaler_percent")
 FIXED_COLUMNS = ["runs", "done", "diverged", "failed", "missing"]
 
 
@@ -80,6 +87,9 @@ def read_table(path):
         for key in METRICS:
             if key + "_mean" in header:
                 row[key] = (number(cells[header.index(key + "_mean")]), number(cells[header.index(key + "_std")]))
+        for key in ("steps_to_target_reached", "steps_to_target_runs"):
+            if key in header:
+                row[key] = number(cells[header.index(key)])
         rows.append(row)
     if not rows:
         raise PlotError("%s: the table has no rows" % path)
@@ -124,8 +134,15 @@ def plot(columns, rows, metrics, out, title, dpi):
                 if r is None:
                     continue
                 mean, std = r.get(m, (None, None))
+                reached, runs = r.get("steps_to_target_reached"), r.get("steps_to_target_runs")
+                if m == "steps_to_target" and runs and reached is not None and reached < runs:
+                    # Runs that never reached the target have no step: the bar is of those that did.
+                    ax.text(x, 0.97 if mean is None else 0.03, "%d/%d reached" % (reached, runs), rotation=90,
+                            transform=ax.get_xaxis_transform(), ha="center", va="top" if mean is None else "bottom",
+                            fontsize=7, color="firebrick", zorder=5)
                 if mean is None:
-                    missing.append(x)
+                    if not (m == "steps_to_target" and runs):
+                        missing.append(x)
                     continue
                 xs.append(x)
                 ys.append(mean * scale)
@@ -143,6 +160,7 @@ def plot(columns, rows, metrics, out, title, dpi):
             pad = max(0.02, 0.15 * (hi - lo))
             ax.set_ylim(max(0.0, lo - pad), min(1.0, hi + pad / 2) if hi <= 1.0 else hi + pad / 2)
         ax.set_title(label + (" (y axis zoomed)" if zoomed else ""), fontsize=9)
+        ax.set_xlim(-0.5, len(groups) - 0.5)  # the same x range in every panel, bars or not
         ax.set_xticks(range(len(groups)))
         ax.set_xticklabels(groups if len(columns) > 1 else [""] * len(groups), fontsize=8)
         ax.grid(axis="y", alpha=0.3)

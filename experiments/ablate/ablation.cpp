@@ -3,6 +3,7 @@
 #include "experiments/ablate/limits.h"
 #include "experiments/ablate/torch_runs.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -31,7 +32,8 @@ using ordered_json = nlohmann::ordered_json;
 // Keys the runner owns: each run's trace goes to its own directory, and an ablation resumes run by
 // run (a half-written run is run again), not from checkpoints.
 const std::set<std::string> kRunnerKeys = {"trace", "checkpoint", "save_every", "resume"};
-const char* const kTopLevelKeys = "description, base, axes, variants, seeds, max_runs";
+const char* const kTopLevelKeys =
+    "description, base, axes, variants, seeds, max_runs, extra_rows, target, compare_to";
 
 // At most this much of a value goes into a message: a long model spec stays readable.
 std::string shown(const json& v) {
@@ -130,7 +132,8 @@ void check_setting(const std::string& key, const json& value, const std::string&
     return;
   }
   // A PyTorch run's model, data forms only its runs read, and its own keys: checked by torch_runs.h.
-  const bool torch_data = key == "data" && (value.is_object() || (value.is_string() && torch_only_data(value)));
+  const bool torch_data =
+      key == "data" && (value.is_object() || (value.is_string() && torch_only_data(value)));
   if ((key == "model" && is_torch_model(value)) || torch_data || is_torch_only_key(key)) {
     try {
       check_torch_setting(key, value);
@@ -272,6 +275,23 @@ std::vector<std::uint64_t> read_seeds(const ordered_json& doc, const std::string
   return seeds;
 }
 
+// "target": {"fraction": F} (of the fp32 reference row's final accuracy) or {"accuracy": A}.
+Target read_target(const ordered_json& v, const std::string& where) {
+  const std::string what = where + ": \"target\"";
+  GS_CHECK_CONFIG(
+      v.is_object() && v.size() == 1 && (v.contains("fraction") || v.contains("accuracy")),
+      what << " must be {\"fraction\": F} (of the fp32 row's final accuracy) or {\"accuracy\": A}, got "
+           << shown(to_json(v)));
+  Target t;
+  t.absolute = v.contains("accuracy");
+  const json x = to_json(t.absolute ? v["accuracy"] : v["fraction"]);
+  GS_CHECK_CONFIG(x.is_number() && x.get<double>() > 0 && x.get<double>() <= 1,
+                  what << ": " << (t.absolute ? "accuracy" : "fraction")
+                       << " must be a number in (0, 1], got " << shown(x));
+  t.value = x.get<double>();
+  return t;
+}
+
 // Applies settings: plain keys first, then dotted keys, so "scaler.n_uf" refines whichever scaler the
 // run ends up with.
 void apply_all(json& config, const std::vector<std::pair<std::string, json>>& settings) {
@@ -371,7 +391,7 @@ Ablation expand_ablation(const ordered_json& doc, const std::string& where) {
   for (const auto& [k, v] : doc.items()) {
     (void)v;
     GS_CHECK_CONFIG(k == "description" || k == "base" || k == "axes" || k == "variants" || k == "seeds" ||
-                        k == "max_runs",
+                        k == "max_runs" || k == "extra_rows" || k == "target" || k == "compare_to",
                     where << ": unknown top-level key '" << k << "' (allowed: " << kTopLevelKeys << ")");
   }
   GS_CHECK_CONFIG(doc.contains("axes") || doc.contains("variants") || doc.contains("seeds"),
@@ -442,28 +462,127 @@ Ablation expand_ablation(const ordered_json& doc, const std::string& where) {
     std::vector<std::string> name_parts;
     std::vector<std::pair<std::string, json>> settings;
   };
-  std::vector<Config> configs;
-  std::vector<std::size_t> at(dims.size(), 0);
-  while (true) {
+  const auto make_config = [&](const std::vector<const Choice*>& choices) {
     Config c;
     std::map<std::string, const Choice*> set_by;
-    for (std::size_t d = 0; d < dims.size(); ++d) {
-      const Choice& choice = dims[d].choices[at[d]];
-      c.labels.push_back(choice.label);
-      c.name_parts.push_back(choice.name_part);
-      for (const auto& [k, v] : choice.settings) {
-        const auto [it, fresh] = set_by.emplace(k, &choice);
+    for (const Choice* choice : choices) {
+      c.labels.push_back(choice->label);
+      c.name_parts.push_back(choice->name_part);
+      for (const auto& [k, v] : choice->settings) {
+        const auto [it, fresh] = set_by.emplace(k, choice);
         GS_CHECK_CONFIG(fresh, where << ": key '" << k << "' is set both by "
                                      << it->second->source.substr(where.size() + 2) << " and by "
-                                     << choice.source.substr(where.size() + 2)
+                                     << choice->source.substr(where.size() + 2)
                                      << " (a run can take it from one place only)");
         c.settings.emplace_back(k, v);
       }
     }
-    configs.push_back(std::move(c));
-    std::size_t d = dims.size();
-    while (d > 0 && ++at[d - 1] == dims[d - 1].choices.size()) at[--d] = 0;
-    if (d == 0) break;
+    return c;
+  };
+  // Calls f(at) for every index vector of the dimensions' product, the first outermost; a dimension
+  // whose entry in `fixed` is set stays at that choice.
+  const auto for_each_product = [&](const std::vector<const Choice*>& fixed, const auto& f) {
+    std::vector<std::size_t> at(dims.size(), 0);
+    while (true) {
+      std::vector<const Choice*> choices;
+      for (std::size_t d = 0; d < dims.size(); ++d)
+        choices.push_back(fixed[d] ? fixed[d] : &dims[d].choices[at[d]]);
+      f(choices);
+      std::size_t d = dims.size();
+      while (d > 0 && (fixed[d - 1] || ++at[d - 1] == dims[d - 1].choices.size())) {
+        if (!fixed[d - 1]) at[d - 1] = 0;
+        --d;
+      }
+      if (d == 0) break;
+    }
+  };
+  std::vector<Config> configs;
+  for_each_product(
+      std::vector<const Choice*>(dims.size(), nullptr),
+      [&](const std::vector<const Choice*>& choices) { configs.push_back(make_config(choices)); });
+  // Configurations beside the product: each entry of "extra_rows" fixes some axes, the other
+  // dimensions take each of their choices; its rows follow the last product row that has their labels
+  // in those dimensions (an fp32 reference row after its model's scalers).
+  if (doc.contains("extra_rows")) {
+    const auto& extra = doc["extra_rows"];
+    GS_CHECK_CONFIG(
+        extra.is_array() && !extra.empty(),
+        where << ": \"extra_rows\" must be a non-empty array of objects {\"axis\": value, ...}, got "
+              << shown(to_json(extra)));
+    std::vector<std::vector<Config>> after(configs.size());
+    std::set<std::string> labels_seen;
+    for (const Config& c : configs) labels_seen.insert(json(c.labels).dump());
+    std::uint64_t count = configs.size();
+    for (std::size_t e = 0; e < extra.size(); ++e) {
+      const std::string what = where + ": extra_rows[" + std::to_string(e + 1) + "]";
+      GS_CHECK_CONFIG(
+          extra[e].is_object() && !extra[e].empty(),
+          what << " must be a non-empty object {\"axis\": value, ...}, got " << shown(to_json(extra[e])));
+      std::vector<Dimension> entry;  // one choice per axis it names, alive while make_config reads it
+      entry.reserve(extra[e].size());
+      std::vector<const Choice*> fixed(dims.size(), nullptr);
+      for (const auto& [k, v] : extra[e].items()) {
+        std::size_t d = 0;
+        while (d < dims.size() && dims[d].column != k) ++d;
+        std::string axes;
+        for (const Dimension& dim : dims)
+          if (!(dim.column == "variant" && doc.contains("variants")))
+            axes += (axes.empty() ? "" : ", ") + dim.column;
+        GS_CHECK_CONFIG(d < dims.size() && !(k == "variant" && doc.contains("variants")),
+                        what << ": '" << k << "' names no axis of the file (axes: " << axes << ")");
+        ordered_json one = ordered_json::array();
+        one.push_back(v);
+        entry.push_back(read_axis(k, one, what));
+        fixed[d] = &entry.back().choices.front();
+      }
+      std::uint64_t rows = 1;
+      for (std::size_t d = 0; d < dims.size(); ++d)
+        if (!fixed[d]) rows = rows <= kLargestMaxRuns ? rows * dims[d].choices.size() : rows;
+      count += rows;
+      check_run_count(doc, {{"configurations with \"extra_rows\"", count}}, seeds.size(), where);
+      for_each_product(fixed, [&](const std::vector<const Choice*>& choices) {
+        Config c = make_config(choices);
+        GS_CHECK_CONFIG(
+            labels_seen.insert(json(c.labels).dump()).second,
+            what << ": the configuration (" << json(c.labels).dump() << ") is already a row of the table");
+        std::size_t last = 0;
+        for (std::size_t i = 0; i < configs.size(); ++i) {
+          bool same = true;
+          for (std::size_t d = 0; d < dims.size(); ++d)
+            same = same && (fixed[d] || configs[i].labels[d] == c.labels[d]);
+          if (same) last = i;
+        }
+        after[last].push_back(std::move(c));
+      });
+    }
+    std::vector<Config> merged;
+    for (std::size_t i = 0; i < configs.size(); ++i) {
+      merged.push_back(std::move(configs[i]));
+      for (Config& c : after[i]) merged.push_back(std::move(c));
+    }
+    configs = std::move(merged);
+  }
+
+  if (doc.contains("target")) ab.target = read_target(doc["target"], where);
+  if (doc.contains("compare_to")) {
+    const auto& cmp = doc["compare_to"];
+    GS_CHECK_CONFIG(cmp.is_object() && !cmp.empty(),
+                    where << ": \"compare_to\" must be a non-empty object {\"column\": \"label\"}, got "
+                          << shown(to_json(cmp)));
+    for (const auto& [k, v] : cmp.items()) {
+      const auto col = std::find(ab.columns.begin(), ab.columns.end(), k);
+      GS_CHECK_CONFIG(col != ab.columns.end(),
+                      where << ": \"compare_to\": '" << k << "' is not a column of the table");
+      const std::size_t d = static_cast<std::size_t>(col - ab.columns.begin());
+      std::set<std::string> labels;
+      for (const Config& c : configs) labels.insert(c.labels[d]);
+      std::string allowed;
+      for (const std::string& l : labels) allowed += (allowed.empty() ? "" : ", ") + l;
+      GS_CHECK_CONFIG(v.is_string() && labels.count(v.get<std::string>()),
+                      where << ": \"compare_to\": '" << k << "' must be one of its labels (" << allowed
+                            << "), got " << shown(to_json(v)));
+      ab.compare_to.emplace_back(k, v.get<std::string>());
+    }
   }
 
   std::set<std::string> names;

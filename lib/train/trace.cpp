@@ -54,6 +54,8 @@ TraceWriter::TraceWriter(std::string base, nlohmann::json header, std::int64_t e
   rate_sum_.assign(layers, 0.0);
   rate_max_.assign(layers, 0.0);
   rate_count_.assign(layers, 0);
+  shadow_sum_.assign(layers, {0, 0, 0});
+  shadow_count_.assign(layers, {0, 0, 0});
   last_step_ = std::max<std::int64_t>(resume_steps, 0);
   // A resumed run's summary covers the kept steps too.
   for (std::size_t i = 1; i < keep.size(); ++i) {
@@ -69,6 +71,10 @@ TraceWriter::TraceWriter(std::string base, nlohmann::json header, std::int64_t e
     for (const auto& l : s.value("layers", nlohmann::json::array()))
       if (l.contains("act") && l["id"].is_number_unsigned() && l["id"].get<std::size_t>() < layers)
         note_rate(l["id"].get<std::size_t>(), l["act"].value("underflow_rate", 0.0));
+    for (const auto& l : s.value("layers", nlohmann::json::array()))
+      if (l.contains("shadow") && l["shadow"].contains("upstream") && l["id"].is_number_unsigned() &&
+          l["id"].get<std::size_t>() < layers)
+        note_shadow(l["id"].get<std::size_t>(), l["shadow"]["upstream"]);
   }
 }
 
@@ -76,6 +82,16 @@ void TraceWriter::note_rate(std::size_t layer, double rate) {
   rate_sum_[layer] += rate;
   rate_max_[layer] = std::max(rate_max_[layer], rate);
   ++rate_count_[layer];
+}
+
+void TraceWriter::note_shadow(std::size_t layer, const nlohmann::json& upstream) {
+  const char* const keys[] = {"underflow_mass", "rel_error", "cosine"};
+  for (int k = 0; k < 3; ++k) {
+    const auto v = upstream.find(keys[k]);  // null (a norm of 0) is left out of the mean
+    if (v == upstream.end() || !v->is_number() || !std::isfinite(v->get<double>())) continue;
+    shadow_sum_[layer][k] += v->get<double>();
+    ++shadow_count_[layer][k];
+  }
 }
 
 void TraceWriter::write_line(const nlohmann::json& j) {
@@ -138,7 +154,11 @@ bool TraceWriter::write_step(const TraceStep& s, const StepMonitor& m) {
         return nlohmann::json{{"underflow_mass", number(sm.underflow_mass)}, {"rel_error", number(sm.rel_error)},
                               {"cosine", number(sm.cosine)}};
       };
-      if (r.has_shadow_upstream) shadow["upstream"] = metrics(r.shadow_upstream);
+      if (r.has_shadow_upstream) {
+        shadow["upstream"] = metrics(r.shadow_upstream);
+        const auto id = static_cast<std::size_t>(r.layer_id);
+        if (id < shadow_sum_.size()) note_shadow(id, shadow["upstream"]);
+      }
       if (r.has_shadow_weight) shadow["weight"] = metrics(r.shadow_weight);
       l["shadow"] = std::move(shadow);
     }
@@ -159,9 +179,19 @@ void TraceWriter::finish(nlohmann::json summary) {
   nlohmann::json layers = nlohmann::json::array();
   for (std::size_t i = 0; i < rate_sum_.size(); ++i) {
     if (rate_count_[i] == 0) continue;
-    layers.push_back({{"id", i},
-                      {"mean_underflow_rate", rate_sum_[i] / static_cast<double>(rate_count_[i])},
-                      {"max_underflow_rate", rate_max_[i]}});
+    nlohmann::json l = {{"id", i},
+                        {"mean_underflow_rate", rate_sum_[i] / static_cast<double>(rate_count_[i])},
+                        {"max_underflow_rate", rate_max_[i]}};
+    if (shadow_count_[i][0] + shadow_count_[i][1] + shadow_count_[i][2] > 0) {
+      nlohmann::json up = nlohmann::json::object();
+      const char* const keys[] = {"underflow_mass", "rel_error", "cosine"};
+      for (int k = 0; k < 3; ++k)
+        up[keys[k]] = shadow_count_[i][k]
+                          ? nlohmann::json(shadow_sum_[i][k] / static_cast<double>(shadow_count_[i][k]))
+                          : nlohmann::json(nullptr);
+      l["shadow"] = {{"upstream", std::move(up)}};
+    }
+    layers.push_back(std::move(l));
   }
   summary["layers"] = std::move(layers);
   if (!summary.contains("steps")) summary["steps"] = last_step_;

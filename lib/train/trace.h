@@ -3,6 +3,7 @@
 // most the last line, and at the end one JSON document with the same objects, written atomically.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <fstream>
 #include <string>
@@ -37,7 +38,7 @@ class TraceWriter {
   // a change of S0). Returns whether a line was written.
   bool write_step(const TraceStep& s, const StepMonitor& m);
   // Writes the summary line and the JSON document. The writer adds "type", "traced_steps", the
-  // per-layer underflow of the traced steps, and — where `summary` lacks them — "steps", "skipped" and
+  // per-layer underflow of the traced steps (and the means of the fp32 shadow's upstream figures), and — where `summary` lacks them — "steps", "skipped" and
   // "overflows", which it counts from the step records (every skipped or overflowing iteration is
   // traced; a resumed run's kept records count too, so no counter needs carrying across a resume).
   // The result is checked as `gradscale inspect` checks it (check_trace_summary): a summary a reader
@@ -55,6 +56,7 @@ class TraceWriter {
  private:
   void write_line(const nlohmann::json& j);
   void note_rate(std::size_t layer, double rate);
+  void note_shadow(std::size_t layer, const nlohmann::json& upstream);
 
   std::string jsonl_path_, json_path_;
   std::int64_t every_;
@@ -68,6 +70,10 @@ class TraceWriter {
   std::int64_t last_traced_step_ = 0;         // the last step record's iteration
   std::vector<double> rate_sum_, rate_max_;   // per layer, act underflow rate over traced steps
   std::vector<std::int64_t> rate_count_;
+  // Per layer, the fp32 shadow's upstream figures over the traced steps that have them: sums and
+  // counts of the finite values of underflow_mass, rel_error and cosine (in that order).
+  std::vector<std::array<double, 3>> shadow_sum_;
+  std::vector<std::array<std::int64_t, 3>> shadow_count_;
 };
 
 }  // namespace gradscale

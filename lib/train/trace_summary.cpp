@@ -87,6 +87,14 @@ std::vector<std::string> check_trace_summary(const json& s, const TraceTally& ta
                         std::to_string(tally.layers == 0 ? 0 : tally.layers - 1) + ")");
       need_number(layers[i], "mean_underflow_rate");
       need_number(layers[i], "max_underflow_rate");
+      // With the fp32 shadow: the means of its upstream figures over the traced steps (null: none).
+      if (layers[i].contains("shadow")) {
+        const json& shadow = layers[i]["shadow"];
+        if (!shadow.is_object() || !shadow.contains("upstream") || !shadow["upstream"].is_object())
+          wrong_type("shadow", "an object {\"upstream\": {...}}", shadow);
+        for (const char* k : {"underflow_mass", "rel_error", "cosine"})
+          need_number_or_null(shadow["upstream"], k);
+      }
     } catch (const DataError& e) {
       throw DataError(row + e.what());
     }

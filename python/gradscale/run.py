@@ -39,7 +39,7 @@ DEFAULTS: Dict[str, Any] = {
     "model": None, "data": "fashion-mnist", "format": "fp32", "grad_format": None, "weight_grads": "format",
     "scaler": "none", "optimizer": "adam", "schedule": "constant", "lr": 1e-3, "epochs": 1, "batch": 128,
     "eval_batch": 1000, "max_steps": 0, "seed": 0, "threads": 0, "progress_seconds": 5.0, "device": "cpu",
-    "trace": "", "trace_every": 10, "trace_hist": False, "eval_every": 0, "eval_examples": 0,
+    "trace": "", "trace_every": 10, "trace_hist": False, "shadow": False, "eval_every": 0, "eval_examples": 0,
     "checkpoint": "", "save_every": 0, "resume": "",
 }
 
@@ -94,8 +94,9 @@ def resolve_config(doc: Any) -> dict:
                         ("max_steps", 0, 1 << 40), ("seed", 0, 1 << 62), ("threads", 0, 1024),
                         ("trace_every", 1, 1 << 40), ("eval_every", 0, 1 << 40), ("eval_examples", 0, 1 << 40)):
         _integer(cfg, key, lo, hi)
-    if not isinstance(cfg["trace_hist"], bool):
-        raise ConfigProblem("trace_hist", "must be true or false")
+    for key in ("trace_hist", "shadow"):
+        if not isinstance(cfg[key], bool):
+            raise ConfigProblem(key, "must be true or false")
     ps = cfg["progress_seconds"]
     if isinstance(ps, bool) or not isinstance(ps, (int, float)) or not math.isfinite(ps) or ps < 0:
         raise ConfigProblem("progress_seconds", f"must be a finite number >= 0, got {json.dumps(ps)}")
@@ -318,7 +319,7 @@ def train(cfg: dict, result_path: str, quiet: bool) -> int:
     try:
         scaler = Scaler(model, scaler=cfg["scaler"], format=cfg["format"], grad_format=cfg["grad_format"],
                         weight_grads=cfg["weight_grads"], trace=trace, trace_every=cfg["trace_every"],
-                        trace_hist=cfg["trace_hist"])
+                        trace_hist=cfg["trace_hist"], shadow=cfg["shadow"])
     except (ValueError, TypeError, RuntimeError) as e:
         raise ConfigProblem("scaler", str(e)) from e
     opt = make_optimizer(cfg, model.parameters())

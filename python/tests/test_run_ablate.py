@@ -72,7 +72,12 @@ def test_runs_and_gives_the_columns_of_a_cpp_ablation(tmp_path):
     except ImportError:
         with_tv = False
     out = str(tmp_path / "out")
-    ablate(ablation(tmp_path, torchvision=with_tv), "--out", out, "--jobs", "2")
+    path = ablation(tmp_path, torchvision=with_tv)
+    doc = json.load(open(path))
+    doc["base"]["shadow"] = True
+    doc["compare_to"] = {"scaler": "none"}
+    open(path, "w").write(json.dumps(doc))
+    ablate(path, "--out", out, "--jobs", "2")
     t = table(out)
     assert all(r["done"] == 1 for r in t["rows"]), t
     assert len(t["rows"]) == (4 if with_tv else 2)
@@ -85,6 +90,16 @@ def test_runs_and_gives_the_columns_of_a_cpp_ablation(tmp_path):
     ablate(str(cpp), "--out", str(tmp_path / "cpp"))
     header = lambda d: open(os.path.join(d, "table.csv")).readline()  # noqa: E731
     assert header(out) == header(str(tmp_path / "cpp"))
+    for column in ("shadow_rel_error_mean", "shadow_underflow_mass_mean", "target_accuracy", "steps_to_target_mean",
+                   "steps_to_target_reached", "diff_final_accuracy_lo", "diff_final_accuracy_hi"):
+        assert column in header(out).rstrip("\n").split(","), column
+    # The PyTorch runs' figures: the shadow's means from their traces, a comparison paired by seed (one seed:
+    # no interval, and why), no steps to target (no fp32 row: the notes say so).
+    factory_none, factory_torch = t["rows"][0], t["rows"][1]
+    assert factory_none["shadow_rel_error"]["n"] == 1 and factory_torch["shadow_rel_error"]["mean"] > 0
+    assert factory_none["compare"]["reference"] == 0 and factory_torch["compare"]["why"] == "1 pair"
+    assert factory_torch["steps_to_target"]["why"] == "no fp32 row" and factory_torch["steps_to_target"]["runs"] == 1
+    assert any("no fp32 row" in n for n in t["notes"])
 
 
 def test_resumes_after_a_kill_and_merges_shards(tmp_path):
