@@ -157,9 +157,10 @@ TEST_CASE("a one-line document longer than the header peek is read as a document
 TEST_CASE("inspect gives the same answer for a trace and the same trace with its steps repeated",
           "[cli][trace]") {
   // The gathering is one pass with per-layer accumulators: a trace of many steps must give the means
-  // of its records. Repeating the fixture's steps (renumbered) leaves every mean, min and max as it is.
+  // of its records. Repeating the hand-written fixture's steps (renumbered) leaves every mean, min and
+  // max as it is.
   TempDir tmp;
-  std::ifstream in(kData + "trace_small.json");
+  std::ifstream in(kData + "trace_by_hand.json");
   json d = json::parse(in);
   json steps = json::array();
   for (int k = 0; k < 50; ++k)
@@ -173,7 +174,7 @@ TEST_CASE("inspect gives the same answer for a trace and the same trace with its
   d["summary"]["skipped"] = 50;
   d["summary"]["overflows"] = d["summary"]["overflows"].get<int>() * 50;
   write_text(tmp / "long.json", d.dump());
-  const CliResult one = run_cli("inspect --json " + kData + "trace_small.json");
+  const CliResult one = run_cli("inspect --json " + kData + "trace_by_hand.json");
   const CliResult many = run_cli("inspect --json '" + (tmp / "long.json") + "'");
   INFO(joined(many));
   REQUIRE(one.status == 0);

@@ -1,7 +1,9 @@
 // Tests of the trace readers, through the built binary and the script: `gradscale inspect` on the
-// hand-written fixture tests/data/trace_small.json (and its .jsonl twin of a run that died), whose
-// per-layer numbers are worked out by hand below; `inspect --check` on broken variants of it; and
-// scripts/plot_trace.py, which skips itself visibly (exit 4) when /usr/bin/python3 has no matplotlib.
+// hand-written fixture tests/data/trace_by_hand.json (and its .jsonl twin, cut as a run that died
+// leaves it), whose per-layer numbers are worked out by hand below, and on tests/data/trace_small.json,
+// the trace of a short real run (tests/data/make_trace_small.sh); `inspect --check` on broken variants
+// of them; and scripts/plot_trace.py, which skips itself visibly (exit 4) when /usr/bin/python3 has no
+// matplotlib.
 #include <catch2/catch.hpp>
 
 #include <unistd.h>
@@ -149,12 +151,12 @@ void require_rejected(const TempDir& dir, const json& doc, const std::vector<std
 // and fc2 (and non-finite values in fc2's wgrad: still one event); step 20 an overflow in fc1's wgrad.
 // The .jsonl twin holds steps 10, 13 and 14 and a cut line of step 20, and no summary.
 TEST_CASE("inspect --json gives the hand-computed per-layer numbers of the fixture", "[cli][trace]") {
-  const json j = inspect_json(kData + "trace_small.json");
+  const json j = inspect_json(kData + "trace_by_hand.json");
   CHECK(j["schema"] == "gradscale.trace/1");
   CHECK(j["model"] == "tiny-mlp");
   CHECK(j["format"] == "fp16");
   CHECK(j["grad_format"] == "fp16");
-  CHECK(j["policy"] == "measured");
+  CHECK(j["policy"] == "adaptive");
   CHECK(j["finished"] == true);
   CHECK(j["steps"] == 20);
   CHECK(j["traced_steps"] == 4);
@@ -181,7 +183,7 @@ TEST_CASE("inspect --json gives the hand-computed per-layer numbers of the fixtu
 }
 
 TEST_CASE("inspect reads the .jsonl of a run that died: cut last line is a warning", "[cli][trace]") {
-  const json j = inspect_json(kData + "trace_small.jsonl");
+  const json j = inspect_json(kData + "trace_by_hand.jsonl");
   CHECK(j["finished"] == false);
   CHECK(j["steps"].is_null());
   CHECK(j["traced_steps"] == 3);
@@ -199,7 +201,7 @@ TEST_CASE("inspect reads the .jsonl of a run that died: cut last line is a warni
   check_row(layers[3], {3, 34.0 / 3, 10, 12, (0.0625 + 0 + 0.125) / 3, 0.125, true, 1});
   check_row(j["loss"], {3, 29.0 / 3, 9, 10, (0 + 0.125 + 0.25) / 3, 0.25, true, 0});
 
-  const CliResult text = run_cli("inspect " + kData + "trace_small.jsonl");
+  const CliResult text = run_cli("inspect " + kData + "trace_by_hand.jsonl");
   REQUIRE(text.status == 0);
   CHECK_THAT(text.lines[0], Contains("warning:"));
   CHECK_THAT(text.lines[0], Contains("line 5 is not valid JSON"));
@@ -207,11 +209,11 @@ TEST_CASE("inspect reads the .jsonl of a run that died: cut last line is a warni
 }
 
 TEST_CASE("inspect prints the header, one row per layer, the loss row and the run totals", "[cli][trace]") {
-  const CliResult r = run_cli("inspect " + kData + "trace_small.json");
+  const CliResult r = run_cli("inspect " + kData + "trace_by_hand.json");
   REQUIRE(r.status == 0);
   REQUIRE(r.lines.size() == 8);
   CHECK_THAT(r.lines[0], Contains("gradscale.trace/1, model tiny-mlp, format fp16, grad_format fp16, "
-                                  "scaler measured, 20 steps, 4 traced steps"));
+                                  "scaler adaptive, 20 steps, 4 traced steps"));
   CHECK(r.lines[2] ==
         "0    flatten flatten       0           -       -       -              -          -         -");
   CHECK(r.lines[3] ==
@@ -227,7 +229,7 @@ TEST_CASE("inspect prints the header, one row per layer, the loss row and the ru
 
 TEST_CASE("inspect --at shows the traced step nearest to STEP", "[cli][trace]") {
   // Traced steps 10, 13, 14, 20: 15 is nearest to 14; 17 is as near to 14 as to 20 (the earlier wins).
-  json j = inspect_json(kData + "trace_small.json --at 15");
+  json j = inspect_json(kData + "trace_by_hand.json --at 15");
   const json& at = j["at"];
   CHECK(at["requested"] == 15);
   CHECK(at["step"] == 14);
@@ -245,36 +247,39 @@ TEST_CASE("inspect --at shows the traced step nearest to STEP", "[cli][trace]") 
   CHECK(at["loss_grad"]["underflow_rate"].get<double>() == 0.25);
   CHECK(at["loss_grad"]["log2_S"].get<double>() == 9);
 
-  CHECK(inspect_json(kData + "trace_small.json --at 12")["at"]["step"] == 13);
-  CHECK(inspect_json(kData + "trace_small.json --at 0")["at"]["step"] == 10);
-  CHECK(inspect_json(kData + "trace_small.json --at 17")["at"]["step"] == 14);  // tie: the earlier
-  j = inspect_json(kData + "trace_small.json --at 13");
+  CHECK(inspect_json(kData + "trace_by_hand.json --at 12")["at"]["step"] == 13);
+  CHECK(inspect_json(kData + "trace_by_hand.json --at 0")["at"]["step"] == 10);
+  CHECK(inspect_json(kData + "trace_by_hand.json --at 17")["at"]["step"] == 14);  // tie: the earlier
+  j = inspect_json(kData + "trace_by_hand.json --at 13");
   CHECK(j["at"]["found_inf"] == true);
   CHECK(j["at"]["layers"][3]["overflow"] == 4);  // act: 1 overflow + 1 non-finite; wgrad: 2 non-finite
   CHECK(j["at"]["layers"][1]["traced"] == false);
 
-  const CliResult text = run_cli("inspect " + kData + "trace_small.json --at 500");
+  const CliResult text = run_cli("inspect " + kData + "trace_by_hand.json --at 500");
   REQUIRE(text.status == 0);
   CHECK_THAT(text.lines[1],
              Contains("step 20 (the traced step nearest to 500), epoch 1, loss 1.125, S0 512"));
   CHECK(text.lines[6] == "3    fc2     linear          8         4096   12.000  3.125e-02        0");
 }
 
-TEST_CASE("inspect --check accepts the fixture and its .jsonl twin", "[cli][trace]") {
-  const CliResult json_doc = run_cli("inspect --check " + kData + "trace_small.json");
-  CHECK(json_doc.status == 0);
-  REQUIRE(json_doc.lines.size() == 1);
-  CHECK(json_doc.lines[0] == "ok: 4 steps, 4 layers (run of 20 steps)");
-  const CliResult lines = run_cli("inspect --check " + kData + "trace_small.jsonl");
-  CHECK(lines.status == 0);
-  REQUIRE(lines.lines.size() == 2);
-  CHECK_THAT(lines.lines[0], Contains("warning:"));
-  CHECK(lines.lines[1] == "ok: 3 steps, 4 layers (no summary: the run did not finish)");
+TEST_CASE("inspect --check accepts both fixtures and their .jsonl twins", "[cli][trace]") {
+  for (const char* name : {"trace_by_hand", "trace_small"}) {
+    INFO(name);
+    const CliResult json_doc = run_cli("inspect --check " + kData + name + ".json");
+    CHECK(json_doc.status == 0);
+    REQUIRE(json_doc.lines.size() == 1);
+    CHECK(json_doc.lines[0] == "ok: 4 steps, 4 layers (run of 20 steps)");
+    const CliResult lines = run_cli("inspect --check " + kData + name + ".jsonl");
+    CHECK(lines.status == 0);
+    REQUIRE(lines.lines.size() == 2);
+    CHECK_THAT(lines.lines[0], Contains("warning:"));
+    CHECK(lines.lines[1] == "ok: 3 steps, 4 layers (no summary: the run did not finish)");
+  }
 }
 
 TEST_CASE("inspect --check rejects broken traces with a message naming the problem", "[cli][trace]") {
   const TempDir dir;
-  const json good = read_json(kData + "trace_small.json");
+  const json good = read_json(kData + "trace_by_hand.json");
 
   SECTION("missing header") {
     json d = good;
@@ -345,7 +350,7 @@ TEST_CASE("inspect --check rejects broken traces with a message naming the probl
 TEST_CASE("inspect reads steps traced without statistics and warns about a summary without traced_steps",
           "[cli][trace]") {
   const TempDir dir;
-  json d = read_json(kData + "trace_small.json");
+  json d = read_json(kData + "trace_by_hand.json");
   // Step 13 as a notable iteration between samples: scales, no statistics.
   json& st = d["steps"][1];
   st["stats"] = false;
@@ -373,7 +378,7 @@ TEST_CASE("inspect reads steps traced without statistics and warns about a summa
   st["stats"] = true;
   require_rejected(dir, d, {"step 13 (steps[1])", "missing key 'loss_grad'"});
 
-  d = read_json(kData + "trace_small.json");
+  d = read_json(kData + "trace_by_hand.json");
   d["summary"].erase("traced_steps");
   write_text(path, d.dump());
   const CliResult r = run_cli("inspect --check '" + path + "'");
