@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Side-by-side comparison of gradscale with PyTorch on Fashion-MNIST (issue 3, item 8).
+# Side-by-side comparison of gradscale with PyTorch on Fashion-MNIST.
 #
 # For each model in MODELS (mlp, cnn) it runs, one after the other in this one invocation:
 #   1. build/gradscale train --format fp32                       (the accuracy and speed reference)
