@@ -159,11 +159,15 @@ RunState run_state(const RunPaths& p) {
     const json diverged = result.contains("diverged") ? result["diverged"] : json(false);
     if (diverged.is_boolean()) return diverged.get<bool>() ? RunState::diverged : RunState::done;
   }
+  // Its process ended (the runner wrote its exit code) without a result: failed. A program that exits 0
+  // and wrote no result file at all (a --python that is no Python with gradscale, a factory that calls
+  // sys.exit(0)) failed too, and is not run again unasked; a result file damaged after the run is
+  // half-written (below) and runs again.
   const json status = read_json_or_null(p.status);
-  if (status.is_object() && status.contains("exit_code") && status["exit_code"].is_number_integer() &&
-      status["exit_code"] != 0)
-    return RunState::failed;
   std::error_code ec;
+  if (status.is_object() && status.contains("exit_code") && status["exit_code"].is_number_integer() &&
+      (status["exit_code"] != 0 || !fs::exists(p.result, ec)))
+    return RunState::failed;
   if (fs::is_directory(p.dir, ec) && !fs::is_empty(p.dir, ec)) return RunState::half_written;
   return RunState::pending;
 }
@@ -391,7 +395,9 @@ RunnerSummary run_ablation(const Ablation& ablation, const RunnerOptions& option
         if (!st["signal"].is_null())
           log << "KILLED by signal " << st["signal"].get<int>() << " (runs again on resume)";
         else
-          log << "FAILED (exit " << st["exit_code"].dump() << "): " << st.value("last_line", std::string());
+          log << "FAILED (exit " << st["exit_code"].dump() << (st["exit_code"] == 0 ? " without a result" : "")
+              << "): " << (st.value("last_line", std::string()).empty() ? std::string("(its log is empty)")
+                                                                             : st.value("last_line", std::string()));
       }
       log << ", " << format_duration(seconds) << std::endl;
       changed = true;

@@ -252,7 +252,10 @@ void check_torch_runs(const Ablation& ablation, const std::string& python, const
   fs::remove(list, ec);
   fs::remove(log, ec);
   const int code = pid > 0 && WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  if (code == 0) return;
+  // Success is the checker's own line, not only exit 0: a --python that is some other program (/bin/true,
+  // echo) exits 0 having checked nothing, and every run would then end without a result.
+  const std::string ok = "ok: checked " + std::to_string(runs.size()) + " run" + (runs.size() == 1 ? "" : "s");
+  if (code == 0 && text.find(ok) != std::string::npos) return;
   std::string lines;
   std::stringstream ss(text);
   for (std::string line; std::getline(ss, line);) {
@@ -263,9 +266,12 @@ void check_torch_runs(const Ablation& ablation, const std::string& python, const
   std::string last = text;
   while (!last.empty() && last.back() == '\n') last.pop_back();
   if (const auto nl = last.rfind('\n'); nl != std::string::npos) last = last.substr(nl + 1);
+  if (last.empty()) last = "(no output)";
   throw ConfigError("the ablation's PyTorch runs cannot start: '" + python + " -m gradscale.run --check-runs' " +
-                    (code < 0 ? std::string("did not run") : "exited " + std::to_string(code)) + ": " +
-                    text_excerpt(last, 300));
+                    (code < 0   ? std::string("did not run")
+                     : code == 0 ? std::string("exited 0 without saying '" + ok + "' (is it a Python with gradscale?)")
+                                 : "exited " + std::to_string(code)) +
+                    ": " + text_excerpt(last, 300));
 }
 
 }  // namespace gradscale::ablate

@@ -48,8 +48,9 @@ std::vector<std::string> torch_run_argv(const std::string& python, const std::st
 // Builds every distinct (model, data) of the ablation's PyTorch runs once in `python` (python -m
 // gradscale.run --check-runs): a missing torchvision, an unknown model, a factory that raises or returns
 // no nn.Module, an output that does not fit the data. Throws ConfigError with one line per bad run, each
-// naming the run and the key; nothing when the ablation has no PyTorch runs. `scratch_dir`: where the
-// list of runs is written for the check (removed after).
+// naming the run and the key; nothing when the ablation has no PyTorch runs. The check succeeds only when
+// the program says `ok: checked N runs` (a --python that is some other program exits 0 having checked
+// nothing: ConfigError). `scratch_dir`: where the list of runs is written for the check (removed after).
 void check_torch_runs(const Ablation& ablation, const std::string& python, const std::string& scratch_dir);
 
 }  // namespace gradscale::ablate
