@@ -12,8 +12,8 @@
 
 namespace gradscale::adaptive {
 
-const std::vector<std::string> kMethodKeys = {"method",       "scale_upper_bound", "accum_upper_bound", "power_of_two",
-                                              "update_every", "relu_factor",       "fixed_scale"};
+const std::vector<std::string> kMethodKeys = {"method",       "scale_upper_bound", "accum_upper_bound", "bounds",
+                                              "power_of_two", "update_every",      "relu_factor",       "fixed_scale"};
 const std::vector<std::string> kLayerKeys = {"method",       "n_uf",        "scale_upper_bound", "accum_upper_bound",
                                              "power_of_two", "update_every", "relu_factor",      "fixed_scale",
                                              "margin"};
@@ -48,7 +48,8 @@ AdaptiveConfig parse_adaptive_config(const nlohmann::json& config, Format format
   const ConfigReader r(config, "scaler 'adaptive'",
                        {"policy", "method", "n_uf", "scale_upper_bound", "accum_upper_bound", "power_of_two",
                         "update_every", "relu_factor", "init_scale", "cast_form", "recover_every", "fixed_scale",
-                        "margin", "u_min", "u_max", "controller", "controller_config", "control_at", "layers"});
+                        "margin", "u_min", "u_max", "controller", "controller_config", "control_at", "layers",
+                        "bounds"});
   AdaptiveConfig c;
   if (r.has("controller")) {
     const nlohmann::json& name = config.at("controller");
@@ -89,6 +90,18 @@ AdaptiveConfig parse_adaptive_config(const nlohmann::json& config, Format format
                     "scaler 'adaptive': 'control_at': \"all\" needs a method that decides without a weight "
                     "(measured or fixed); '" << c.method << "' reads the layer's weight, which BatchNorm, "
                     "pooling, ReLU, Flatten, Dropout and Add do not have");
+  }
+  if (r.has("bounds")) {
+    const nlohmann::json& b = config.at("bounds");
+    GS_CHECK_CONFIG(b == "reference" || b == "derived",
+                    "scaler 'adaptive': 'bounds' must be \"reference\" (the constants scale_upper_bound and "
+                    "accum_upper_bound, the paper's) or \"derived\" (from the magnitudes measured downstream), got "
+                        << json_excerpt(b));
+    c.derived_bounds = b == "derived";
+    for (const char* key : {"scale_upper_bound", "accum_upper_bound"})
+      GS_CHECK_CONFIG(!c.derived_bounds || !r.has(key),
+                      "scaler 'adaptive': '" << key << "' is a constant of \"bounds\": \"reference\"; "
+                                             << "\"bounds\": \"derived\" takes no constant bound");
   }
   c.n_uf = r.number("n_uf", c.n_uf, Interval{0, 0.5, true, true});
   c.scale_upper_bound = r.number("scale_upper_bound", c.scale_upper_bound, Interval{0, kInf, true, true});
@@ -148,8 +161,6 @@ nlohmann::json adaptive_config_json(const AdaptiveConfig& c_) {
   nlohmann::json j = {{"policy", "adaptive"},
                       {"method", c_.method},
                       {"n_uf", c_.n_uf},
-                      {"scale_upper_bound", c_.scale_upper_bound},
-                      {"accum_upper_bound", c_.accum_upper_bound},
                       {"power_of_two", c_.power_of_two},
                       {"update_every", c_.update_every},
                       {"relu_factor", c_.relu_factor},
@@ -158,6 +169,12 @@ nlohmann::json adaptive_config_json(const AdaptiveConfig& c_) {
                       {"fixed_scale", c_.fixed_scale},
                       {"margin", c_.margin}};
   j["init_scale"] = c_.auto_init ? nlohmann::json("auto") : nlohmann::json(c_.init_scale);
+  if (c_.derived_bounds) {
+    j["bounds"] = "derived";  // "reference", the default, is left out: configs stay as they were
+  } else {
+    j["scale_upper_bound"] = c_.scale_upper_bound;
+    j["accum_upper_bound"] = c_.accum_upper_bound;
+  }
   if (c_.u_min) j["u_min"] = *c_.u_min;
   if (c_.u_max) j["u_max"] = *c_.u_max;
   if (c_.control_all) j["control_at"] = "all";  // the default "gemm" is left out: configs stay as they were
@@ -177,7 +194,8 @@ LayerRule default_layer_rule(const AdaptiveConfig& c, Format format) {
   r.params.relu_factor = c.relu_factor;
   r.params.fixed_scale = c.fixed_scale;
   r.params.margin = c.margin;
-  r.bounds = ScaleBounds{c.scale_upper_bound, c.accum_upper_bound, c.power_of_two};
+  r.bounds = c.derived_bounds ? ScaleBounds{kInf, kInf, c.power_of_two}  // B_l is applied per step
+                              : ScaleBounds{c.scale_upper_bound, c.accum_upper_bound, c.power_of_two};
   r.update_every = c.update_every;
   return r;
 }
@@ -215,12 +233,18 @@ LayerRule override_layer_rule(const AdaptiveConfig& c_, const std::string& name,
   p.relu_factor = r.number("relu_factor", c_.relu_factor, Interval{0, 1, true, false});
   p.fixed_scale = r.number("fixed_scale", c_.fixed_scale, Interval{0, kInf, true, true});
   p.margin = static_cast<int>(r.integer("margin", c_.margin, 0, 64));
-  rule.bounds.scale_upper_bound = r.number("scale_upper_bound", c_.scale_upper_bound, Interval{0, kInf, true, true});
-  rule.bounds.accum_upper_bound = r.number("accum_upper_bound", c_.accum_upper_bound, Interval{0, kInf, true, true});
+  for (const char* key : {"scale_upper_bound", "accum_upper_bound"})
+    GS_CHECK_CONFIG(!c_.derived_bounds || !r.has(key),
+                    where << ": '" << key << "' is a constant of \"bounds\": \"reference\"; the policy has "
+                          << "\"bounds\": \"derived\"");
+  rule.bounds.scale_upper_bound = c_.derived_bounds ? kInf : r.number("scale_upper_bound", c_.scale_upper_bound, Interval{0, kInf, true, true});
+  rule.bounds.accum_upper_bound = c_.derived_bounds ? kInf : r.number("accum_upper_bound", c_.accum_upper_bound, Interval{0, kInf, true, true});
   rule.bounds.power_of_two = r.boolean("power_of_two", c_.power_of_two);
   rule.update_every = r.integer("update_every", c_.update_every, 1, std::int64_t{1} << 40);
-  check_scale_range("adaptive", "scale_upper_bound", rule.bounds.scale_upper_bound);
-  check_scale_range("adaptive", "accum_upper_bound", rule.bounds.accum_upper_bound);
+  if (!c_.derived_bounds) {
+    check_scale_range("adaptive", "scale_upper_bound", rule.bounds.scale_upper_bound);
+    check_scale_range("adaptive", "accum_upper_bound", rule.bounds.accum_upper_bound);
+  }
   check_scale_range("adaptive", "fixed_scale", p.fixed_scale);
   return rule;
 }

@@ -23,6 +23,8 @@ struct AdaptiveConfig {
   double n_uf = 1e-3;                      // target fraction of underflowing values, (0, 0.5)
   double scale_upper_bound = 16;           // s ≤ this
   double accum_upper_bound = 1024;         // s ≤ this / S_in
+  bool derived_bounds = false;             // "bounds": "derived" (SPEC §6.6: adaptive/derived_bounds.h) instead
+                                           // of "reference" (the two constants above)
   bool power_of_two = true;                // s = 2^floor(log2 s)
   std::int64_t update_every = 1;           // statistics recomputed every N steps per layer
   double relu_factor = 0.5;                // approx_range: fraction of non-zero products, (0, 1]

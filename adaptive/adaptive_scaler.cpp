@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "adaptive/adaptive_config.h"
+#include "adaptive/derived_bounds.h"
 #include "adaptive/local_safety.h"
 #include "adaptive/math.h"
 #include "adaptive/method.h"
@@ -86,6 +87,7 @@ class AdaptiveScaler final : public Scaler, public LayerController {
         safety_.update(StepMonitor{}, params_.u_max, c_.margin, c_.recover_every);
     } else if (stats.monitor != nullptr) {
       safety_.update(*stats.monitor, params_.u_max, c_.margin, c_.recover_every);
+      if (c_.derived_bounds) derived_.observe(*stats.monitor, safety_);
       skip = stats.monitor->nonfinite_stored;
     } else if (stats.found_inf) {
       safety_.charge_loss_halving(c_.recover_every);
@@ -101,6 +103,7 @@ class AdaptiveScaler final : public Scaler, public LayerController {
     bind_rules(layers);
     cache_.assign(layers.size(), LayerCache{});
     safety_.bind(layers, c_.control_all);
+    derived_.reset(layers.size());
     if (user_) user_->bind(layers, grad_format);
   }
   void begin_step(const StepBegin& b) override { step_ = b.step; }
@@ -119,7 +122,8 @@ class AdaptiveScaler final : public Scaler, public LayerController {
     }
     // SPEC §6.1 bounds, for every method; then a power of two so that scaling is exact; then φ_l
     // (SPEC §6.5), which may take s below 1.
-    return {bounded_scale(entry.unbound, q.scale_in, r.bounds) * safety_.layer_factor(q.layer_id), entry.unbound};
+    return {bounded_scale(entry.unbound, q.scale_in, bounds_of(q.layer_id)) * safety_.layer_factor(q.layer_id),
+            entry.unbound};
   }
   bool scales_weight_grads() const override { return true; }
   double weight_grad_scale(const WeightGradQuery& q) override {
@@ -138,7 +142,7 @@ class AdaptiveScaler final : public Scaler, public LayerController {
     const LayerRule& lr = rule(layer_id);
     ScaleRule r;
     r.params = lr.params;
-    r.bounds = lr.bounds;
+    r.bounds = bounds_of(layer_id);
     r.factor = safety_.layer_factor(layer_id);
     if (lr.global) {  // s = 1 exactly: fixed at 1, unbounded, no φ_l
       r.formula = ScaleRule::kFixed;
@@ -164,9 +168,11 @@ class AdaptiveScaler final : public Scaler, public LayerController {
     nlohmann::json layers = nlohmann::json::array();
     for (std::size_t i = 0; i < cache_.size(); ++i) {
       const nlohmann::json safety = safety_.layer_state(static_cast<int>(i));
-      if (cache_[i].computed_at < 0 && safety.is_null()) continue;
+      const double downstream = derived_.downstream_max(static_cast<int>(i));
+      if (cache_[i].computed_at < 0 && safety.is_null() && !(downstream > 0)) continue;
       nlohmann::json l = {{"id", i}, {"computed_at", cache_[i].computed_at}, {"unbound", cache_[i].unbound}};
       if (!safety.is_null()) l.update(safety);
+      if (downstream > 0) l["downstream_max"] = downstream;  // D_l of "bounds": "derived"
       layers.push_back(std::move(l));
     }
     nlohmann::json j = safety_.loss_state();
@@ -199,15 +205,20 @@ class AdaptiveScaler final : public Scaler, public LayerController {
     std::vector<LayerCache> cache(cache_.size());
     LocalSafety safety = safety_;
     safety.clear_layers();
+    DerivedBounds derived;
+    derived.reset(cache.size());
     for (const nlohmann::json& l : layers) {
       const std::string entry = std::string(where) + ": a 'layers' entry";
-      const ConfigReader lr(l, entry, {"id", "computed_at", "unbound", "phi", "clean_steps"});
+      const ConfigReader lr(l, entry, {"id", "computed_at", "unbound", "phi", "clean_steps", "downstream_max"});
       const std::int64_t id = lr.required_integer("id", 0, static_cast<std::int64_t>(cache.size()) - 1);
       LayerCache& c = cache[static_cast<std::size_t>(id)];
       c.computed_at = lr.required_integer("computed_at", -1, std::numeric_limits<std::int64_t>::max());
       c.unbound = lr.required_number("unbound", Interval{0, kInf, true, true});
       safety.restore_layer(static_cast<int>(id), read_phi(lr, entry),
                            lr.integer("clean_steps", 0, 0, c_.recover_every - 1));
+      GS_CHECK_CONFIG(c_.derived_bounds || !lr.has("downstream_max"),
+                      entry << ": 'downstream_max' belongs to \"bounds\": \"derived\", which this policy does not have");
+      derived.restore(static_cast<int>(id), lr.number("downstream_max", 0.0, Interval{0, kInf, false, true}));
     }
     if (user_) user_->restore_controller_state(state.at("controller"));
     safety.restore_loss(phi, clean);
@@ -215,6 +226,7 @@ class AdaptiveScaler final : public Scaler, public LayerController {
     last_loss_scale_ = last;
     loss_floor_ = floor;
     cache_ = std::move(cache);
+    derived_ = std::move(derived);
   }
 
  private:
@@ -244,6 +256,15 @@ class AdaptiveScaler final : public Scaler, public LayerController {
     }
   }
 
+  // The bounds a layer's s takes this step: its rule's, and under "bounds": "derived" B_l (its rule's
+  // margin and the policy's u_max) on the accumulated scale.
+  ScaleBounds bounds_of(int layer_id) const {
+    const LayerRule& r = rule(layer_id);
+    ScaleBounds b = r.bounds;
+    if (c_.derived_bounds && !r.global) b.accum_upper_bound = derived_.accum_bound(layer_id, r.params.u_max, r.params.margin);
+    return b;
+  }
+
   const LayerRule& rule(int layer_id) const {
     return layer_id >= 0 && static_cast<std::size_t>(layer_id) < rules_.size() ? rules_[static_cast<std::size_t>(layer_id)]
                                                                                : default_rule_;
@@ -270,6 +291,7 @@ class AdaptiveScaler final : public Scaler, public LayerController {
   std::vector<LayerCache> cache_;
   std::int64_t step_ = 0;
   LocalSafety safety_;          // φ of the loss scale and φ_l per layer (SPEC §6.5)
+  DerivedBounds derived_;       // D_l per layer, under "bounds": "derived" (SPEC §6.6)
   double last_loss_scale_ = 1;  // S0 of the last iteration
   double loss_floor_ = 0;       // its floor (SPEC §6.5): 0 before the first iteration
 };

@@ -18,6 +18,8 @@ namespace gradscale::adaptive {
 //   n_uf               (0, 0.5)     target underflow fraction                          (1e-3)
 //   scale_upper_bound  > 0          s ≤ this                                           (16)
 //   accum_upper_bound  > 0          s ≤ this / S_in                                    (1024)
+//   bounds             reference | derived: the two constants above, or s·S_in ≤ u_max·2^-margin / D_l
+//                                   from the magnitudes measured downstream (derived_bounds.h) (reference)
 //   power_of_two       bool         s = 2^floor(log2 s)                                (true)
 //   update_every       >= 1         statistics recomputed every N steps per layer      (1)
 //   relu_factor        (0, 1]       approx_range: fraction of non-zero products        (0.5)
@@ -38,7 +40,8 @@ namespace gradscale::adaptive {
 // not finite. Under a registered controller the policy keeps SPEC §6.4 (skip on found_inf, φ halves,
 // passed to the controller in begin_step) and the S0 floor; φ_l and r are the built-in methods'.
 // State: {"phi", "clean_steps" (the loss scale's factor), "last_loss_scale", "loss_floor", "layers":
-// [{"id", "computed_at", "unbound", and "phi", "clean_steps" where φ_l < 1}, ...]}, and "controller":
+// [{"id", "computed_at", "unbound", "phi", "clean_steps" where φ_l < 1, and "downstream_max" (D_l) where
+// known under "bounds": "derived"}, ...]}, and "controller":
 // the controller's own state when one is configured.
 std::unique_ptr<Scaler> make_adaptive_scaler(const nlohmann::json& config, Format format);
 

@@ -54,7 +54,9 @@ void LocalSafety::bind(const std::vector<LayerInfo>& layers, bool all_controlled
 }
 
 bool LocalSafety::controlled(int layer_id) const {
-  return all_controlled_ || table_[static_cast<std::size_t>(layer_id)].parametric;
+  if (all_controlled_) return true;
+  return layer_id >= 0 && static_cast<std::size_t>(layer_id) < table_.size() &&
+         table_[static_cast<std::size_t>(layer_id)].parametric;
 }
 
 const std::vector<int>& LocalSafety::received_from(int id) const {

@@ -52,16 +52,18 @@ class LocalSafety {
   void restore_layer(int layer_id, double phi, std::int64_t clean);
   void clear_layers();
 
+  // Who pays for an overflow of the gradient layer `id` received: the controlled layers that set its
+  // scale, -1 for the loss (see above).
+  const std::vector<int>& received_from(int id) const;
+  // Whether a layer sets a local scale: parametric, or any with `all_controlled`.
+  bool controlled(int layer_id) const;
+
  private:
   struct Factor {
     double phi = 1;
     std::int64_t clean = 0;
   };
-  // Who pays for an overflow of the gradient layer `id` received: controlled layers, -1 for the loss.
-  const std::vector<int>& received_from(int id) const;
   Factor& factor(int target) { return target < 0 ? loss_ : layers_[static_cast<std::size_t>(target)]; }
-
-  bool controlled(int layer_id) const;
 
   std::vector<LayerInfo> table_;
   bool all_controlled_ = false;
