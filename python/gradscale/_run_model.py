@@ -41,6 +41,10 @@ def _torchvision(spec: dict, data: Data) -> Tuple[nn.Module, str]:
         raise ConfigProblem("model", f"torchvision {torchvision.__version__} has no model '{name}' "
                             f"(some it has: {shown}; see torchvision.models)")
     kwargs = {k: v for k, v in spec.items() if k != "torchvision"}
+    fetched = [k for k in ("weights", "pretrained", "weights_backbone", "pretrained_backbone") if k in kwargs]
+    if fetched:  # torchvision would download them: the run is then no longer defined by its config alone
+        raise ConfigProblem("model", f"torchvision models are built without weights (the seed draws the "
+                            f"initialisation); remove '{fetched[0]}'")
     if "num_classes" not in kwargs and data.classes is not None:
         kwargs["num_classes"] = data.classes
     where = f"torchvision.models.{name}"

@@ -155,6 +155,8 @@ def test_text_and_user_dataset(tmp_path, factory):
     ({"model": {"python": "FACTORY:nowhere"}}, "model", "has no function 'nowhere'"),
     ({"model": {"python": "/no/such/file.py:f"}}, "model", "is not a file"),
     ({"model": {"torchvision": "resnet_huge"}}, "model", "has no model 'resnet_huge'"),
+    ({"model": {"torchvision": "resnet18", "weights": "DEFAULT"}}, "model", "without weights"),
+    ({"model": {"torchvision": "resnet18", "pretrained": True}}, "model", "remove 'pretrained'"),
     ({"model": "mlp"}, "model", "must be {\"torchvision\""),
     ({"data": "imagenet"}, "data", "unknown data spec 'imagenet'"),
     ({"data": "text:/no/such/file"}, "data", "is not a file"),
