@@ -13,7 +13,6 @@ set(GS_UNITY_SEPARATE
     lib/numeric/quantize_fp8.cpp         # kInf, to_bits, ..., as quantize.cpp
     lib/optim/lr_schedule.cpp            # kInf, as adam.cpp
     lib/optim/sgd.cpp                    # kWeightDecayRange, as adam.cpp
-    lib/train/scaled_training.cpp        # scaler_from, as external_backward.cpp
     experiments/cli/cmd_replay.cpp       # kUsage, as cmd_inspect.cpp
     experiments/cli/trace_schema.cpp)    # shown, as cmd_train.cpp
 list(TRANSFORM GS_UNITY_SEPARATE PREPEND "${PROJECT_SOURCE_DIR}/")

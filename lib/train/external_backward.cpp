@@ -13,15 +13,11 @@
 #include "lib/layers/upstream_decision.h"
 #include "lib/model/join.h"
 #include "lib/scaler/scale_range.h"
+#include "lib/train/scaler_setup.h"
 #include "lib/train/verdict.h"
 
 namespace gradscale {
 namespace {
-
-std::unique_ptr<Scaler> scaler_from(const nlohmann::json& config, const Precision& p) {
-  if (config.is_string()) return make_scaler(config.get<std::string>(), p.gradient_format());
-  return make_scaler(config, p.gradient_format());
-}
 
 // round_gradient without statistics: the found_inf check, charged to `layer` (-1: outside every layer).
 void round_unrecorded(ArrayOps& ops, float* d, std::size_t n, float multiplier, GradSite site,
@@ -68,7 +64,7 @@ ExternalBackward::ExternalBackward(std::vector<LayerInfo> layers, const Precisio
 
 ExternalBackward::ExternalBackward(std::vector<LayerInfo> layers, const Precision& precision,
                                    const nlohmann::json& scaler, const std::string& device)
-    : ExternalBackward(std::move(layers), precision, scaler_from(scaler, precision), device) {}
+    : ExternalBackward(std::move(layers), precision, make_scaler_for(scaler, precision), device) {}
 
 ExternalBackward::~ExternalBackward() = default;
 

@@ -10,6 +10,7 @@
 #include "lib/backend/backend.h"
 #include "lib/core/json_read.h"
 #include "lib/train/checkpoint.h"
+#include "lib/train/scaler_setup.h"
 #include "lib/train/verdict.h"
 
 namespace gradscale {
@@ -23,12 +24,6 @@ constexpr std::int64_t kMaxSteps = std::int64_t{1} << 62;
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-std::unique_ptr<Scaler> scaler_from(const nlohmann::json& config, const Precision& p) {
-  // Scalers size themselves for the format they scale: the gradients'.
-  if (config.is_string()) return make_scaler(config.get<std::string>(), p.gradient_format());
-  return make_scaler(config, p.gradient_format());
 }
 
 // What differs between two identities, for the refusal message.
@@ -97,7 +92,7 @@ const Tensor& ScaledTraining::on_model_device(const Tensor& images) {
 
 ScaledTraining::ScaledTraining(Model& model, Optimizer& optimizer, const Precision& precision,
                                const nlohmann::json& scaler, std::uint64_t seed)
-    : ScaledTraining(model, optimizer, precision, scaler_from(scaler, precision), seed) {}
+    : ScaledTraining(model, optimizer, precision, make_scaler_for(scaler, precision), seed) {}
 
 ScaledTraining::~ScaledTraining() = default;
 
