@@ -54,12 +54,8 @@ ExternalBackward::ExternalBackward(std::vector<LayerInfo> layers, const Precisio
                                                            << "a weight shape");
   }
   scaler_->bind(layers_, precision_.gradient_format());
-  if (const LayerController* controller = scaler_->layer_controller())
-    for (const LayerInfo& l : layers_)
-      GS_CHECK_CONFIG(l.parametric || !controller->acts_at(l.id),
-                      "ExternalBackward: the scaler's controller acts at layer '"
-                          << l.name << "', which is not parametric (\"control_at\": \"all\"); layers computed "
-                          << "elsewhere take local scales at Linear/Conv2d only in this version");
+  refuse_controller_off_gemm(*scaler_, layers_, "ExternalBackward",
+                             "layers computed elsewhere take local scales at Linear and Conv2d only in this version");
 }
 
 ExternalBackward::ExternalBackward(std::vector<LayerInfo> layers, const Precision& precision,

@@ -70,13 +70,11 @@ ScaledTraining::ScaledTraining(Model& model, Optimizer& optimizer, const Precisi
   GS_CHECK_CONFIG(model_.num_layers() > 0 && !model_.sample_shape().empty(),
                   "ScaledTraining: the model must be finalized (Model::finalize) before training");
   scaler_->bind(model_.layer_infos(), precision_.gradient_format());
-  if (const LayerController* controller = scaler_->layer_controller(); controller && model_.device() != Device::cpu)
-    for (const LayerInfo& l : model_.layer_infos())
-      GS_CHECK_CONFIG(l.parametric || !controller->acts_at(l.id),
-                      "the scaler's controller acts at layer '"
-                          << l.name << "' (" << l.kind << "), which is not parametric (\"control_at\": \"all\"): "
-                          << "the " << device_name(model_.device()) << " backend takes local scales at Linear "
-                          << "and Conv2d only in this version; use the CPU backend or \"control_at\": \"gemm\"");
+  if (model_.device() != Device::cpu)
+    refuse_controller_off_gemm(*scaler_, model_.layer_infos(), "ScaledTraining",
+                               std::string("the ") + device_name(model_.device()) +
+                                   " backend takes local scales at Linear and Conv2d only in this version; use "
+                                   "the CPU backend or \"control_at\": \"gemm\"");
   rng_.seed(seed_ ^ 0x9E3779B97F4A7C15ull);
   DeviceMemory* memory = model_.backend().memory();
   loss_grad_.g = Tensor(memory);
