@@ -14,6 +14,7 @@
 #include "adaptive/method.h"
 #include "lib/core/random.h"
 #include "lib/layers/linear.h"
+#include "lib/layers/precision_ops.h"
 #include "lib/layers/conv2d.h"
 #include "lib/layers/softmax_cross_entropy.h"
 #include "lib/model/spec.h"

@@ -29,6 +29,7 @@
 #include "lib/layers/dropout.h"
 #include "lib/layers/linear.h"
 #include "lib/layers/pool.h"
+#include "lib/layers/precision_ops.h"
 #include "lib/scaler/scaler.h"
 #include "lib/train/trainer.h"
 #include "tests/cuda_test.h"

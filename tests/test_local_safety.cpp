@@ -13,6 +13,7 @@
 #include "adaptive/local_safety.h"
 #include "lib/layers/layer.h"
 #include "lib/layers/linear.h"
+#include "lib/layers/precision_ops.h"
 #include "lib/numeric/quantize.h"
 #include "lib/train/verdict.h"
 #include "temp_dir.h"

@@ -10,14 +10,14 @@
 #include <cstdint>
 #include <functional>
 
-#include "lib/layers/layer.h"
+#include "lib/layers/precision_ops.h"
 
 namespace gradscale {
 
 class ArrayOps {
  public:
   virtual ~ArrayOps() = default;
-  // round_gradient's contract (lib/layers/layer.h) on n values at `d`: the multiplier in fp32 and the
+  // round_gradient's contract (lib/layers/precision_ops.h) on n values at `d`: the multiplier in fp32 and the
   // one rounding now; the records — the site's statistics into `monitor` when it records, popart_als's
   // counts of a weight gradient, the found_inf check — then `then(max|d| before rounding)` (inf when
   // something is not finite; `then` may be empty), in the order the calls were made: at once on the

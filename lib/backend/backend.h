@@ -16,6 +16,7 @@
 #include "lib/dist/communicator.h"
 #include "lib/instrument/statistics_reducer.h"
 #include "lib/layers/layer.h"
+#include "lib/layers/precision_ops.h"
 #include "lib/layers/softmax_cross_entropy.h"
 #include "lib/optim/optimizer.h"
 #include "lib/tensor/tensor.h"
@@ -62,7 +63,7 @@ class Backend {
   // logits' size). Returns the loss. `mean_over` as for loss_backward.
   virtual LossResult loss_gradient_fp32(const Tensor& logits, const std::vector<std::int32_t>& labels,
                                         Tensor& host_grad, std::int64_t mean_over) = 0;
-  // Model::backward's note that layer_id runs backward on gradient g (lib/layers/layer.h's
+  // Model::backward's note that layer_id runs backward on gradient g (lib/layers/precision_ops.h's
   // note_backward: the layer record's S_in). A device backend that holds g's scale on the device
   // (ScaledGrad::device_scale) fills the record in by finish_backward.
   virtual void note_backward(int layer_id, const ScaledGrad& g, StepMonitor& monitor) {

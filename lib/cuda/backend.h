@@ -47,6 +47,7 @@
 #include "lib/cuda/optim_step.h"
 #include "lib/cuda/softmax_cross_entropy.h"
 #include "lib/cuda/stats.h"
+#include "lib/layers/precision_ops.h"
 
 namespace gradscale::cuda {
 
@@ -99,7 +100,7 @@ class CudaBackend final : public Backend {
 
   CudaContext& context() { return ctx_; }
 
-  // ---- the precision model's shared steps on device tensors (the twins of lib/layers/layer.h) ----
+  // ---- the precision model's shared steps on device tensors (the twins of lib/layers/precision_ops.h) ----
   // d (device) ← quantize(multiplier·d, gradient format), measured as round_gradient does (queued).
   void round_gradient(float* d, std::size_t n, float multiplier, GradSite site, int node, const Precision& p,
                       StepMonitor& monitor);
@@ -113,7 +114,7 @@ class CudaBackend final : public Backend {
   // gradient: on the host or in the scale table) into param.grad.
   void accumulate_weight_grad(Tensor& g, const ScaledGrad& at, Parameter& param, int layer_id, const Precision& p,
                               StepMonitor& monitor);
-  // SPEC §4 step 3 with §6.5 for one layer (the twin of lib/layers/layer.h's accumulate_weight_grads):
+  // SPEC §4 step 3 with §6.5 for one layer (the twin of lib/layers/precision_ops.h's accumulate_weight_grads):
   // `grads` hold its parameters' fp32 gradients at the scale of `at`. Under a per-layer policy a factor
   // r for each — decided on the device when the controller gives the bound of its rule
   // (LayerController::device_weight_grad_bound) and device decisions are on, else by the host from its

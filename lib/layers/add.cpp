@@ -3,6 +3,8 @@
 
 #include <cstring>
 
+#include "lib/layers/precision_ops.h"
+
 namespace gradscale {
 
 Shape Add::output_shape(const std::vector<Shape>& inputs) const {

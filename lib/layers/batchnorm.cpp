@@ -4,6 +4,8 @@
 
 #include <cmath>
 
+#include "lib/layers/precision_ops.h"
+
 namespace gradscale {
 
 BatchNorm::BatchNorm(std::string name, std::int64_t channels, double eps, double momentum)

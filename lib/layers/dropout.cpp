@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "lib/core/random.h"
+#include "lib/layers/precision_ops.h"
 
 namespace gradscale {
 

@@ -3,6 +3,8 @@
 
 #include <algorithm>
 
+#include "lib/layers/precision_ops.h"
+
 namespace gradscale {
 
 Linear::Linear(std::string name, std::int64_t in, std::int64_t out, bool bias, const InitSpec& init, Rng& rng)

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <limits>
 
+#include "lib/layers/precision_ops.h"
+
 namespace gradscale {
 
 namespace {

@@ -2,6 +2,7 @@
 // gradients to the gradient format (one function, round_gradient), the found_inf check, the statistics
 // taken just before rounding, and the local-scale step of parametric layers. Every layer calls these;
 // none re-implements them.
+#include "lib/layers/precision_ops.h"
 
 #include <omp.h>
 
@@ -10,7 +11,6 @@
 #include <cmath>
 #include <vector>
 
-#include "lib/layers/layer.h"
 #include "lib/layers/upstream_decision.h"
 #include "lib/scaler/scaler.h"
 #include "lib/scaler/scale_range.h"

@@ -1,6 +1,6 @@
 // QueryStatistics::reduce (see layer.h): a controller's query made whole-batch in data-parallel
 // training — the statistics a rank computed over its rows, reduced over the ranks.
-#include "lib/layers/layer.h"
+#include "lib/layers/precision_ops.h"
 
 namespace gradscale {
 

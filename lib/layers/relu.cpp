@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include "lib/layers/precision_ops.h"
+
 namespace gradscale {
 
 namespace {

@@ -3,6 +3,8 @@
 
 #include <cmath>
 
+#include "lib/layers/precision_ops.h"
+
 namespace gradscale {
 
 LossResult softmax_cross_entropy_fp32(const Tensor& logits, const std::int32_t* labels, double loss_scale,

@@ -3,6 +3,7 @@
 
 #include <cmath>
 
+#include "lib/layers/precision_ops.h"
 #include "lib/model/join_target.h"
 
 namespace gradscale {

@@ -10,6 +10,7 @@
 #include <memory>
 
 #include "lib/core/json_read.h"
+#include "lib/layers/precision_ops.h"
 #include "lib/layers/upstream_decision.h"
 #include "lib/model/join.h"
 #include "lib/scaler/scale_range.h"

@@ -9,6 +9,7 @@
 
 #include "lib/backend/backend.h"
 #include "lib/core/json_read.h"
+#include "lib/layers/precision_ops.h"
 #include "lib/train/checkpoint.h"
 #include "lib/train/scaler_setup.h"
 #include "lib/train/verdict.h"

@@ -4,6 +4,8 @@
 #include <chrono>
 #include <cmath>
 
+#include "lib/layers/precision_ops.h"
+
 namespace gradscale {
 
 double choose_loss_scale(Scaler& scaler, const float* g, const Shape& shape, std::int64_t step, const Precision& p,
