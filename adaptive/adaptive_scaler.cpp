@@ -122,8 +122,12 @@ class AdaptiveScaler final : public Scaler, public LayerController {
     }
     // SPEC §6.1 bounds, for every method; then a power of two so that scaling is exact; then φ_l
     // (SPEC §6.5), which may take s below 1.
-    return {bounded_scale(entry.unbound, q.scale_in, bounds_of(q.layer_id)) * safety_.layer_factor(q.layer_id),
-            entry.unbound};
+    const ScaleBounds b = bounds_of(q.layer_id);
+    const double phi = safety_.layer_factor(q.layer_id);
+    const bool capped = r.method_name == "measured" && q.upstream_stats &&
+                        measured_margin_capped(entry.unbound, q.upstream_stats->max_abs, r.params);
+    return {bounded_scale(entry.unbound, q.scale_in, b) * phi, entry.unbound,
+            scale_limit(entry.unbound, q.scale_in, b, phi, capped)};
   }
   bool scales_weight_grads() const override { return true; }
   double weight_grad_scale(const WeightGradQuery& q) override {

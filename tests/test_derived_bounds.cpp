@@ -219,3 +219,33 @@ TEST_CASE("a deep stack in e5m2 gets accumulated scales above 1024 under derived
   CHECK(lifted.largest > 1024);
   CHECK_FALSE(lifted.overflow);
 }
+
+TEST_CASE("a decision says what held its s: the method, its margin cap, a bound, or φ_l", "[derived_bounds][trace]") {
+  const ScaleBounds reference{16, 1024, true};
+  CHECK(scale_limit(8, 4, reference, 1, false) == kLimitMethod);
+  CHECK(scale_limit(8, 4, reference, 1, true) == kLimitMargin);
+  CHECK(scale_limit(64, 4, reference, 1, false) == kLimitScaleBound);      // 16 < 64, 1024 / 4 = 256
+  CHECK(scale_limit(64, 512, reference, 1, false) == kLimitAccumBound);    // 1024 / 512 = 2
+  CHECK(scale_limit(64, 512, reference, 0.5, false) == kLimitFactor);      // φ_l below 1 comes first
+  CHECK(std::string(scale_limit_name(kLimitAccumBound)) == "accum_bound");
+  // The policy's decision carries it: fc2 held by its derived bound once bn1's magnitude is known.
+  auto scaler = make_scaler(kFixedDerived, Format::fp8_e5m2);
+  scaler->bind(linear_bn_linear(), Format::fp8_e5m2);
+  LocalScaleQuery q;
+  q.layer_id = 2;
+  q.format = Format::fp8_e5m2;
+  q.scale_in = 4;
+  q.reduction = 8;
+  CHECK(scaler->layer_controller()->decide(q).limit == kLimitMethod);
+  StepMonitor m = sent_by(1, 3000.0f, 1024);
+  StepStatistics st;
+  st.monitor = &m;
+  scaler->update(st);
+  CHECK(scaler->layer_controller()->decide(q).limit == kLimitAccumBound);
+  // measured's headroom cap: the unbound s is u_max·2^-margin / max|o| exactly.
+  ScaleRuleParams p;
+  p.u_max = 57344;
+  p.margin = 4;
+  CHECK(measured_margin_capped(3584.0 / 3, 3, p));
+  CHECK_FALSE(measured_margin_capped(1024, 3, p));
+}

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <iostream>
 #include <limits>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -77,6 +78,8 @@ struct Row {
     std::size_t records = 0;
     double rel_error = 0, underflow_mass = 0;
   } shadow_upstream, shadow_weight;
+  // What held s (the records' "limit": margin, scale_bound, accum_bound, phi), records per kind.
+  std::map<std::string, std::size_t> limits;
 
   static void add_shadow(ShadowSum& sum, const json& m) {
     if (!m["rel_error"].is_number() || !m["underflow_mass"].is_number()) return;
@@ -144,6 +147,7 @@ class Gathered : public TraceVisitor {
       rows_[id].add(l["S"].get<double>(), l["S_in"].get<double>(), find_stats(l, "act"),
                     find_stats(l, "wgrad"));
       rows_[id].add_shadow(find_stats(l, "shadow"));
+      if (const auto lim = l.find("limit"); lim != l.end() && lim->is_string()) ++rows_[id].limits[lim->get<std::string>()];
       if (!has_statistics(st)) continue;
       measured_[id] = true;
       if (l.contains("act")) sends_[id] = true;
@@ -275,6 +279,7 @@ class Gathered : public TraceVisitor {
     };
     if (r.shadow_upstream.records || r.shadow_weight.records)
       j["shadow"] = {{"upstream", shadow(r.shadow_upstream)}, {"weight", shadow(r.shadow_weight)}};
+    if (!r.limits.empty()) j["limits"] = r.limits;
     return j;
   }
 
@@ -356,6 +361,23 @@ void print_cells(const Columns& c, const std::string& id, const std::string& nam
   std::printf("\n");
 }
 
+// What held each layer's s, where something other than its method's own choice did: records per kind.
+void print_limits(const Columns& c, const json& table) {
+  bool any = false;
+  for (const json& r : table["layers"]) any = any || r.contains("limits");
+  if (!any) return;
+  std::printf("\nwhat held s below the method's choice (records; margin: measured's headroom cap, scale_bound: "
+              "scale_upper_bound, accum_bound: the bound on the accumulated scale, phi: the safety factor):\n");
+  print_cells(c, "id", "layer", "kind", {"records", "held by"}, {7, 0});
+  for (const json& r : table["layers"]) {
+    if (!r.contains("limits")) continue;
+    std::string held;
+    for (const auto& [kind, n] : r["limits"].items()) held += (held.empty() ? "" : ", ") + kind + " " + n.dump();
+    print_cells(c, text(r["id"]), r["name"].get<std::string>(), r["kind"].get<std::string>(),
+                {text(r["records"]), held}, {7, 0});
+  }
+}
+
 void print_table(const json& table) {
   const Columns c = column_widths(table["layers"]);
   const std::vector<int> widths = {7, 11, 7, 7, 14, 10, 9};
@@ -374,6 +396,7 @@ void print_table(const json& table) {
   };
   for (const json& r : table["layers"]) row(text(r["id"]), r, r["kind"].get<std::string>());
   row("-", table["loss"], "loss");
+  print_limits(c, table);
   // The fp32 shadow (--shadow): what precision cost each layer's gradients, mean over its records.
   bool any = false;
   for (const json& r : table["layers"]) any = any || r.contains("shadow");

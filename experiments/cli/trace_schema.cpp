@@ -346,6 +346,11 @@ void check_step(const Where& w0, const json& st, const std::vector<LayerRow>& ta
       need_positive(lw, l, "", "wgrad_scale");
     }
     if (l.contains("shadow")) check_shadow(lw, l["shadow"], row.has_parameters);
+    if (l.contains("limit")) {  // what held s (ScaleLimit): absent for the method's own choice
+      const json& v = l["limit"];
+      if (!(v == "margin" || v == "scale_bound" || v == "accum_bound" || v == "phi"))
+        lw.fail("key 'limit' must be \"margin\", \"scale_bound\", \"accum_bound\" or \"phi\", got " + v.dump());
+    }
   }
 }
 

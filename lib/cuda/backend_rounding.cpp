@@ -92,6 +92,7 @@ void CudaBackend::scale_upstream_grad(const Layer& layer, const ScaledGrad& grad
   const LocalScale decision = checked_decision(*controller, q, layer, ctx, t0);
   r.local_scale = decision.s;
   r.unbound_scale = decision.unbound;
+  r.scale_limit = decision.limit;
   round_gradient(gx.g.data(), static_cast<std::size_t>(gx.g.size()), static_cast<float>(decision.s),
                  GradSite::upstream, layer.id(), ctx.precision, ctx.monitor);
   gx.scale = decision.s * q.scale_in;

@@ -79,8 +79,9 @@ void CudaBackend::resolve_scales(StepMonitor& monitor) {
     LayerRecord& r = monitor.record_of(d.layer);
     r.local_scale = e.local;
     r.unbound_scale = e.unbound;
+    r.scale_limit = static_cast<int>(e.limit);
     r.scale_out = e.scale;
-    d.controller->accept(d.layer, LocalScale{e.local, e.unbound});
+    d.controller->accept(d.layer, LocalScale{e.local, e.unbound, r.scale_limit});
   }
 }
 

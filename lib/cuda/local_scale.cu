@@ -30,7 +30,7 @@ __global__ void decide_kernel(ScaleRule rule, const DeviceStats* grad, const Dev
   }
   inputs.scale_in = in->scale;
   const RuleDecision d = evaluate_rule(rule, inputs);
-  *out = DeviceScale{d.s * inputs.scale_in, d.s, d.unbound};
+  *out = DeviceScale{d.s * inputs.scale_in, d.s, d.unbound, static_cast<double>(d.limit)};
 }
 
 __global__ void weight_grad_kernel(const DeviceStats* stats, int count, double u_max, const DeviceScale* in,

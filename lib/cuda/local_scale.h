@@ -23,6 +23,7 @@ struct DeviceScale {
   double scale = 1;    // S of a gradient: s·S_in after a decision, S0 at the loss, T at a join
   double local = 1;    // s of a decision (1 for the others)
   double unbound = 1;  // the unbound s of a decision (1 for the others)
+  double limit = 0;    // what held s (ScaleLimit of lib/scaler/scale_rule.h), as a double: 0 for the others
 };
 
 // *entry ← {value, 1, 1}, queued on `stream`.

@@ -30,6 +30,7 @@ struct LayerRecord {
   bool ran = false;             // the layer's backward ran this iteration
   double local_scale = 1.0;     // s the layer applied to the gradient it sent upstream
   double unbound_scale = 1.0;   // the controller's s before bounds and power of two
+  int scale_limit = 0;          // what held s (ScaleLimit of lib/scaler/scale_rule.h; 0: the method)
   double scale_in = 1.0;        // S of the gradient the layer received
   double scale_out = 1.0;       // S of the gradient it sent upstream (s·S_in)
   bool sent_grad = false;       // it sent an activation gradient upstream

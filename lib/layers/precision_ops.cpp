@@ -258,6 +258,7 @@ void scale_upstream_grad(const Layer& layer, const ScaledGrad& grad_output, cons
   LayerRecord& r = ctx.monitor.record_of(layer.id());
   r.local_scale = decision.s;
   r.unbound_scale = decision.unbound;
+  r.scale_limit = decision.limit;
   r.sent_grad = true;
   std::vector<float> before = before_rounding(gx.g, ctx);
   for (float& v : before) v *= static_cast<float>(decision.s);  // what is rounded: s·g (exact for a power of two)

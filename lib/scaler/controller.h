@@ -78,6 +78,7 @@ struct LocalScaleQuery {
 struct LocalScale {
   double s = 1.0;
   double unbound = 1.0;
+  int limit = 0;  // what held s (lib/scaler/scale_rule.h's ScaleLimit; 0: the method's own choice)
 };
 
 // A layer's weight-gradient step (SPEC §6.5): the largest magnitude of its weight and bias gradients in

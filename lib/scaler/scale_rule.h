@@ -135,6 +135,35 @@ GS_HOST_DEVICE inline double measured_unbound(const std::uint64_t* bins, std::ui
   return s;
 }
 
+// What held a layer's s where it is (the trace's "limit", `gradscale inspect`): the method's own target
+// (n_uf), the method's headroom cap (measured: max|s·o| = u_max·2^-margin), scale_upper_bound, the bound
+// on the accumulated scale (accum_upper_bound, or the derived B_l), or the safety factor φ_l < 1.
+enum ScaleLimit : int { kLimitMethod = 0, kLimitMargin, kLimitScaleBound, kLimitAccumBound, kLimitFactor };
+inline const char* scale_limit_name(int limit) {
+  switch (limit) {
+    case kLimitMargin: return "margin";
+    case kLimitScaleBound: return "scale_bound";
+    case kLimitAccumBound: return "accum_bound";
+    case kLimitFactor: return "phi";
+    default: return "method";
+  }
+}
+// Which of them held s = power_of_two(min(unbound, scale bound, accum bound / S_in))·factor: the factor
+// when below 1, else the smallest of the three (a bound where it is below the unbound s), else the
+// method — its margin cap when `margin_capped`.
+GS_HOST_DEVICE inline int scale_limit(double unbound, double scale_in, const ScaleBounds& b, double factor,
+                                      bool margin_capped) {
+  if (factor < 1) return kLimitFactor;
+  const double accum = b.accum_upper_bound / scale_in;
+  if (accum < unbound && accum <= b.scale_upper_bound) return kLimitAccumBound;
+  if (b.scale_upper_bound < unbound) return kLimitScaleBound;
+  return margin_capped ? kLimitMargin : kLimitMethod;
+}
+// Whether measured's unbound s is its headroom cap (measured_unbound returns exactly this quotient then).
+GS_HOST_DEVICE inline bool measured_margin_capped(double unbound, double max_abs, const ScaleRuleParams& p) {
+  return max_abs > 0 && unbound == ldexp(p.u_max, -p.margin) / max_abs;
+}
+
 // SPEC §6.1's bounds, then a power of two so that scaling is exact: the s a layer applies.
 GS_HOST_DEVICE inline double bounded_scale(double unbound, double scale_in, const ScaleBounds& b) {
   double s = rule_min(unbound, b.scale_upper_bound);
@@ -167,6 +196,7 @@ struct RuleInputs {
 // The decision: s (bounded) and the unbound s, as LocalScale holds them.
 struct RuleDecision {
   double s = 1, unbound = 1;
+  int limit = kLimitMethod;  // ScaleLimit
 };
 GS_HOST_DEVICE inline RuleDecision evaluate_rule(const ScaleRule& r, const RuleInputs& in) {
   double unbound = r.kept;
@@ -179,7 +209,9 @@ GS_HOST_DEVICE inline RuleDecision evaluate_rule(const ScaleRule& r, const RuleI
       break;
     default: break;  // kKept
   }
-  return RuleDecision{bounded_scale(unbound, in.scale_in, r.bounds) * r.factor, unbound};
+  const bool capped = r.formula == ScaleRule::kMeasured && measured_margin_capped(unbound, in.upstream_max_abs, r.params);
+  return RuleDecision{bounded_scale(unbound, in.scale_in, r.bounds) * r.factor, unbound,
+                      scale_limit(unbound, in.scale_in, r.bounds, r.factor, capped)};
 }
 
 }  // namespace gradscale

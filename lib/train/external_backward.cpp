@@ -179,6 +179,7 @@ double ExternalBackward::upstream(int layer, float* upstream, const Shape& upstr
   LayerRecord& r = monitor_.record_of(layer);
   r.local_scale = decision.s;
   r.unbound_scale = decision.unbound;
+  r.scale_limit = decision.limit;
   r.sent_grad = true;
   ops_->queue_rounding(upstream, static_cast<std::size_t>(shape_size(upstream_shape)),
                        static_cast<float>(decision.s), GradSite::upstream, layer, precision_, monitor_,

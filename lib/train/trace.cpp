@@ -7,6 +7,7 @@
 
 #include "lib/core/error.h"
 #include "lib/core/json_read.h"
+#include "lib/scaler/scale_rule.h"
 #include "lib/train/checkpoint.h"
 #include "lib/train/trace_summary.h"
 
@@ -133,6 +134,7 @@ bool TraceWriter::write_step(const TraceStep& s, const StepMonitor& m) {
                         {"unbound_s", number(r.unbound_scale)},
                         {"S_in", number(r.scale_in)},
                         {"S", number(r.scale_out)}};
+    if (r.scale_limit != kLimitMethod) l["limit"] = scale_limit_name(r.scale_limit);  // absent: the method's own s
     if (r.has_activation_grad) {
       l["act"] = stats_to_json(r.activation_grad, histograms_);
       const auto id = static_cast<std::size_t>(r.layer_id);
