@@ -20,23 +20,11 @@ matplotlib's Agg backend, so no display is needed.
 
 import argparse
 import json
-import math
 import os
 import sys
 
 from atomic_file import atomic_open
-
-
-class PlotError(Exception):
-    pass
-
-
-def number(v):
-    """v as a finite float, or None."""
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        return None
-    v = float(v)
-    return v if math.isfinite(v) else None
+from plot_values import PlotError, number
 
 
 def load_run(path):

@@ -30,20 +30,9 @@ import os
 import sys
 
 from atomic_file import atomic_open
+from plot_values import PlotError, number
 
 SCHEMA = "gradscale.trace/1"
-
-
-class PlotError(Exception):
-    pass
-
-
-def number(v):
-    """v as a finite float, or None."""
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        return None
-    v = float(v)
-    return v if math.isfinite(v) else None
 
 
 def read_lines(path, text):
