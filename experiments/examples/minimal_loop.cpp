@@ -42,7 +42,8 @@ int main(int argc, char** argv) {
   // README begin
   gs::ScaledTraining training(
       net, *adam, fp16,
-      {{"policy", "adaptive"}, {"method", "measured"}, {"init_scale", "auto"}, {"cast_form", "measured"}});
+      {{"policy", "adaptive"}, {"method", "measured"}, {"init_scale", "auto"}, {"cast_form", "measured"},
+       {"bounds", "derived"}});
   for (long long i = 0; i < steps; ++i) {
     if (!batches.next(x, y)) batches.next(x, y);  // the end of an epoch: start the next
     training.begin_step(i + 1 == steps);          // full statistics on the last step
