@@ -461,6 +461,7 @@ TEST_CASE("CUDA backend: scales decided on the device equal the host's decisions
       {"deep-mlp", {{"policy", "adaptive"}, {"method", "abs_range"}, {"update_every", 3}}},
       {"cnn", {{"policy", "adaptive"}, {"method", "measured"}}},
       {"resnet-mini", {{"policy", "adaptive"}, {"method", "measured"}, {"accum_upper_bound", 1e9}}},
+      {"resnet-mini", {{"policy", "adaptive"}, {"method", "measured"}, {"bounds", "derived"}}},
       {"resnet-mini", {{"policy", "torch"}}},
   };
   for (const Case& k : cases) {
@@ -489,6 +490,7 @@ TEST_CASE("CUDA backend: scales decided on the device equal the host's decisions
         CHECK(ma.records[i].unbound_scale == mb.records[i].unbound_scale);
         CHECK(ma.records[i].scale_in == mb.records[i].scale_in);
         CHECK(ma.records[i].scale_out == mb.records[i].scale_out);
+        CHECK(ma.records[i].scale_limit == mb.records[i].scale_limit);
       }
     }
     CHECK(on_device.scaler().state() == on_host.scaler().state());
