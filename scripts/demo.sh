@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Fresh machine -> the default job: installs what is missing, builds the CLI alone into a build directory
 # of its own, then runs the quick ablation (experiments/ablations/quick.json: deep-mlp with fp16 and fp8
-# gradients under three scalers and the fp32-gradient row, 2 seeds, 14 short runs) into runs/quick and
-# prints its table.
+# gradients under none, torch and adaptive measured with derived and with reference bounds, and the fp32-gradient
+# row, 2 seeds, 18 short runs) into runs/quick and prints its table.
 # Plots (runs/quick/table.png, per-run trace plots) when /usr/bin/python3 has matplotlib. Run it again
 # and it resumes: finished runs are kept, the table is printed again.
 #
