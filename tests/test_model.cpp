@@ -255,3 +255,13 @@ TEST_CASE("backward skips input gradients with no parameter upstream, profiling 
     }
   }
 }
+
+TEST_CASE("built-in model parameters beyond any integer are refused, not converted", "[model]") {
+  // A double outside int64's range converted to an integer is undefined behaviour: checked as doubles first.
+  CHECK_THROWS_WITH(builtin_model_spec("deep-mlp:depth=16,width=2.6e125"),
+                    Catch::Contains("width must be an integer in [1, 65536]"));
+  CHECK_THROWS_WITH(builtin_model_spec("deep-mlp:depth=-1e300"), Catch::Contains("depth must be an integer in [1, 1000]"));
+  CHECK_THROWS_WITH(builtin_model_spec("resnet-mini:n=1e30"), Catch::Contains("n must be an integer in [1, 64]"));
+  CHECK_THROWS_WITH(builtin_model_spec("deep-mlp:width=nan"), Catch::Contains("width must be an integer"));
+  CHECK_NOTHROW(builtin_model_spec("deep-mlp:depth=2,width=8"));
+}

@@ -1,6 +1,7 @@
 // JSON model specs and the built-in architectures (see spec.h, docs/models.md).
 #include "lib/model/spec.h"
 
+#include <cmath>
 #include <iomanip>
 #include <map>
 #include <optional>
@@ -18,6 +19,11 @@
 
 namespace gradscale {
 namespace {
+
+// Whether v is a whole number in [lo, hi] (false for NaN), checked before any conversion to an integer.
+bool whole_in(double v, double lo, double hi) {
+  return v >= lo && v <= hi && std::floor(v) == v;
+}
 
 using json = nlohmann::json;
 
@@ -349,12 +355,10 @@ json builtin_model_spec(const std::string& full_name) {
   }
   if (name == "deep-mlp") {
     const auto p = parse_params(args, name, {{"depth", 8}, {"width", 256}, {"gain", 1.0}});
-    const auto depth = static_cast<std::int64_t>(p.at("depth")),
-               width = static_cast<std::int64_t>(p.at("width"));
-    GS_CHECK_CONFIG(depth >= 1 && depth <= 1000 && static_cast<double>(depth) == p.at("depth"),
-                    "model 'deep-mlp': depth must be an integer in [1, 1000]");
-    GS_CHECK_CONFIG(width >= 1 && width <= 65536 && static_cast<double>(width) == p.at("width"),
-                    "model 'deep-mlp': width must be an integer in [1, 65536]");
+    // Checked as doubles before the conversion: an out-of-range double converted to an integer is undefined.
+    GS_CHECK_CONFIG(whole_in(p.at("depth"), 1, 1000), "model 'deep-mlp': depth must be an integer in [1, 1000]");
+    GS_CHECK_CONFIG(whole_in(p.at("width"), 1, 65536), "model 'deep-mlp': width must be an integer in [1, 65536]");
+    const auto depth = static_cast<std::int64_t>(p.at("depth")), width = static_cast<std::int64_t>(p.at("width"));
     GS_CHECK_CONFIG(p.at("gain") > 0, "model 'deep-mlp': gain must be > 0");
     json layers = {{{"type", "flatten"}, {"name", "flatten"}}};
     for (std::int64_t i = 1; i <= depth; ++i) {
@@ -367,9 +371,8 @@ json builtin_model_spec(const std::string& full_name) {
   }
   if (name == "resnet-mini") {
     const auto p = parse_params(args, name, {{"n", 1}});
+    GS_CHECK_CONFIG(whole_in(p.at("n"), 1, 64), "model 'resnet-mini': n must be an integer in [1, 64]");
     const auto n = static_cast<std::int64_t>(p.at("n"));
-    GS_CHECK_CONFIG(n >= 1 && n <= 64 && static_cast<double>(n) == p.at("n"),
-                    "model 'resnet-mini': n must be an integer in [1, 64]");
     json layers = {conv("stem.conv", 16, 3, 1, 1, false),
                    {{"type", "batchnorm"}, {"name", "stem.bn"}},
                    {{"type", "relu"}, {"name", "stem.relu"}}};
