@@ -18,7 +18,10 @@ void DerivedBounds::observe(const StepMonitor& monitor, const LocalSafety& graph
     for (int target : graph.received_from(r.layer_id)) {
       if (target < 0) continue;  // the loss scale has its own cap (SPEC §6.5's floor rule)
       const auto t = static_cast<std::size_t>(target);
-      if (t >= downstream_.size()) downstream_.resize(t + 1, 0.0), seen.resize(t + 1, -1.0);
+      if (t >= downstream_.size()) {  // a layer beyond the bound table (a controller used without bind)
+        downstream_.resize(t + 1, 0.0);
+        seen.resize(t + 1, -1.0);
+      }
       if (unscaled > seen[t]) seen[t] = unscaled;
     }
   }
