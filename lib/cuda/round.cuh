@@ -1,6 +1,6 @@
-// The device twin of lib/numeric/quantize.cpp's rounding rule, for kernels (device code only). Line
-// for line the same integer-significand algorithm as round_magnitude() and quantize_generic(), so a
-// value rounds to the same bits on the CPU and the GPU.
+// The device twin of lib/numeric/quantize.cpp's quantize_generic(), for kernels (device code only):
+// round_magnitude() is the host's own (lib/numeric/round_rule.h), the overflow and NaN rules are line
+// for line quantize_generic()'s, so a value rounds to the same bits on the CPU and the GPU.
 #pragma once
 
 #if !defined(__CUDACC__)
@@ -10,46 +10,21 @@
 #include <cstdint>
 
 #include "lib/cuda/quantize.h"
+#include "lib/numeric/round_rule.h"
 
 namespace gradscale::cuda::device {
 
-constexpr std::uint32_t kSign = 0x80000000u;
-constexpr std::uint32_t kAbs = 0x7FFFFFFFu;
-constexpr std::uint32_t kInf = 0x7F800000u;
-constexpr std::uint32_t kQuiet = 0x00400000u;
-
-// 2^k as a float for k in [-126, 127] (a normal number: built from its exponent field).
-__device__ __forceinline__ float pow2(int k) {
-  return __uint_as_float(static_cast<std::uint32_t>(k + 127) << 23);
-}
+using float32::kAbs;
+using float32::kInf;
+using float32::kQuiet;
+using float32::kSign;
+using float32::round_magnitude;
 
 // The NaN that rounding the NaN `x` (float32 bits) to F gives: the sign and top payload bits with the
 // quiet bit set, or F's single NaN.
 __device__ __forceinline__ std::uint32_t rounded_nan(std::uint32_t x, const DeviceRounding& r) {
   if (r.single_nan) return (x & kSign) | kInf | kQuiet;
   return (x | kQuiet) & ~r.nan_drop_mask;
-}
-
-// Rounds the magnitude a (float32 bits, finite, sign clear) to F's precision and subnormal quantum with
-// an unbounded exponent above; the caller applies the overflow rule. quantize.cpp: round_magnitude.
-__device__ __forceinline__ float round_magnitude(std::uint32_t a, int mantissa_bits, int min_exponent) {
-  const int field = static_cast<int>(a >> 23);
-  // a = m * 2^(e - 23), m < 2^24.
-  const int e = field == 0 ? -126 : field - 127;
-  const std::uint32_t m = field == 0 ? (a & 0x7FFFFFu) : ((a & 0x7FFFFFu) | 0x800000u);
-  if (m == 0) return 0.0f;
-  const int quantum = max(e, min_exponent) - mantissa_bits;  // value of one unit in the last place
-  const int drop = quantum - (e - 23);
-  if (drop <= 0) return __uint_as_float(a);  // already on F's grid
-  if (drop > 25) return 0.0f;                // m / 2^drop < 1/4: rounds to zero
-  std::uint32_t r = m >> drop;
-  const std::uint32_t rem = m & ((1u << drop) - 1u);
-  const std::uint32_t half = 1u << (drop - 1);
-  if (rem > half || (rem == half && (r & 1u))) ++r;
-  // r * 2^quantum is exact (or 2^128 -> inf, an overflow for the caller); below float's normal range
-  // two power-of-two factors keep it exact (denormals are kept: the build passes --ftz=false).
-  if (quantum >= -126) return static_cast<float>(r) * pow2(quantum);
-  return static_cast<float>(r) * pow2(quantum + 24) * 0x1p-24f;
 }
 
 // quantize(x, F): quantize.cpp's quantize_generic.

@@ -1,35 +1,27 @@
-// Rounding float32 to F (SPEC §2). round_magnitude() is the one rounding rule: round to nearest,
-// ties to even, on the integer significand, with F's subnormal quantum below its min normal. The
-// array paths (bf16 bit trick, fp16 conversion instructions in quantize_fp16.cpp, fp8 integer rounding
-// in quantize_fp8.cpp) are accelerations that tests prove bit-identical to it.
+// Rounding float32 to F (SPEC §2). round_magnitude() (round_rule.h, shared with the kernels) is the one
+// rounding rule: round to nearest, ties to even, on the integer significand, with F's subnormal quantum
+// below its min normal. The array paths (bf16 bit trick, fp16 conversion instructions in
+// quantize_fp16.cpp, fp8 integer rounding in quantize_fp8.cpp) are accelerations that tests prove
+// bit-identical to it.
 #include "lib/numeric/quantize.h"
 
-#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
 
 #include "lib/core/error.h"
+#include "lib/numeric/round_rule.h"
 
 namespace gradscale {
 namespace {
 
-std::uint32_t to_bits(float x) {
-  std::uint32_t b;
-  std::memcpy(&b, &x, sizeof b);
-  return b;
-}
-
-float from_bits(std::uint32_t b) {
-  float x;
-  std::memcpy(&x, &b, sizeof x);
-  return x;
-}
-
-constexpr std::uint32_t kSign = 0x80000000u;
-constexpr std::uint32_t kAbs = 0x7FFFFFFFu;
-constexpr std::uint32_t kInf = 0x7F800000u;
-constexpr std::uint32_t kQuiet = 0x00400000u;
+using float32::from_bits;
+using float32::kAbs;
+using float32::kInf;
+using float32::kQuiet;
+using float32::kSign;
+using float32::round_magnitude;
+using float32::to_bits;
 
 // The NaN that rounding x (a NaN) to F gives, as float32 bits. IEEE-like formats keep the sign and the
 // top payload bits and set the quiet bit — exactly what the x86 F16C conversions do for fp16, so the
@@ -39,29 +31,6 @@ std::uint32_t rounded_nan(std::uint32_t x, const FormatInfo& fi) {
   if (!fi.has_infinity) return (x & kSign) | kInf | kQuiet;
   const std::uint32_t drop = (1u << (23 - fi.mantissa_bits)) - 1u;
   return (x | kQuiet) & ~drop;
-}
-
-// Rounds the magnitude a (float32 bits, finite, sign clear) to F's precision and subnormal quantum,
-// with an unbounded exponent above (overflow is decided by the caller). Returns a float32 value.
-float round_magnitude(std::uint32_t a, int mantissa_bits, int min_exponent) {
-  const int field = static_cast<int>(a >> 23);
-  // a = m * 2^(e - 23), m < 2^24.
-  const int e = field == 0 ? -126 : field - 127;
-  const std::uint32_t m = field == 0 ? (a & 0x7FFFFFu) : ((a & 0x7FFFFFu) | 0x800000u);
-  if (m == 0) return 0.0f;
-  const int quantum = std::max(e, min_exponent) - mantissa_bits;  // value of one unit in the last place
-  const int drop = quantum - (e - 23);
-  if (drop <= 0) return from_bits(a);  // already on F's grid
-  if (drop > 25) return 0.0f;          // m / 2^drop < 1/4: rounds to zero
-  std::uint32_t r = m >> drop;
-  const std::uint32_t rem = m & ((1u << drop) - 1u);
-  const std::uint32_t half = 1u << (drop - 1);
-  if (rem > half || (rem == half && (r & 1u))) ++r;
-  // r * 2^quantum is exact (a value of F, or 2^128 -> inf, which the caller treats as overflow). Below
-  // float's normal range (bf16 subnormals: quantum = -133) two power-of-two factors keep it exact.
-  const auto pow2 = [](int k) { return from_bits(static_cast<std::uint32_t>(k + 127) << 23); };
-  if (quantum >= -126) return static_cast<float>(r) * pow2(quantum);
-  return static_cast<float>(r) * pow2(quantum + 24) * 0x1p-24f;
 }
 
 float quantize_generic(float x, const FormatInfo& fi, RoundOptions opt) {

@@ -22,6 +22,7 @@
 
 #include "lib/core/error.h"
 #include "lib/numeric/quantize.h"
+#include "lib/numeric/round_rule.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -31,19 +32,15 @@
 namespace gradscale {
 namespace {
 
-constexpr std::uint32_t kSign = 0x80000000u;
-constexpr std::uint32_t kAbs = 0x7FFFFFFFu;
-constexpr std::uint32_t kInf = 0x7F800000u;
-constexpr std::uint32_t kQuiet = 0x00400000u;
+using float32::kAbs;
+using float32::kInf;
+using float32::kQuiet;
+using float32::kSign;
+using float32::to_bits;
+
 constexpr std::uint32_t kFraction = 0x007FFFFFu;
 constexpr std::uint32_t kImplicit = 0x00800000u;
 constexpr std::uint32_t kMaxDrop = 25;  // see the file head: any larger shift rounds to 0 as well
-
-std::uint32_t to_bits(float x) {
-  std::uint32_t b;
-  std::memcpy(&b, &x, sizeof b);
-  return b;
-}
 
 // The constants of one fp8 format and overflow choice, in float32 bits.
 struct Fp8Rule {
