@@ -13,6 +13,7 @@
 #include "lib/cuda/check.h"
 #include "lib/cuda/launch.h"
 #include "lib/cuda/reduce.cuh"
+#include "lib/instrument/class_counts.h"
 
 namespace gradscale::cuda {
 namespace {
@@ -125,17 +126,9 @@ __global__ void __launch_bounds__(kBlock)
   nonzero_m1 = device::block_reduce(nonzero_m1, device::MinUnsigned());
   if (threadIdx.x != 0) return;
 
-  // Class k holds the values that reached exactly k thresholds (histogram.cpp: stats_pass).
   const unsigned long long n = table.n[job];
   DeviceStats& s = table.out[job];
-  s.elements = n;
-  s.zero = n - reached[0];
-  s.underflow = reached[0] - reached[1];
-  s.subnormal = reached[1] - reached[2];
-  s.normal = reached[2] - reached[3];
-  s.overflow = reached[3] - reached[4];
-  s.nonfinite = reached[4];
-  s.count = n - s.nonfinite;
+  set_class_counts(s, n, reached);
   s.sum = sum;
   s.sum_squares = sum_squares;
   s.min = s.count > 0 ? lo : 0.0;

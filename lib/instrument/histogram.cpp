@@ -14,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "lib/instrument/class_counts.h"
 #include "lib/instrument/float_bits.h"
 
 #if defined(__x86_64__)
@@ -184,15 +185,7 @@ TensorStats stats_pass(const float* v, std::size_t n, const RoundThresholds& th,
     mn = std::min(mn, acc.lo[l]);
     mx = std::max(mx, acc.hi[l]);
   }
-  // Class k holds the values that passed exactly k thresholds.
-  s.elements = n;
-  s.zero = n - c[0];
-  s.underflow = c[0] - c[1];
-  s.subnormal = c[1] - c[2];
-  s.normal = c[2] - c[3];
-  s.overflow = c[3] - c[4];
-  s.nonfinite = c[4];
-  s.count = n - s.nonfinite;
+  set_class_counts(s, std::uint64_t{n}, c);
   if (s.count > 0) {
     s.min = mn;
     s.max = mx;
