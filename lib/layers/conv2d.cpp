@@ -35,26 +35,23 @@ void valid_range(std::int64_t size, std::int64_t out, std::int64_t stride, std::
 
 Conv2d::Conv2d(std::string name, std::int64_t in_channels, std::int64_t out_channels, std::int64_t kernel,
                std::int64_t stride, std::int64_t padding, bool bias, const InitSpec& init, Rng& rng)
-    : Layer(std::move(name)),
+    : ParametricLayer(std::move(name), bias),
       in_ch_(in_channels),
       out_ch_(out_channels),
       kernel_(kernel),
       stride_(stride),
-      pad_(padding),
-      has_bias_(bias) {
+      pad_(padding) {
   check_sizes();
   allocate_parameters(init, rng);
 }
 
 Conv2d::Conv2d(std::string name, const Options& o)
-    : Layer(std::move(name)),
+    : ParametricLayer(std::move(name), o.bias_, o.init_, "Conv2d::Options"),
       in_ch_(o.in_channels_),
       out_ch_(o.out_channels_),
       kernel_(o.kernel_),
       stride_(o.stride_),
-      pad_(o.padding_),
-      has_bias_(o.bias_),
-      deferred_init_(o.init_) {
+      pad_(o.padding_) {
   GS_CHECK_CONFIG(in_ch_ >= 0, "layer '" << name_ << "': in_channels must be > 0 (got " << in_ch_
                                          << "; leave it out to take the input's)");
   GS_CHECK_CONFIG(out_ch_ > 0, "layer '" << name_ << "': Conv2d::Options needs out_channels > 0 (got "
@@ -74,29 +71,15 @@ void Conv2d::check_sizes() const {
 }
 
 void Conv2d::allocate_parameters(const InitSpec& init, Rng& rng) {
-  const Shape wshape{out_ch_, in_ch_, kernel_, kernel_};
-  weight_.name = name_ + ".weight";
-  weight_.value.reset(wshape, 0.0f);
-  weight_.grad.reset(wshape, 0.0f);
-  init_weights(weight_.value, in_ch_ * kernel_ * kernel_, out_ch_ * kernel_ * kernel_, init, rng);
-  if (has_bias_) {
-    bias_.name = name_ + ".bias";
-    bias_.value.reset({out_ch_}, 0.0f);
-    bias_.grad.reset({out_ch_}, 0.0f);
-    bias_.weight_decay = false;
-  }
+  allocate_weight_and_bias({out_ch_, in_ch_, kernel_, kernel_}, out_ch_, in_ch_ * kernel_ * kernel_,
+                           out_ch_ * kernel_ * kernel_, init, rng);
 }
 
-void Conv2d::infer_sizes(const std::vector<Shape>& inputs, Rng* init_rng) {
-  if (!deferred_init_) return;  // sized and drawn at construction, or at an earlier finalize
+void Conv2d::infer_input_size(const std::vector<Shape>& inputs) {
   GS_CHECK_SHAPE(inputs.size() == 1 && inputs[0].size() == 4,
                  "layer '" << name_ << "' (conv2d) expects input [N, C, H, W], got "
                            << (inputs.empty() ? std::string("none") : shape_string(inputs[0])));
   if (in_ch_ == 0) in_ch_ = inputs[0][1];  // a mismatch with a given in_channels: output_shape says so
-  GS_CHECK_CONFIG(init_rng != nullptr, "layer '" << name_ << "': built from Conv2d::Options, its weights are "
-                                                 << "drawn at finalize: call Model::finalize(shape, rng)");
-  allocate_parameters(*deferred_init_, *init_rng);
-  deferred_init_.reset();
 }
 
 Shape Conv2d::output_shape(const std::vector<Shape>& inputs) const {
@@ -111,16 +94,6 @@ Shape Conv2d::output_shape(const std::vector<Shape>& inputs) const {
                  "layer '" << name_ << "': input " << shape_string(s) << " is smaller than the " << kernel_
                            << "x" << kernel_ << " kernel with padding " << pad_);
   return {s[0], out_ch_, ho, wo};
-}
-
-std::vector<Parameter*> Conv2d::parameters() {
-  if (has_bias_) return {&weight_, &bias_};
-  return {&weight_};
-}
-
-void Conv2d::prepare_weights(const Precision& p) {
-  round_working_copy(weight_, weight_work_, p);
-  if (has_bias_) round_working_copy(bias_, bias_work_, p);
 }
 
 Conv2d::Geometry Conv2d::geometry(const Tensor& x) const {
@@ -369,10 +342,8 @@ void Conv2d::backward(const std::vector<const Tensor*>& inputs, const Tensor& /*
     std::memcpy(grad_b_.data(), thread_grad_b_[0].data(), static_cast<std::size_t>(out_ch_) * sizeof(float));
     for (int t = 1; t < threads; ++t)
       VecMap(grad_b_.data(), out_ch_) += VecMap(thread_grad_b_[static_cast<std::size_t>(t)].data(), out_ch_);
-    accumulate_weight_grads(*this, {{&grad_w_, &weight_}, {&grad_b_, &bias_}}, scale, ctx);
-  } else {
-    accumulate_weight_grads(*this, {{&grad_w_, &weight_}}, scale, ctx);
   }
+  accumulate_parameter_grads(scale, ctx);
 }
 
 nlohmann::json Conv2d::describe() const {

@@ -4,15 +4,13 @@
 // bias gradients to F before unscaling them into the fp32 master gradients — the same steps as Linear.
 #pragma once
 
-#include <optional>
 #include <vector>
 
-#include "lib/layers/init.h"
-#include "lib/layers/layer.h"
+#include "lib/layers/parametric_layer.h"
 
 namespace gradscale {
 
-class Conv2d final : public Layer {
+class Conv2d final : public ParametricLayer {
  public:
   // Input [N, in_channels, H, W] (values in F), output [N, out_channels, Ho, Wo] (values in F) with
   // Ho = (H + 2·padding − kernel) / stride + 1 (likewise Wo). Square kernel, zero padding.
@@ -59,14 +57,8 @@ class Conv2d final : public Layer {
   // them; only the order of the fp32 sums differs from the GEMMs.
   void backward(const std::vector<const Tensor*>& inputs, const Tensor& output, const ScaledGrad& grad_output,
                 const std::vector<ScaledGrad*>& grad_inputs, BackwardContext& ctx) override;
-  std::vector<Parameter*> parameters() override;
-  void prepare_weights(const Precision& p) override;
-  void infer_sizes(const std::vector<Shape>& inputs, Rng* init_rng) override;  // Options: C, then W
   nlohmann::json describe() const override;
   std::int64_t reduction_length() const override { return out_ch_ * kernel_ * kernel_; }  // K (SPEC §6.1)
-  // The output is rounded to F and the input gradient to the gradient format.
-  bool output_in_format(bool) const override { return true; }
-  bool input_grads_in_format(bool) const override { return true; }
 
   // A sample takes the sparse backward path when at most this fraction of its output gradient is
   // non-zero (and a patch row, kernel·in_channels, is at least kSparseMinRow floats long). 0 turns the
@@ -76,6 +68,10 @@ class Conv2d final : public Layer {
   void set_sparse_backward_density(double max_density) { sparse_density_ = max_density; }
 
  private:
+  void infer_input_size(const std::vector<Shape>& inputs) override;  // Options: C from the input
+  // Allocates W (and the bias) and draws W.
+  void allocate_parameters(const InitSpec& init, Rng& rng) override;
+
   struct Geometry {
     std::int64_t n, h, w, ho, wo;
   };
@@ -87,17 +83,12 @@ class Conv2d final : public Layer {
   // grad_wp (layout [O, k, k, C]) and, when gx is not null, writes gx [C, H, W].
   void sparse_backward_sample(const float* x, const float* g, const Geometry& geo, const float* wp,
                               float* xpad, float* gxpad, float* grad_wp, float* gx) const;
-  // Checks the sizes, then allocates W (and the bias) and draws W.
+  // ConfigError unless every size is positive (padding non-negative).
   void check_sizes() const;
-  void allocate_parameters(const InitSpec& init, Rng& rng);
   // Makes sure every per-thread scratch buffer exists for `threads` threads.
   void ensure_thread_buffers(int threads, std::int64_t col_size, std::int64_t pad_size = 0);
 
   std::int64_t in_ch_, out_ch_, kernel_, stride_, pad_;
-  bool has_bias_;
-  std::optional<InitSpec> deferred_init_;  // built from Options: W is drawn at finalize
-  Parameter weight_, bias_;
-  Tensor weight_work_, bias_work_;   // working copies in F
   std::vector<Tensor> thread_cols_;  // per thread [C·k·k, Ho·Wo]: columns or column gradients
   std::vector<Tensor> thread_grad_w_, thread_grad_b_;  // per-thread partial weight / bias gradients
   // Sparse backward: working weights as [O, k, k, C]; per thread the padded channels-last input and
@@ -105,7 +96,6 @@ class Conv2d final : public Layer {
   double sparse_density_ = kDefaultSparseDensity;
   Tensor weight_work_hwc_;
   std::vector<Tensor> thread_xpad_, thread_gxpad_, thread_grad_wp_;
-  Tensor grad_w_, grad_b_;  // fp32 weight gradients at scale S
 };
 
 }  // namespace gradscale

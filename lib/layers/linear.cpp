@@ -8,34 +8,24 @@
 namespace gradscale {
 
 Linear::Linear(std::string name, std::int64_t in, std::int64_t out, bool bias, const InitSpec& init, Rng& rng)
-    : Layer(std::move(name)), in_(in), out_(out), has_bias_(bias) {
+    : ParametricLayer(std::move(name), bias), in_(in), out_(out) {
   GS_CHECK_CONFIG(in > 0 && out > 0,
                   "layer '" << name_ << "': in and out must be > 0 (got " << in << ", " << out << ")");
   allocate_parameters(init, rng);
 }
 
 Linear::Linear(std::string name, const Options& o)
-    : Layer(std::move(name)), in_(o.in_), out_(o.out_), has_bias_(o.bias_), deferred_init_(o.init_) {
+    : ParametricLayer(std::move(name), o.bias_, o.init_, "Linear::Options"), in_(o.in_), out_(o.out_) {
   GS_CHECK_CONFIG(in_ >= 0, "layer '" << name_ << "': in_features must be > 0 (got " << in_
                                       << "; leave it out to take the input's)");
   GS_CHECK_CONFIG(out_ > 0, "layer '" << name_ << "': Linear::Options needs out_features > 0 (got " << out_ << ")");
 }
 
 void Linear::allocate_parameters(const InitSpec& init, Rng& rng) {
-  weight_.name = name_ + ".weight";
-  weight_.value.reset({out_, in_}, 0.0f);
-  weight_.grad.reset({out_, in_}, 0.0f);
-  init_weights(weight_.value, in_, out_, init, rng);
-  if (has_bias_) {
-    bias_.name = name_ + ".bias";
-    bias_.value.reset({out_}, 0.0f);
-    bias_.grad.reset({out_}, 0.0f);
-    bias_.weight_decay = false;
-  }
+  allocate_weight_and_bias({out_, in_}, out_, in_, out_, init, rng);
 }
 
-void Linear::infer_sizes(const std::vector<Shape>& inputs, Rng* init_rng) {
-  if (!deferred_init_) return;  // sized and drawn at construction, or at an earlier finalize
+void Linear::infer_input_size(const std::vector<Shape>& inputs) {
   GS_CHECK_SHAPE(inputs.size() == 1 && inputs[0].size() >= 2,
                  "layer '" << name_ << "' (linear) expects input [N, ...], got "
                            << (inputs.empty() ? std::string("none") : shape_string(inputs[0])));
@@ -43,10 +33,6 @@ void Linear::infer_sizes(const std::vector<Shape>& inputs, Rng* init_rng) {
   if (in_ == 0) in_ = shape_size(inputs[0]) / std::max<std::int64_t>(1, inputs[0][0]);
   GS_CHECK_SHAPE(in_ > 0, "layer '" << name_ << "' (linear) got input " << shape_string(inputs[0])
                                     << " with no features per sample");
-  GS_CHECK_CONFIG(init_rng != nullptr, "layer '" << name_ << "': built from Linear::Options, its weights are "
-                                                 << "drawn at finalize: call Model::finalize(shape, rng)");
-  allocate_parameters(*deferred_init_, *init_rng);
-  deferred_init_.reset();
 }
 
 Shape Linear::output_shape(const std::vector<Shape>& inputs) const {
@@ -56,16 +42,6 @@ Shape Linear::output_shape(const std::vector<Shape>& inputs) const {
                                               << ") got input " << shape_string(inputs[0]) << " with "
                                               << per_sample << " features per sample");
   return {inputs[0][0], out_};
-}
-
-std::vector<Parameter*> Linear::parameters() {
-  if (has_bias_) return {&weight_, &bias_};
-  return {&weight_};
-}
-
-void Linear::prepare_weights(const Precision& p) {
-  round_working_copy(weight_, weight_work_, p);
-  if (has_bias_) round_working_copy(bias_, bias_work_, p);
 }
 
 void Linear::forward(const std::vector<const Tensor*>& inputs, Tensor& output, ForwardContext& ctx) {
@@ -103,10 +79,8 @@ void Linear::backward(const std::vector<const Tensor*>& inputs, const Tensor& /*
   if (has_bias_) {
     grad_b_.resize(bias_.value.shape());
     grad_b_.matrix(1, out_).noalias() = g.colwise().sum();
-    accumulate_weight_grads(*this, {{&grad_w_, &weight_}, {&grad_b_, &bias_}}, scale, ctx);
-  } else {
-    accumulate_weight_grads(*this, {{&grad_w_, &weight_}}, scale, ctx);
   }
+  accumulate_parameter_grads(scale, ctx);
 }
 
 nlohmann::json Linear::describe() const {

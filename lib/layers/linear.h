@@ -3,14 +3,11 @@
 // gradients are rounded to F and unscaled into the fp32 master gradients.
 #pragma once
 
-#include <optional>
-
-#include "lib/layers/init.h"
-#include "lib/layers/layer.h"
+#include "lib/layers/parametric_layer.h"
 
 namespace gradscale {
 
-class Linear final : public Layer {
+class Linear final : public ParametricLayer {
  public:
   // Input [N, in] (or any [N, ...] with in elements per sample), output [N, out]. W: [out, in].
   Linear(std::string name, std::int64_t in, std::int64_t out, bool bias, const InitSpec& init, Rng& rng);
@@ -38,24 +35,14 @@ class Linear final : public Layer {
   void forward(const std::vector<const Tensor*>& inputs, Tensor& output, ForwardContext& ctx) override;
   void backward(const std::vector<const Tensor*>& inputs, const Tensor& output, const ScaledGrad& grad_output,
                 const std::vector<ScaledGrad*>& grad_inputs, BackwardContext& ctx) override;
-  std::vector<Parameter*> parameters() override;
-  void prepare_weights(const Precision& p) override;
-  void infer_sizes(const std::vector<Shape>& inputs, Rng* init_rng) override;  // Options: in, then W
   nlohmann::json describe() const override;
   std::int64_t reduction_length() const override { return out_; }  // K = out (SPEC §6.1)
-  // The output is rounded to F and the input gradient to the gradient format.
-  bool output_in_format(bool) const override { return true; }
-  bool input_grads_in_format(bool) const override { return true; }
 
  private:
-  void allocate_parameters(const InitSpec& init, Rng& rng);
+  void infer_input_size(const std::vector<Shape>& inputs) override;  // Options: in from the input
+  void allocate_parameters(const InitSpec& init, Rng& rng) override;
 
   std::int64_t in_, out_;
-  bool has_bias_;
-  std::optional<InitSpec> deferred_init_;  // built from Options: W is drawn at finalize
-  Parameter weight_, bias_;
-  Tensor weight_work_, bias_work_;  // working copies in F
-  Tensor grad_w_, grad_b_;          // fp32 scratch for the weight gradients
 };
 
 }  // namespace gradscale
