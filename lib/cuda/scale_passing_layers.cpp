@@ -11,6 +11,8 @@
 #include "lib/cuda/elementwise.h"
 #include "lib/cuda/maxpool.h"
 #include "lib/cuda/relu.h"
+#include "lib/layers/dropout.h"
+#include "lib/layers/pool.h"
 
 namespace gradscale::cuda {
 namespace {
@@ -100,10 +102,7 @@ class CudaMaxPool2d final : public DeviceLayer {
     ScaledGrad* gx = grad_inputs[0];
     if (!gx) return;
     const Tensor& x = *inputs[0];
-    GS_CHECK_SHAPE(
-        grad_output.g.shape() == output.shape() && argmax_.size() == static_cast<std::size_t>(output.size()),
-        "layer '" << name_ << "': output gradient " << shape_string(grad_output.g.shape())
-                  << " does not match the last forward's output " << shape_string(output.shape()));
+    check_max_pool_grad(*this, grad_output.g, output, argmax_.size());
     gx->g.resize(x.shape());
     max_pool_backward(grad_output.g.data(), argmax_.data(), geometry(x), gx->g.data(),
                       backend_.context().stream());
@@ -177,10 +176,7 @@ class CudaDropout final : public DeviceLayer {
     ScaledGrad* gx = grad_inputs[0];
     if (!gx) return;
     const Tensor& x = *inputs[0];
-    GS_CHECK_SHAPE(grad_output.g.shape() == x.shape() &&
-                       (!masked_ || keep_.size() == static_cast<std::size_t>(x.size())),
-                   "layer '" << name_ << "': output gradient " << shape_string(grad_output.g.shape())
-                             << " does not match input " << shape_string(x.shape()));
+    check_dropout_grad(*this, grad_output.g, x, masked_, keep_.size());
     if (masked_) {
       gx->g.resize(x.shape());
       apply_dropout_mask(grad_output.g.data(), keep_.data(), factor_, gx->g.data(), keep_.size(),

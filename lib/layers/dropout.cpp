@@ -10,7 +10,7 @@
 namespace gradscale {
 
 Dropout::Dropout(std::string name, double p)
-    : Layer(std::move(name)), p_(p), factor_(static_cast<float>(1.0 / (1.0 - p))) {
+    : FormatPreservingLayer(std::move(name)), p_(p), factor_(static_cast<float>(1.0 / (1.0 - p))) {
   GS_CHECK_CONFIG(p >= 0 && p < 1, "layer '" << name_ << "': p must be in [0, 1) (got " << p << ")");
 }
 
@@ -47,10 +47,7 @@ void Dropout::backward(const std::vector<const Tensor*>& inputs, const Tensor& /
   ScaledGrad* gx = grad_inputs[0];
   if (!gx) return;
   const Tensor& x = *inputs[0];
-  GS_CHECK_SHAPE(
-      grad_output.g.shape() == x.shape() && (!masked_ || mask_.size() == static_cast<std::size_t>(x.size())),
-      "layer '" << name_ << "': output gradient " << shape_string(grad_output.g.shape())
-                << " does not match input " << shape_string(x.shape()));
+  check_dropout_grad(*this, grad_output.g, x, masked_, mask_.size());
   gx->g.resize(x.shape());
   const std::int64_t n = x.size();
   const float* g = grad_output.g.data();
@@ -61,6 +58,14 @@ void Dropout::backward(const std::vector<const Tensor*>& inputs, const Tensor& /
     std::memcpy(d, g, static_cast<std::size_t>(n) * sizeof(float));
   }
   send_upstream_grad(*this, grad_output, *gx, ctx, /*rounds=*/masked_);  // 1/(1−p) makes new values
+}
+
+void check_dropout_grad(const Layer& layer, const Tensor& grad_output, const Tensor& input, bool masked,
+                        std::size_t mask_size) {
+  GS_CHECK_SHAPE(grad_output.shape() == input.shape() &&
+                     (!masked || mask_size == static_cast<std::size_t>(input.size())),
+                 "layer '" << layer.name() << "': output gradient " << shape_string(grad_output.shape())
+                           << " does not match input " << shape_string(input.shape()));
 }
 
 nlohmann::json Dropout::describe() const {

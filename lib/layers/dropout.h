@@ -3,14 +3,17 @@
 // and the gradient are rounded to F again. Masks come from the caller's seeded generator.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
-#include "lib/layers/layer.h"
+#include "lib/layers/format_preserving_layer.h"
 
 namespace gradscale {
 
-class Dropout final : public Layer {
+// Output and input gradient are in F when the input and the output gradient are, in every mode
+// (FormatPreservingLayer): training with p > 0 rounds them to F, otherwise they are copies.
+class Dropout final : public FormatPreservingLayer {
  public:
   // 0 <= p < 1.
   Dropout(std::string name, double p);
@@ -24,10 +27,6 @@ class Dropout final : public Layer {
   void backward(const std::vector<const Tensor*>& inputs, const Tensor& output, const ScaledGrad& grad_output,
                 const std::vector<ScaledGrad*>& grad_inputs, BackwardContext& ctx) override;
   nlohmann::json describe() const override;
-  // Training with p > 0 rounds output and gradient to F; otherwise they are copies: in F when the input
-  // (the output gradient) is — the answer for every mode.
-  bool output_in_format(bool in) const override { return in; }
-  bool input_grads_in_format(bool out) const override { return out; }
 
  private:
   double p_;
@@ -35,5 +34,11 @@ class Dropout final : public Layer {
   bool masked_ = false;             // whether the last forward applied a mask
   std::vector<std::uint8_t> mask_;  // 1 = kept
 };
+
+// Dropout's backward check, shared with its CUDA twin: ShapeError naming `layer` unless the output
+// gradient has the input's shape and, when the last forward applied a mask (`masked`), that mask has one
+// entry per element (`mask_size`).
+void check_dropout_grad(const Layer& layer, const Tensor& grad_output, const Tensor& input, bool masked,
+                        std::size_t mask_size);
 
 }  // namespace gradscale

@@ -56,7 +56,7 @@ void max_pool_2x2(const float* xd, std::int64_t planes, std::int64_t h, std::int
 }  // namespace
 
 MaxPool2d::MaxPool2d(std::string name, std::int64_t kernel, std::int64_t stride)
-    : Layer(std::move(name)), kernel_(kernel), stride_(stride == 0 ? kernel : stride) {
+    : FormatPreservingLayer(std::move(name)), kernel_(kernel), stride_(stride == 0 ? kernel : stride) {
   GS_CHECK_CONFIG(kernel > 0, "layer '" << name_ << "': kernel must be > 0 (got " << kernel << ")");
   GS_CHECK_CONFIG(stride >= 0, "layer '" << name_ << "': stride must be > 0, or 0 for stride = kernel (got "
                                          << stride << ")");
@@ -118,10 +118,7 @@ void MaxPool2d::backward(const std::vector<const Tensor*>& inputs, const Tensor&
   ScaledGrad* gx = grad_inputs[0];
   if (!gx) return;
   const Tensor& x = *inputs[0];
-  GS_CHECK_SHAPE(
-      grad_output.g.shape() == output.shape() && argmax_.size() == static_cast<std::size_t>(output.size()),
-      "layer '" << name_ << "': output gradient " << shape_string(grad_output.g.shape())
-                << " does not match the last forward's output " << shape_string(output.shape()));
+  check_max_pool_grad(*this, grad_output.g, output, argmax_.size());
   gx->g.resize(x.shape());
   const std::int64_t plane_in = x.dim(2) * x.dim(3), plane_out = output.dim(2) * output.dim(3);
   const std::int64_t planes = x.dim(0) * x.dim(1);
@@ -135,6 +132,14 @@ void MaxPool2d::backward(const std::vector<const Tensor*>& inputs, const Tensor&
     for (std::int64_t o = p * plane_out; o < (p + 1) * plane_out; ++o) dp[idx[o]] += g[o];
   }
   send_upstream_grad(*this, grad_output, *gx, ctx, /*rounds=*/stride_ < kernel_);  // overlapping windows add
+}
+
+void check_max_pool_grad(const Layer& layer, const Tensor& grad_output, const Tensor& output,
+                         std::size_t argmax_size) {
+  GS_CHECK_SHAPE(
+      grad_output.shape() == output.shape() && argmax_size == static_cast<std::size_t>(output.size()),
+      "layer '" << layer.name() << "': output gradient " << shape_string(grad_output.shape())
+                << " does not match the last forward's output " << shape_string(output.shape()));
 }
 
 nlohmann::json MaxPool2d::describe() const {
