@@ -24,7 +24,7 @@ import os
 import sys
 
 from atomic_file import atomic_open
-from plot_values import PlotError, number
+from plot_values import PlotError, number, run_main
 
 
 def load_run(path):
@@ -207,8 +207,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main(sys.argv[1:]))
-    except PlotError as e:
-        print("plot_result.py: error: %s" % e, file=sys.stderr)
-        sys.exit(1)
+    run_main(main, "plot_result.py")

@@ -30,7 +30,7 @@ import os
 import sys
 
 from atomic_file import atomic_open
-from plot_values import PlotError, number
+from plot_values import PlotError, number, run_main
 
 SCHEMA = "gradscale.trace/1"
 
@@ -348,8 +348,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main(sys.argv[1:]))
-    except PlotError as e:
-        print("plot_trace.py: error: %s" % e, file=sys.stderr)
-        sys.exit(1)
+    run_main(main, "plot_trace.py")
