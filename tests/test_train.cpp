@@ -207,3 +207,51 @@ TEST_CASE("TraceWriter::finish refuses a summary a reader would refuse and count
   CHECK(summary["overflows"] == 2);
   std::filesystem::remove_all(dir);
 }
+
+TEST_CASE("eval_every evaluates the test set every N steps without changing the training", "[train][checkpoint]") {
+  TrainConfig c = small_config();  // 8 steps per epoch, 2 epochs
+  c.format = Format::fp16;
+  c.scaler = {{"policy", "adaptive"}, {"method", "measured"}, {"init_scale", "auto"}, {"bounds", "derived"}};
+  Trainer plain(c);
+  const json without = plain.run();
+  CHECK_FALSE(without.contains("evaluations"));
+
+  c.eval_every = 3;
+  Trainer evaluated(c);
+  const json with = evaluated.run();
+  REQUIRE(with.contains("evaluations"));
+  const json& e = with["evaluations"];
+  REQUIRE(e.size() == 5);  // steps 3, 6, 9, 12, 15 of 16
+  for (std::size_t i = 0; i < e.size(); ++i) {
+    CHECK(e[i]["step"] == 3 * static_cast<int>(i + 1));
+    const double a = e[i]["test_accuracy"].get<double>();
+    CHECK((a >= 0 && a <= 1));
+  }
+  CHECK(weight_bits(evaluated) == weight_bits(plain));
+  json a = without_timing(with), b = without_timing(without);
+  a.erase("evaluations");
+  CHECK(a == b);
+
+  // An evaluation at an epoch's end gives that epoch's test accuracy.
+  c.eval_every = 8;
+  Trainer at_ends(c);
+  const json ends = at_ends.run();
+  REQUIRE(ends["evaluations"].size() == 2);
+  CHECK(ends["evaluations"][0]["test_accuracy"] == ends["history"][0]["test_accuracy"]);
+  CHECK(ends["evaluations"][1]["test_accuracy"] == ends["history"][1]["test_accuracy"]);
+
+  // A resumed run keeps the evaluations made before its checkpoint.
+  c.eval_every = 3;
+  const std::string dir = temp_dir("resume_eval_every");
+  TrainConfig first = c;
+  first.max_steps = 11;
+  first.checkpoint_dir = dir;
+  first.save_every = 4;
+  Trainer part(first);
+  part.run();
+  TrainConfig second = c;
+  second.resume_dir = dir;
+  Trainer resumed(second);
+  const json rest = resumed.run();
+  CHECK(rest["evaluations"] == with["evaluations"]);
+}

@@ -235,13 +235,18 @@ RunMetrics read_run_metrics(const RunPaths& paths) {
     }
   m.skipped_steps = number_or_nan(result, "skipped_steps");
   const double steps = number_or_nan(result, "steps");
-  if (result.contains("history") && result["history"].is_array())
-    for (const json& h : result["history"]) {
-      const double at =
-          std::isfinite(number_or_nan(h, "step")) ? number_or_nan(h, "step") : number_or_nan(h, "steps");
-      const double a = number_or_nan(h, "test_accuracy");
-      if (std::isfinite(at) && std::isfinite(a)) m.evaluations.push_back({static_cast<std::int64_t>(at), a});
-    }
+  // A C++ run's evaluations are its epochs' ends (history) and, with eval_every, its "evaluations";
+  // a PyTorch run's are its history.
+  for (const char* list : {"history", "evaluations"})
+    if (result.contains(list) && result[list].is_array())
+      for (const json& h : result[list]) {
+        const double at =
+            std::isfinite(number_or_nan(h, "step")) ? number_or_nan(h, "step") : number_or_nan(h, "steps");
+        const double a = number_or_nan(h, "test_accuracy");
+        if (std::isfinite(at) && std::isfinite(a)) m.evaluations.push_back({static_cast<std::int64_t>(at), a});
+      }
+  std::stable_sort(m.evaluations.begin(), m.evaluations.end(),
+                   [](const Evaluation& a, const Evaluation& b) { return a.step < b.step; });
   if (std::isfinite(steps) && std::isfinite(m.final_accuracy) &&
       (m.evaluations.empty() || m.evaluations.back().step < static_cast<std::int64_t>(steps)))
     m.evaluations.push_back({static_cast<std::int64_t>(steps), m.final_accuracy});

@@ -147,7 +147,7 @@ bool is_torch_run(const json& config) {
 }
 
 bool is_torch_only_key(const std::string& key) {
-  return key == "eval_every" || key == "eval_examples";
+  return key == "eval_examples";  // eval_every is a key of gradscale train too
 }
 
 void check_torch_setting(const std::string& key, const json& value) {
@@ -165,7 +165,7 @@ void validate_torch_config(const json& config) {
   GS_CHECK_CONFIG(!config.contains("model_spec") || config["model_spec"].is_null(),
                   "config key 'model_spec': a PyTorch run's model is its \"model\" object; remove model_spec");
   json rest = config;
-  for (const char* key : {"model", "data", "eval_every", "eval_examples"}) {
+  for (const char* key : {"model", "data", "eval_examples"}) {
     if (!rest.contains(key)) continue;
     check_torch_setting(key, rest[key]);
     rest.erase(key);

@@ -19,12 +19,12 @@ bool is_torch_model(const nlohmann::json& model);
 // Whether a run's config is a PyTorch run (its "model" is one).
 bool is_torch_run(const nlohmann::json& config);
 
-// Keys only PyTorch runs read (test evaluations every N steps, on the first N test examples).
+// Keys only PyTorch runs read (eval_examples: their evaluations on the first N test examples).
 bool is_torch_only_key(const std::string& key);
 
 // Checks one setting of a PyTorch run on its own, without Python: "model" (an object naming a
 // torchvision model or an existing factory file), "data" (fashion-mnist[:CxHxW], mnist:DIR, synthetic[:N],
-// text:PATH[:ctx=N] of an existing file, or {"python": "file.py:function", ...}), eval_every and
+// text:PATH[:ctx=N] of an existing file, or {"python": "file.py:function", ...}) and
 // eval_examples. Throws ConfigError naming the key.
 void check_torch_setting(const std::string& key, const nlohmann::json& value);
 

@@ -37,6 +37,8 @@ void add_train_options(po::options_description& desc) {
       "lr", po::value<double>(), "[lr] learning rate")("epochs", po::value<std::int64_t>(), "[epochs]")(
       "batch", po::value<std::int64_t>(), "[batch] mini-batch size")("eval-batch", po::value<std::int64_t>(),
                                                                      "[eval_batch] evaluation batch size")(
+      "eval-every", po::value<std::int64_t>(),
+      "[eval_every] also evaluate the test set every N iterations (0: only at each epoch's end)")(
       "max-steps", po::value<std::int64_t>(), "[max_steps] stop after this many iterations (0: no limit)")(
       "seed", po::value<std::int64_t>(), "[seed]")("threads", po::value<int>(), "[threads] 0 = all cores")(
       "device", po::value<std::string>(), "[device] cpu | cuda | cuda:N")(
@@ -80,7 +82,7 @@ TrainConfig train_config_from(const po::variables_map& vm) {
   if (vm.count("device")) overrides["device"] = vm["device"].as<std::string>();
   if (vm.count("trace-hist") && vm["trace-hist"].as<bool>()) overrides["trace_hist"] = true;
   if (vm.count("shadow") && vm["shadow"].as<bool>()) overrides["shadow"] = true;
-  for (const char* flag : {"epochs", "batch", "eval-batch", "max-steps", "seed", "save-every", "trace-every"}) {
+  for (const char* flag : {"epochs", "batch", "eval-batch", "eval-every", "max-steps", "seed", "save-every", "trace-every"}) {
     if (!vm.count(flag)) continue;
     std::string key = flag;
     for (char& ch : key)

@@ -41,7 +41,7 @@ void TrainConfig::merge_json(const json& j) {
   GS_CHECK_CONFIG(j.is_object(), "a training config must be a JSON object");
   static const std::set<std::string> keys = {"model",        "model_spec", "data",      "format",
                                              "weight_grads", "scaler",     "optimizer", "schedule",
-                                             "lr",           "epochs",     "batch",     "eval_batch",
+                                             "lr",           "epochs",     "batch",     "eval_batch",   "eval_every",
                                              "max_steps",    "seed",       "threads",   "progress_seconds", "device",
                                              "checkpoint",   "save_every", "resume",
                                              "grad_format",  "trace",      "trace_every", "trace_hist",
@@ -105,6 +105,8 @@ void TrainConfig::merge_json(const json& j) {
       batch = integer_in(v, "batch", 1, 1 << 20);
     } else if (k == "eval_batch") {
       eval_batch = integer_in(v, "eval_batch", 1, 1 << 20);
+    } else if (k == "eval_every") {
+      eval_every = integer_in(v, "eval_every", 0, std::int64_t{1} << 40);
     } else if (k == "max_steps") {
       max_steps = integer_in(v, "max_steps", 0, std::int64_t{1} << 40);
     } else if (k == "seed") {
@@ -156,6 +158,7 @@ json TrainConfig::to_json() const {
             {"trace_every", trace_every},
             {"trace_hist", trace_hist}};
   if (!model_spec.is_null()) j["model_spec"] = model_spec;
+  if (eval_every > 0) j["eval_every"] = eval_every;  // absent when off, as shadow
   if (shadow) j["shadow"] = true;  // absent when off: configs of runs without it stay as they were
   return j;
 }

@@ -27,6 +27,7 @@ struct TrainConfig {
   std::int64_t epochs = 1;
   std::int64_t batch = 128;
   std::int64_t eval_batch = 1000;
+  std::int64_t eval_every = 0;  // > 0: also evaluate the test set every N iterations (the result's "evaluations")
   std::int64_t max_steps = 0;  // > 0: stop after this many iterations (tests, smoke runs)
   std::uint64_t seed = 0;
   int threads = 0;                // 0: all cores

@@ -203,6 +203,14 @@ nlohmann::json Trainer::run() {
         stopped = true;
         break;
       }
+      if (config_.eval_every > 0 && steps() % config_.eval_every == 0) {
+        // Evaluation reads the weights in eval mode and draws nothing from the training's generators,
+        // so the run trains the same with or without it; its time is not training time.
+        const EvalResult test = evaluate(data_.test);
+        evaluations_.push_back(
+            {{"step", steps()}, {"test_loss", json_real(test.loss)}, {"test_accuracy", test.accuracy}});
+        t0 = now_seconds();
+      }
       if (config_.save_every > 0 && !config_.checkpoint_dir.empty() && steps() % config_.save_every == 0) {
         save_checkpoint(config_.checkpoint_dir);
         t0 = now_seconds();  // checkpoint time is not training time
@@ -294,6 +302,7 @@ nlohmann::json Trainer::result_json() {
   for (const EpochSummary& e : history_) train_seconds += e.seconds;
   r["train_seconds"] = train_seconds;
   r["history"] = history;
+  if (config_.eval_every > 0) r["evaluations"] = evaluations_;
   r["final_scale"] = json_real(training_->scaler().loss_scale());
   r["scaler_state"] = training_->scaler().state();
   r["data"] = data_.source;

@@ -104,6 +104,8 @@ class Trainer {
   std::int64_t epoch_correct_ = 0, epoch_seen_ = 0;
   double epoch_seconds_ = 0;  // training time accumulated in the current epoch
   std::vector<EpochSummary> history_;
+  // eval_every's evaluations: {"step", "test_loss", "test_accuracy"} in step order (saved in checkpoints).
+  nlohmann::json evaluations_ = nlohmann::json::array();
   double last_progress_ = -1e300, run_start_ = 0;
   std::int64_t steps_at_run_start_ = 0;
   nlohmann::json resumed_;  // after a resume: where from and which changeable keys changed

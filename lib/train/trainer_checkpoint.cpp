@@ -30,6 +30,7 @@ void Trainer::save_checkpoint(const std::string& dir) {
                                 {"epoch_seconds", epoch_seconds_},
                                 {"nonfinite_loss_steps", divergence_.nonfinite_loss_steps()},
                                 {"history", history},
+                                {"evaluations", evaluations_},
                                 {"batcher", batcher_->state()}};
   training_->save(dir, extra);
 }
@@ -74,6 +75,19 @@ void Trainer::load_checkpoint(const std::string& dir) {
                                 " skipped; expected epoch " + std::to_string(i + 1) + " ending at step " +
                                 std::to_string((i + 1) * per_epoch));
   }
+  nlohmann::json evaluations = nlohmann::json::array();  // absent in checkpoints written without the key
+  if (f.has("evaluations")) {
+    const nlohmann::json& saved = f.array("evaluations");
+    for (std::size_t i = 0; i < saved.size(); ++i) {
+      const std::string where = "evaluations[" + std::to_string(i) + "]";
+      const JsonFields e(saved[i], f.file(), where);
+      const std::int64_t at = e.integer("step", 1, steps);
+      if (!evaluations.empty() && at <= evaluations.back()["step"].get<std::int64_t>())
+        f.fail(where.c_str(), "is at step " + std::to_string(at) + ", not after the evaluation before it");
+      evaluations.push_back(
+          {{"step", at}, {"test_loss", json_real(e.real("test_loss"))}, {"test_accuracy", e.number("test_accuracy", 0, 1)}});
+    }
+  }
   try {
     batcher_->restore(f.object("batcher"));
   } catch (const ConfigError& e) {
@@ -103,6 +117,7 @@ void Trainer::load_checkpoint(const std::string& dir) {
   epoch_seen_ = seen;
   epoch_seconds_ = seconds;
   history_ = std::move(history);
+  evaluations_ = std::move(evaluations);
   divergence_.restore(nonfinite);
   resumed_ = {{"from", dir}, {"step", steps}, {"changed", changed}};
   const int removed = remove_orphaned_checkpoint_files(dir, meta.at("tensor_file").get<std::string>());
