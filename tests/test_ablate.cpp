@@ -1052,3 +1052,48 @@ TEST_CASE("ablate: the trace summary's fp32 shadow means, by hand, across a resu
   CHECK(s["rel_error"].get<double>() == Approx(0.3));
   CHECK(s["cosine"].get<double>() == Approx(0.75));
 }
+
+TEST_CASE("ablate table: a C++ run's eval_every evaluations count for steps to target", "[ablate]") {
+  TempDir tmp;
+  const std::string out = tmp / "out";
+  // Epoch ends at 150 and 300 (history, cumulative "steps"), evaluations every 50 steps between them.
+  const RunPaths p = run_paths(out, "r");
+  write_text(p.result,
+             json{{"steps", 300},
+                  {"test_accuracy", 0.9},
+                  {"history", {{{"steps", 150}, {"test_accuracy", 0.6}}, {{"steps", 300}, {"test_accuracy", 0.9}}}},
+                  {"evaluations",
+                   {{{"step", 50}, {"test_accuracy", 0.3}},
+                    {{"step", 100}, {"test_accuracy", 0.5}},
+                    {{"step", 150}, {"test_accuracy", 0.6}},
+                    {{"step", 200}, {"test_accuracy", 0.8}},
+                    {{"step", 250}, {"test_accuracy", 0.85}}}}}
+                 .dump());
+  const RunMetrics m = read_run_metrics(p);
+  REQUIRE(m.evaluations.size() == 7);
+  for (std::size_t i = 1; i < m.evaluations.size(); ++i) CHECK(m.evaluations[i - 1].step <= m.evaluations[i].step);
+  CHECK(steps_to_target(m.evaluations, 0.75) == std::optional<std::int64_t>(200));  // not 300, the epoch's end
+  CHECK(steps_to_target(m.evaluations, 0.55) == std::optional<std::int64_t>(150));
+}
+
+TEST_CASE("ablate: a labelled empty set is a column that does not apply (bounds of a global scaler)", "[ablate]") {
+  const Ablation ab = expand_ablation(ojson::parse(R"({
+      "base": {"model": "mlp", "data": "synthetic:64", "format": "fp16"},
+      "axes": {"scaler": [{"label": "adaptive", "value": {"policy": "adaptive", "method": "measured"}}],
+               "bounds": [{"label": "derived", "set": {"scaler.bounds": "derived"}},
+                          {"label": "reference", "set": {"scaler.bounds": "reference"}}]},
+      "extra_rows": [{"scaler": "torch", "bounds": {"label": "-", "set": {}}}],
+      "compare_to": {"scaler": "torch", "bounds": "-"}})"),
+                                      "t.json");
+  REQUIRE(ab.runs.size() == 3);
+  CHECK(ab.runs[0].name == "adaptive_derived_seed0");
+  CHECK(ab.runs[0].config["scaler"]["bounds"] == "derived");
+  CHECK(ab.runs[1].config["scaler"]["bounds"] == "reference");
+  CHECK(ab.runs[2].name == "torch_seed0");  // the empty value adds nothing to the name or the config
+  CHECK(ab.runs[2].labels == std::vector<std::string>{"torch", "-"});
+  CHECK(ab.runs[2].config["scaler"] == "torch");
+  CHECK(ab.compare_to == std::vector<std::pair<std::string, std::string>>{{"scaler", "torch"}, {"bounds", "-"}});
+  // Without a label an empty set is still a mistake.
+  CHECK(contains(expand_error(R"({"axes": {"scaler": ["none"], "b": [{"set": {}}]}})"),
+                 "\"set\" must be an object of config keys (empty only with a \"label\")"));
+}

@@ -198,8 +198,10 @@ Dimension read_axis(const std::string& key, const ordered_json& values, const st
                      item.size() == (item.contains("label") ? std::size_t{2} : std::size_t{1});
     if (set) {
       c.source = what + " value " + shown(to_json(item));
-      GS_CHECK_CONFIG(item["set"].is_object() && !item["set"].empty(),
-                      c.source << ": \"set\" must be a non-empty object of config keys");
+      // {"label": L, "set": {}} sets nothing: a column that does not apply to the row (an extra row's
+      // "bounds" of a global scaler).
+      GS_CHECK_CONFIG(item["set"].is_object() && (!item["set"].empty() || item.contains("label")),
+                      c.source << ": \"set\" must be an object of config keys (empty only with a \"label\")");
       c.settings = read_settings(item["set"], c.source, nullptr);
       if (item.contains("label")) {
         GS_CHECK_CONFIG(
@@ -209,7 +211,7 @@ Dimension read_axis(const std::string& key, const ordered_json& values, const st
       } else {
         c.label = settings_label(c.settings);
       }
-      c.name_part = c.label;
+      c.name_part = c.settings.empty() ? "" : c.label;  // a value that sets nothing adds nothing to run names
     } else {
       json value = to_json(labelled_value ? item["value"] : item);
       if (labelled_value) {
@@ -589,7 +591,8 @@ Ablation expand_ablation(const ordered_json& doc, const std::string& where) {
   std::vector<std::string> config_names;
   for (const Config& c : configs) {
     std::string joined;
-    for (const std::string& p : c.name_parts) joined += (joined.empty() ? "" : "_") + p;
+    for (const std::string& p : c.name_parts)
+      if (!p.empty()) joined += (joined.empty() ? "" : "_") + p;
     std::string name = file_safe(joined.empty() ? "base" : joined);
     for (int k = 2; names.count(name); ++k) name = file_safe(joined) + "-" + std::to_string(k);
     names.insert(name);
