@@ -22,6 +22,7 @@
 #endif
 
 namespace py = pybind11;
+using namespace pybind11::literals;
 using namespace gradscale;
 using json = nlohmann::json;
 
@@ -55,32 +56,17 @@ Precision precision_of(const std::string& format, const std::string& grad_format
 }
 
 py::dict stats_dict(const TensorStats& s) {
-  py::dict d;
-  d["zero"] = s.zero;
-  d["underflow"] = s.underflow;
-  d["subnormal"] = s.subnormal;
-  d["normal"] = s.normal;
-  d["overflow"] = s.overflow;
-  d["nonfinite"] = s.nonfinite;
-  d["elements"] = s.elements;
-  d["underflow_rate"] = s.underflow_rate();
-  d["max_abs"] = s.max_abs;
-  return d;
+  return py::dict("zero"_a = s.zero, "underflow"_a = s.underflow, "subnormal"_a = s.subnormal,
+                  "normal"_a = s.normal, "overflow"_a = s.overflow, "nonfinite"_a = s.nonfinite,
+                  "elements"_a = s.elements, "underflow_rate"_a = s.underflow_rate(),
+                  "max_abs"_a = s.max_abs);
 }
 
 py::dict step_dict(const StepResult& r) {
-  py::dict d;
-  d["step"] = r.step;
-  d["loss"] = r.loss;
-  d["loss_scale"] = r.loss_scale;
-  d["found_inf"] = r.found_inf;
-  d["first_nonfinite_layer"] = r.first_nonfinite_layer;
-  d["skipped"] = r.skipped;
-  d["phi"] = r.phi;
-  d["next_scale"] = r.report.scale;
-  d["scaler_seconds"] = r.scaler_seconds;
-  d["state"] = r.report.state.dump();
-  return d;
+  return py::dict("step"_a = r.step, "loss"_a = r.loss, "loss_scale"_a = r.loss_scale,
+                  "found_inf"_a = r.found_inf, "first_nonfinite_layer"_a = r.first_nonfinite_layer,
+                  "skipped"_a = r.skipped, "phi"_a = r.phi, "next_scale"_a = r.report.scale,
+                  "scaler_seconds"_a = r.scaler_seconds, "state"_a = r.report.state.dump());
 }
 
 py::list layer_rows(const std::vector<LayerScale>& rows, const StepMonitor& monitor) {
