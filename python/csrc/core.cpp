@@ -14,6 +14,7 @@
 
 #include "lib/dist/communicator.h"
 #include "lib/dist/data_parallel.h"
+#include "lib/model/join.h"
 #include "lib/model/spec.h"
 #include "lib/optim/lr_schedule.h"
 #include "lib/optim/optimizer.h"
@@ -218,6 +219,18 @@ PYBIND11_MODULE(GS_CORE_NAME, m) {
   m.def("max_abs", [](std::uintptr_t p, std::int64_t n) {
         return static_cast<double>(max_abs(address(p), static_cast<std::size_t>(n)));
       }, "max|v| over n float32 values (inf when one is not finite)");
+  // SPEC §5's join sum as gradscale's own join computes it (lib/model/join.h), for a join whose parts
+  // are in host memory: `out` (n values) = Σ parts[k] · float(target / scales[k]), from 0, in order.
+  m.def("sum_scaled_parts", [](std::uintptr_t out, std::int64_t n, const std::vector<std::uintptr_t>& parts,
+                               const std::vector<double>& scales, double target) {
+        GS_CHECK(n >= 0 && parts.size() == scales.size(),
+                 "sum_scaled_parts: " << parts.size() << " parts, " << scales.size() << " scales, n = " << n);
+        std::vector<const float*> values;
+        for (std::uintptr_t p : parts) values.push_back(address(p));
+        sum_scaled_parts(values.data(), scales.data(), values.size(), target, address(out),
+                         static_cast<std::size_t>(n));
+      }, py::arg("out"), py::arg("n"), py::arg("parts"), py::arg("scales"), py::arg("target"),
+      "out = the sum of n float32 values of each part times float(target / its scale), in host memory");
   m.def("tensor_stats", [](std::uintptr_t p, std::int64_t n, const std::string& f) {
         return stats_dict(tensor_stats(address(p), static_cast<std::size_t>(n), format_of(f)));
       }, "SPEC §3 counts of n float32 values against a format");

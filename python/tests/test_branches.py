@@ -9,7 +9,8 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
-from gradscale.torch import Scaler
+from gradscale import _core
+from gradscale.torch import Scaler, _backward_pass
 
 # Every GEMM layer multiplies its upstream gradient by 4, S0 = 8: paths through different numbers of
 # layers carry different scales.
@@ -317,3 +318,83 @@ def test_chosen_layers_and_parameters_of_no_layer():
     fresh = Scaler(copy.deepcopy(model), scaler=FIXED, format="fp32", layers=["a", "b", "head"])
     rows = fresh.layer_scales()  # before any step: every layer listed, none ran
     assert [r["name"] for r in rows] == ["a", "b", "head"] and not any(r["ran"] for r in rows)
+
+
+# ---- the join's sum is gradscale's (SPEC §5, lib/model/join.cpp) ---------------------------------------
+# Parts (g_k, S_k) brought to the target T are summed as Σ g_k · float(T/S_k) in fp32 from 0, each term
+# one fp32 product, then rounded once to grad_format. The rule is written out here in float32 tensors
+# (the factor a float32 tensor, so nothing depends on how torch casts a Python number) and compared with
+# what the plug-in's join hands back, as int32 bits.
+
+# Every GEMM layer multiplies its upstream gradient by 3 (not a power of two), S0 = 8: the parts of the
+# residual's join arrive at 24 and 72, so one of them is multiplied by float(72 / 24) = 3.
+BY_THREE = {"policy": "adaptive", "method": "fixed", "fixed_scale": 3, "power_of_two": False, "init_scale": 8,
+            "scale_upper_bound": 16, "accum_upper_bound": 2 ** 40}
+
+
+def _rule(parts, target: float, grad_format: str) -> torch.Tensor:
+    """gradscale's join of `parts` [(g, S)] at T: the fp32 sum from 0, then the one rounding."""
+    total = torch.zeros(parts[0][0].shape, dtype=torch.float32)
+    for g, s in parts:
+        total = total + g.detach() * torch.tensor(target / s, dtype=torch.float32)
+    total = total.contiguous()
+    _core.quantize_(total.data_ptr(), total.numel(), grad_format)
+    return total
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().contiguous().view(torch.int32)
+
+
+@pytest.mark.parametrize("grad_format", ["fp16", "fp8_e5m2"])
+def test_a_join_of_parts_at_different_scales_is_the_cpp_rule(monkeypatch, grad_format):
+    """The residual's join under the plug-in, its parts at 24 and 72 (T = 72), is the rule bit for bit."""
+    joins = []
+    join_parts = _backward_pass.join_parts
+
+    def recorded(core, layer, parts, grad_outputs):
+        grads, target = join_parts(core, layer, parts, grad_outputs)
+        joins.append(([(j, g.detach().clone(), s) for j, g, s in parts], target, list(grads)))
+        return grads, target
+
+    monkeypatch.setattr(_backward_pass, "join_parts", recorded)
+    torch.manual_seed(1)
+    model = ResidualNoModule()
+    x, y = _inputs("residual")
+    scaler = Scaler(model, scaler=BY_THREE, format="fp16", grad_format=grad_format)
+    scaler.scale(F.cross_entropy(model(x), y)).backward()
+    assert len(joins) == 1
+    parts, target, grads = joins[0]
+    assert sorted(s for _, _, s in parts) == [24.0, 72.0] and target == 72.0
+    assert all(j == 0 for j, _, _ in parts)
+    expected = _rule([(g, s) for _, g, s in parts], target, grad_format)
+    assert torch.count_nonzero(expected) > 0
+    assert torch.equal(_bits(grads[0]), _bits(expected))
+
+
+@pytest.mark.parametrize("grad_format", ["fp32", "fp16"])
+def test_the_join_sum_starts_from_zero_in_any_memory_layout(grad_format):
+    """Parts given to the join directly: zeros that are all -0 sum to +0 as in C++ (0 + -0), a factor not
+    exact in float32 (T/S = 7/3) is rounded to float before the product, and parts in two memory layouts
+    (channels_last and contiguous) are summed element by element all the same."""
+    model = nn.Linear(2, 2)
+    scaler = Scaler(model, scaler="static:1", format="fp32", grad_format=grad_format)
+    core = scaler._core
+    gen = torch.Generator().manual_seed(5)
+    a = torch.randn(2, 3, 4, 4, generator=gen).contiguous(memory_format=torch.channels_last)
+    b = torch.randn(2, 3, 4, 4, generator=gen)
+    a[0, 0] = -0.0
+    b[0, 0] = -0.0
+    core.begin_step(False)
+    try:
+        grads, target = _backward_pass.join_parts(core, -1, [(0, a, 3.0), (0, b, 7.0)], (None,))
+    finally:
+        core.abandon_step()
+    assert target == core.join_target([float(a.abs().max()), float(b.abs().max())], [3.0, 7.0]) == 7.0
+    expected = _rule([(a, 3.0), (b, 7.0)], target, grad_format)
+    assert torch.equal(_bits(grads[0]), _bits(expected))
+    zero = grads[0][0, 0]
+    assert torch.all(zero == 0) and not torch.any(torch.signbit(zero))
+    if grad_format == "fp32":  # the comparison sees the factor's rounding: a float64 factor gives other bits
+        in_double = (a.double() * (7.0 / 3.0)).float() + b
+        assert not torch.equal(_bits(in_double), _bits(expected))

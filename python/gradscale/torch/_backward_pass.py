@@ -31,6 +31,7 @@ from typing import Dict, List, Optional, Tuple
 import torch
 
 from ._functions import Enter, Exit, LossEdge, WorkingWeight, is_dense, differentiable, owned_copy
+from ._join import join_parts
 from ._layers import Layer
 
 _ENTER = Enter._backward_cls
@@ -388,23 +389,9 @@ class BackwardPass:
             parts = self._parts.pop(producer, None)
             if not parts:
                 return None
-            maxima = []
-            for _, g, _ in parts:
-                dense = g if is_dense(g) else g.contiguous()
-                maxima.append(self.core.max_abs(dense.data_ptr(), dense.numel()) if g.numel() else 0.0)
-            target = self.core.join_target(maxima, [s for _, _, s in parts])
+            grads, target = join_parts(self.core, layer, parts, grad_outputs)
             if len({s for _, _, s in parts}) > 1:
                 self.tracker.joins += 1
-            sums: Dict[int, torch.Tensor] = {}
-            for j, g, s in parts:
-                term = g * (target / s)  # fp32, the factor rounded to float as the C++ join does
-                sums[j] = term if j not in sums else sums[j] + term
-            grads = list(grad_outputs)
-            for j, total in sums.items():
-                out = owned_copy(total)
-                if out.numel():
-                    self.core.round_join(layer, out.data_ptr(), out.numel())
-                grads[j] = differentiable(total, out, 1.0)
             self._into[self._nodes[producer]] = target
             return tuple(grads)
         return hook

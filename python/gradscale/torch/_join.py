@@ -1,0 +1,80 @@
+"""SPEC §5's join in the plug-in: the parts (g_i, S_i) of the gradient of one node with several consumers,
+taken out of autograd's sum by the pass's hooks (_backward_pass.py), brought to one target scale T,
+summed and rounded once — each step by the core, as gradscale's own join does it (lib/model/join.cpp):
+`join_target` chooses T from the parts' maxima, `sum_scaled_parts` sums Σ g_i · float(T/S_i) from 0,
+`round_join` rounds the sum at the join site.
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Tuple
+
+import torch
+
+from .. import _core
+from ._functions import differentiable, is_dense, owned_copy
+
+Part = Tuple[int, torch.Tensor, float]  # (index of the node's output, gradient part, its scale)
+
+
+def join_parts(core, layer: int, parts: List[Part], grad_outputs) -> Tuple[list, float]:
+    """`grad_outputs` with each output that received parts replaced by their join, and T. `core` is the
+    Scaler's ExternalBackward (the maxima and the rounding where the tensors live); `layer` the layer
+    whose boundary the node is (-1: none), the site of the rounding."""
+    maxima = []
+    for _, g, _ in parts:
+        dense = g if is_dense(g) else g.contiguous()
+        maxima.append(core.max_abs(dense.data_ptr(), dense.numel()) if g.numel() else 0.0)
+    target = core.join_target(maxima, [s for _, _, s in parts])
+    by_output: Dict[int, List[Tuple[torch.Tensor, float]]] = {}
+    for j, g, s in parts:
+        by_output.setdefault(j, []).append((g, s))
+    grads = list(grad_outputs)
+    for j, group in by_output.items():  # in the order the outputs' first parts arrived
+        out = _host_sum(group, target)
+        graph = _torch_sum(group, target) if out is None or _building_graph(group) else None
+        if out is None:
+            out = owned_copy(graph)
+        if out.numel():
+            core.round_join(layer, out.data_ptr(), out.numel())
+        grads[j] = out if graph is None else differentiable(graph, out, 1.0)
+    return grads, target
+
+
+def _host_sum(group: List[Tuple[torch.Tensor, float]], target: float) -> Optional[torch.Tensor]:
+    """Σ g · float(T/S) by the core's sum_scaled_parts, in a new tensor, for float32 parts in host memory;
+    None for others. The core's arrays on a GPU have no scaled sum: parts on a device keep torch's
+    product and sum (`_torch_sum`, the same fp32 product and sum, as lib/cuda's scale_add computes them,
+    but from the first term rather than from 0: a sum of zeros that are all -0 stays -0 there)."""
+    first = group[0][0]
+    if not all(g.device.type == "cpu" and g.dtype == torch.float32 and g.layout == torch.strided and
+               g.shape == first.shape for g, _ in group):
+        return None
+    # The sum in the memory layout torch's own sum of the parts would have (found on the meta device, at no
+    # cost): the layers after the join sum in an order that follows the layout, so their bits do too.
+    meta = _torch_sum([(torch.empty_strided(g.shape, g.stride(), dtype=g.dtype, device="meta"), s)
+                       for g, s in group], target)
+    out = torch.empty_strided(meta.shape, meta.stride(), dtype=torch.float32)
+    values = [g.detach() if _same_layout(g, out) else torch.empty_like(out).copy_(g.detach()) for g, _ in group]
+    if out.numel():
+        _core.sum_scaled_parts(out.data_ptr(), out.numel(), [v.data_ptr() for v in values],
+                               [s for _, s in group], target)
+    return out
+
+
+def _same_layout(g: torch.Tensor, dense: torch.Tensor) -> bool:
+    """Whether g's element k in memory is dense's element k (same shape; strides of size-1 dims are free)."""
+    return all(a == b for a, b, n in zip(g.stride(), dense.stride(), dense.shape) if n != 1)
+
+
+def _torch_sum(group: List[Tuple[torch.Tensor, float]], target: float) -> torch.Tensor:
+    """Σ g · (T/S) in torch: the sum on a device, and the expression a create_graph differentiates."""
+    total = None
+    for g, s in group:
+        term = g * (target / s)  # fp32, the factor rounded to float as the C++ join does
+        total = term if total is None else total + term
+    return total
+
+
+def _building_graph(group: List[Tuple[torch.Tensor, float]]) -> bool:
+    """Whether the join's result must stay differentiable (backward with create_graph)."""
+    return torch.is_grad_enabled() and any(g.requires_grad for g, _ in group)
