@@ -39,11 +39,12 @@ from torch import nn
 
 from .. import _core
 from . import _distributed
-from ._backward_pass import BackwardPass, Tracker, _install_backward_wrapper
+from ._backward_pass import BackwardPass, _install_backward_wrapper
 from ._boundary import CallWrapper, attached, map_tensors
 from ._functions import LossEdge
 from ._layers import build_layers, trace_table
 from ._shadow import Shadow
+from ._tracker import Tracker
 
 
 def _json_text(value: Any, call: str) -> str:
