@@ -63,6 +63,20 @@ def collective(group, size: int):
     return run
 
 
+def reducer(core_module, process_group: Any) -> Optional[Any]:
+    """The core's Reducer over the process group (None without one): the core then reduces every
+    statistic a scale is chosen from over the group as soon as it is computed (docs/pytorch.md,
+    "Data-parallel"), so every rank takes the same S0, local scales and join targets."""
+    group = group_of(process_group)
+    if group is None:
+        return None
+    size = torch.distributed.get_world_size(group)
+    # A group of their own for the reductions inside backward: they never queue behind (or among)
+    # DDP's bucket all-reduces, which run on the model's group while backward goes on.
+    own = own_group(group)
+    return core_module.Reducer(torch.distributed.get_rank(own), size, collective(own, size))
+
+
 def check_same_graph(signature, group) -> None:
     """Raises on every rank when the ranks' passes meet different layers or joins: with agree_scales
     the statistics are reduced layer by layer inside backward, so every rank must make the same

@@ -8,6 +8,7 @@ any module that owns parameters directly (its functional use of them is still ro
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Optional, Sequence, Union
 
@@ -163,3 +164,18 @@ def trace_table(table: Iterable[Layer], model: nn.Module) -> List[dict]:
                      "parametric": layer.parametric,
                      "parameters": [{"name": names.get(id(p), "?"), "shape": list(p.shape)} for p in params]})
     return rows
+
+
+def warn_unemulated(table: Iterable[Layer], rows: List[dict]) -> None:
+    """Names, once, a layer whose parameters received gradients although the layer never ran (`rows`: the
+    core's layer_scales()): its module's parameters were used without calling it (functionally, by another
+    module), so those uses are not rounded there and take no local scale."""
+    for row, layer in zip(rows, table):
+        if not layer.boundary or row["ran"] or layer.unemulated:
+            continue
+        if any(p.grad is not None for p in layer.current_params()):
+            layer.unemulated = True
+            warnings.warn(f"gradscale.torch: the parameters of layer '{layer.name}' "
+                          f"({type(layer.module).__name__}) are used without calling it: those uses compute in "
+                          "fp32 at the scale they meet, with exact gradients but no rounding to format= and no "
+                          "local scale (layer_scales() says 'not emulated')", stacklevel=2)

@@ -87,3 +87,29 @@ class Shadow:
                      if (layer, kind) in self._sums}
             out[layer] = found or None
         return out
+
+
+def run_shadow(tracker, model: torch.nn.Module, loss: torch.Tensor) -> None:
+    """The step's fp32 shadow: the graph of `loss` differentiated with nothing rounded or scaled, before the
+    step's first low-precision pass compares with it (the tracker holds it until the verdict)."""
+    shadow = Shadow()
+    tracker.shadow = shadow
+    shadow.recording = True
+    try:
+        params = [p for p in model.parameters() if p.requires_grad]
+        torch.autograd.grad(loss, params, retain_graph=True, allow_unused=True)
+    finally:
+        shadow.recording = False
+
+
+def take_shadow(tracker, core, layers: int) -> Dict[int, Optional[dict]]:
+    """The step's shadow figures per layer (for layer_scales()), noted in the core's records (so in the
+    trace); {} on a step without a shadow."""
+    if tracker.shadow is None:
+        return {}
+    rows = tracker.shadow.rows(layers)
+    tracker.shadow = None
+    for layer, row in rows.items():
+        for kind, m in (row or {}).items():
+            core.note_shadow(layer, kind == "weight", m["underflow_mass"], m["rel_error"], m["cosine"])
+    return rows

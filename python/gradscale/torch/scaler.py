@@ -22,16 +22,17 @@ Every decision (S0, each layer's s, joins, rounding, found_inf, skip) is made by
 (`gradscale._core`); this package only finds where on the autograd graph to ask for it. Tensors in
 float32 on the CPU, or on a GPU when the core was built with CUDA: there the core's rounding, statistics
 and maxima are lib/cuda's kernels, on PyTorch's current stream.
+
+This module is the Scaler and its step; beside it: `_arguments` (Scaler(...)'s arguments checked),
+`_attach` (its hooks on the model, and remove()), `_trace` (the SPEC §8 trace), `_distributed` (the
+process group's reductions and verdict), `_shadow` (the fp32 shadow), `_tracker` (the passes).
 """
 from __future__ import annotations
 
 import copy
-import fnmatch
 import json
 import math
-import os
 import time
-import warnings
 from typing import Any, Dict, List, Optional, Sequence, Union
 
 import torch
@@ -39,65 +40,16 @@ from torch import nn
 
 from .. import _core
 from . import _distributed
+from ._arguments import (check_format, check_options, core_for, model_device, policy_json, refuse_element_wise,
+                         resolve_overrides)
+from ._attach import attach, detach, refuse_attached
 from ._backward_pass import BackwardPass, _install_backward_wrapper
-from ._boundary import CallWrapper, attached, map_tensors
+from ._boundary import map_tensors
 from ._functions import LossEdge
-from ._layers import build_layers, trace_table
-from ._shadow import Shadow
+from ._layers import build_layers, warn_unemulated
+from ._shadow import run_shadow, take_shadow
+from ._trace import Trace
 from ._tracker import Tracker
-
-
-def _json_text(value: Any, call: str) -> str:
-    """`value` as JSON for the core: NaN, inf and objects JSON has no form for are refused here, naming the
-    call (the core's parser would only say 'invalid literal' at a column)."""
-    try:
-        return json.dumps(value, allow_nan=False)
-    except ValueError as e:
-        raise ValueError(f"gradscale.torch: {call}: numbers must be finite, got {value!r}") from e
-    except TypeError as e:
-        raise TypeError(f"gradscale.torch: {call}: {e} (give numbers, strings, lists and dicts)") from e
-
-
-def _policy_json(scaler: Union[str, Dict[str, Any]]) -> str:
-    if isinstance(scaler, (dict, str)):
-        return _json_text(scaler, "Scaler(scaler=...)")  # a str is CLI text: "torch", "static:1024", or a JSON object
-    raise TypeError(f"gradscale.torch: Scaler(scaler=...) takes a policy name or a configuration dict, "
-                    f"got {type(scaler).__name__} {scaler!r}")
-
-
-def _format(name: str, value: Any) -> str:
-    if not isinstance(value, str):
-        raise TypeError(f"gradscale.torch: Scaler({name}=...) takes a format name (fp32, fp16, bf16, fp8_e5m2, "
-                        f"fp8_e4m3), got {type(value).__name__} {value!r}")
-    return _core.check_format(value)
-
-
-def _finite_or_none(value):
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
-
-
-def _check_trace_path(trace: Any) -> str:
-    """The trace's base path, checked as strictly as the CLI's outputs: a file name (not a directory,
-    not '.'), and no existing file it would replace other than an earlier gradscale trace."""
-    if not isinstance(trace, (str, os.PathLike)):
-        raise TypeError(f"gradscale.torch: Scaler(trace=...) takes a path, got {type(trace).__name__}")
-    base = os.fspath(trace)
-    name = os.path.basename(base)
-    if not base or base.endswith(os.sep) or name in ("", ".", "..") or os.path.isdir(base):
-        raise ValueError(f"gradscale.torch: Scaler(trace={base!r}) must name a file (the trace is written to "
-                         f"<trace>.jsonl and <trace>.json), not a directory")
-    for path in (base + ".jsonl", base + ".json"):
-        if os.path.isdir(path):
-            raise ValueError(f"gradscale.torch: Scaler(trace={base!r}) would write {path}, which is a directory")
-        if os.path.exists(path):
-            with open(path, "rb") as f:
-                head = f.read(4096)
-            if b"gradscale.trace" not in head:
-                raise ValueError(f"gradscale.torch: Scaler(trace={base!r}) would replace {path}, which is not a "
-                                 "gradscale trace; choose another trace name")
-    return base
 
 
 def _nonfinite(grad: torch.Tensor) -> bool:
@@ -151,37 +103,22 @@ class Scaler:
                  _cpu_target: bool = False):
         if not isinstance(model, nn.Module):
             raise TypeError(f"gradscale.torch: Scaler needs an nn.Module, got {type(model).__name__}")
-        for module in model.modules():
-            other = attached(module)
-            if other is None:
-                continue
-            if getattr(other, "_copied", False):
-                other.remove()  # the copy copy.deepcopy(model) made: a new Scaler takes its place
-                continue
-            raise ValueError(f"gradscale.torch: {type(model).__name__} already has a gradscale Scaler attached "
-                             "(one Scaler per model: call the first one's remove() to detach it)")
-        if weight_grads not in ("format", "fp32"):
-            raise ValueError(f"gradscale.torch: weight_grads must be 'format' or 'fp32', got {weight_grads!r}")
-        for name, value, low in (("record_every", record_every, 0), ("trace_every", trace_every, 1)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"gradscale.torch: {name} must be an integer >= {low}, got {value!r}")
-        for name, value in (("agree_scales", agree_scales), ("trace_hist", trace_hist), ("shadow", shadow)):
-            if not isinstance(value, bool):
-                raise ValueError(f"gradscale.torch: {name} must be True or False, got {value!r}")
-        self.format = _format("format", format)
-        self.grad_format = _format("grad_format", grad_format) if grad_format is not None else self.format
+        refuse_attached(model)
+        check_options(weight_grads, record_every, trace_every, agree_scales, trace_hist, shadow)
+        self.format = check_format("format", format)
+        self.grad_format = check_format("grad_format", grad_format) if grad_format is not None else self.format
         self.record_every = record_every
         self._shadow = shadow
         self._process_group = process_group
         self._agree_scales = agree_scales
         self._model = model
         self._layers = build_layers(model, layers)
-        self._device = _model_device(model)
+        self._device = model_device(model)
         # _cpu_target (the tests'): the core over lib/cuda's CPU execution target, whose "device memory"
         # is the host's, so the CUDA path runs on CPU tensors (tests/cuda_on_cpu, docs/pytorch.md).
-        self._core_module, core_device = _core_for(self._device, _cpu_target)
+        self._core_module, core_device = core_for(self._device, _cpu_target)
         self._core_args = ([l.row() for l in self._layers], self.format, self.grad_format, weight_grads == "format",
-                           _policy_json(scaler), core_device)
+                           policy_json(scaler), core_device)
         self._attach_core()
         config = json.loads(self._core.scaler_config())
         self._overrides: Dict[str, Any] = {}
@@ -194,24 +131,11 @@ class Scaler:
             except ValueError as e:  # the core's ConfigError, naming the layer and key
                 raise ValueError(f"gradscale.torch: Scaler(overrides=...): {e}") from e
             config = json.loads(self._core.scaler_config())
-        element_wise = ["scaler="] if isinstance(config, dict) and config.get("method") == "element_wise" else []
-        element_wise += [f"overrides for layer '{name}'" for name, o in (config.get("layers") or {}).items()
-                         if isinstance(o, dict) and o.get("method") == "element_wise"] if isinstance(config, dict) else []
-        if element_wise:
-            raise ValueError(f"gradscale.torch: method 'element_wise' ({element_wise[0]}) needs the partial products "
-                             "of gradscale's own Linear/Conv2d layers, which a PyTorch model does not expose; use "
-                             "'measured' or 'approx_range' (or gradscale's own engine: gradscale train)")
-        self._trace = None
+        refuse_element_wise(config)
+        self._trace: Optional[Trace] = None
         if trace is not None:
-            base = _check_trace_path(trace)
-            header = {"version": _core.__version__,
-                      "config": {"model": type(model).__name__, "writer": "gradscale.torch",
-                                 "torch": torch.__version__},
-                      "format": self.format, "grad_format": self.grad_format,
-                      "scaler": config, "seed": int(torch.initial_seed()),
-                      "layers": trace_table(self._layers, model)}
-            self._trace = self._core_module.TraceWriter(base, json.dumps(header), trace_every, trace_hist)
-            self._trace_counts = {"skipped": 0, "overflows": 0}  # every such step is traced
+            self._trace = Trace(self._core_module, trace, model, self._layers, self.format, self.grad_format, config,
+                                trace_every, trace_hist)
         self._shadow_rows: Dict[int, Optional[dict]] = {}
         self._started = time.time()
         self.skipped_steps = 0  # steps skipped since the scaler was made (or its state loaded)
@@ -220,21 +144,7 @@ class Scaler:
         self._unchecked_passes = 3  # the first passes are checked for layers used without being called
         self._reset_step()
         _install_backward_wrapper()
-        self._wrappers: List[CallWrapper] = []
-        for layer in self._layers:
-            wrapper = CallWrapper.install(self, layer)
-            self._wrappers.append(wrapper)
-            if layer.boundary:
-                layer.module.register_forward_pre_hook(wrapper.pre_hook)
-                layer.module.register_forward_hook(wrapper.hook)
-        model.register_forward_pre_hook(self._model_pre_hook)
-        model.register_forward_hook(self._model_hook)
-        # torch's fused inference paths compute a whole encoder layer from its parameters without calling
-        # its layers: off while the Scaler is attached (their flag back at remove()).
-        self._fast_paths = [(m, m.activation_relu_or_gelu) for m in model.modules()
-                            if isinstance(m, nn.TransformerEncoderLayer) and getattr(m, "activation_relu_or_gelu", False)]
-        for module, _ in self._fast_paths:
-            module.activation_relu_or_gelu = False
+        self._wrappers, self._fast_paths = attach(self, model, self._layers)
 
     # ---- the GradScaler API --------------------------------------------------------------------
     def scale(self, outputs: torch.Tensor) -> torch.Tensor:
@@ -280,20 +190,8 @@ class Scaler:
             self._step_open = True
             self._tracker.shadow = None
             if self._shadow and record:
-                self._run_shadow(outputs)
+                run_shadow(self._tracker, self._model, outputs)
         return outputs
-
-    def _run_shadow(self, loss: torch.Tensor) -> None:
-        """The step's fp32 shadow (_shadow.py): the same graph differentiated with nothing rounded or
-        scaled, before the step's first low-precision pass compares with it."""
-        shadow = Shadow()
-        self._tracker.shadow = shadow
-        shadow.recording = True
-        try:
-            params = [p for p in self._model.parameters() if p.requires_grad]
-            torch.autograd.grad(loss, params, retain_graph=True, allow_unused=True)
-        finally:
-            shadow.recording = False
 
     def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
         """Marks `optimizer` as unscaled. Its parameters' `.grad` already hold true gradients (each
@@ -433,40 +331,20 @@ class Scaler:
         train_loss, train_accuracy, test_loss and test_accuracy (null otherwise)."""
         if self._trace is None:
             return
-        allowed = {"train_loss", "train_accuracy", "test_loss", "test_accuracy"}
-        unknown = set(results) - allowed
-        if unknown:
-            raise ValueError(f"gradscale.torch: close() takes {sorted(allowed)}, got {sorted(unknown)}")
-        summary = {key: results.get(key) for key in sorted(allowed)}
-        if summary["train_loss"] is None and self._last is not None:
-            summary["train_loss"] = self._last["loss"]
-        summary.update(self._trace_counts)
-        summary.update({"steps": self._core.steps, "wall_seconds": time.time() - self._started,
-                        "scaler_seconds": self._scaler_seconds})
-        # A NaN loss (the step that overflowed) is null in JSON.
-        self._trace.finish(json.dumps({k: _finite_or_none(v) for k, v in summary.items()}, allow_nan=False))
+        self._trace.finish(results, self._last, self._core.steps, time.time() - self._started, self._scaler_seconds)
         self._trace = None
 
     @property
     def trace_paths(self) -> Optional[tuple]:
         """(jsonl, json) of the open trace, or None."""
-        return None if self._trace is None else (self._trace.jsonl_path, self._trace.json_path)
+        return None if self._trace is None else self._trace.paths
 
     def remove(self) -> None:
         """Detaches the scaler from the model (its hooks and forwards); ends the trace."""
         self.close()
         self._tracker.stale()
-        for module in self._model.modules():
-            for hooks in (module._forward_pre_hooks, module._forward_hooks):
-                for key, hook in list(hooks.items()):
-                    owner = getattr(hook, "__self__", None)
-                    if owner is self or (isinstance(owner, CallWrapper) and owner.scaler is self):
-                        del hooks[key]
-        for wrapper in self._wrappers:
-            wrapper.remove()
+        detach(self, self._model, self._wrappers, self._fast_paths)
         self._wrappers = []
-        for module, flag in self._fast_paths:
-            module.activation_relu_or_gelu = flag
         self._fast_paths = []
 
     def __getstate__(self):
@@ -522,21 +400,7 @@ class Scaler:
         self._passes_done += 1
         if self._unchecked_passes > 0:
             self._unchecked_passes -= 1
-            self._warn_unemulated()
-
-    def _warn_unemulated(self) -> None:
-        """Names, once, a layer whose parameters received gradients although the layer never ran: its
-        module's parameters were used without calling it (functionally, by another module), so those
-        uses are not rounded there and take no local scale."""
-        for row, layer in zip(self._core.layer_scales(), self._layers):
-            if not layer.boundary or row["ran"] or layer.unemulated:
-                continue
-            if any(p.grad is not None for p in layer.current_params()):
-                layer.unemulated = True
-                warnings.warn(f"gradscale.torch: the parameters of layer '{layer.name}' "
-                              f"({type(layer.module).__name__}) are used without calling it: those uses compute in "
-                              "fp32 at the scale they meet, with exact gradients but no rounding to format= and no "
-                              "local scale (layer_scales() says 'not emulated')", stacklevel=2)
+            warn_unemulated(self._layers, self._core.layer_scales())
 
     def _check_stale(self) -> None:
         """A pass still running between public calls raised inside backward: its step is skipped."""
@@ -564,15 +428,12 @@ class Scaler:
             group = _distributed.group_of(self._process_group)
             if group is not None:
                 _distributed.agree(self._core, group)
-            self._take_shadow()
+            self._shadow_rows = take_shadow(self._tracker, self._core, len(self._layers))
             result = self._core.finish_step(self._loss_value)
             result["reason"] = "overflow" if result["skipped"] else None
             self._scaler_seconds += result["scaler_seconds"]
             if self._trace is not None:
-                self._trace.write_step(self._core, result["step"], 1, result["loss"], result["loss_scale"],
-                                       result["phi"], result["skipped"])
-                self._trace_counts["skipped"] += int(result["skipped"])
-                self._trace_counts["overflows"] += int(result["found_inf"])
+                self._trace.write_step(self._core, result)
             layer = result["first_nonfinite_layer"]
             result["first_nonfinite_layer"] = self._layers[layer].name if 0 <= layer < len(self._layers) else None
         if self._tracker.shadow is not None:  # a failed pass's step
@@ -581,17 +442,6 @@ class Scaler:
         self._verdict = result
         self._last = result
         self.skipped_steps += int(result["skipped"])
-
-    def _take_shadow(self) -> None:
-        """The step's shadow figures into layer_scales() and the core's records (so into the trace)."""
-        if self._tracker.shadow is None:
-            self._shadow_rows = {}
-            return
-        self._shadow_rows = self._tracker.shadow.rows(len(self._layers))
-        self._tracker.shadow = None
-        for layer, row in self._shadow_rows.items():
-            for kind, m in (row or {}).items():
-                self._core.note_shadow(layer, kind == "weight", m["underflow_mass"], m["rel_error"], m["cosine"])
 
     def _applies_to(self, optimizer: torch.optim.Optimizer) -> bool:
         """Whether this optimizer steps. Not skipped: yes. Skipped for a failed pass: no. Skipped for
@@ -614,19 +464,12 @@ class Scaler:
         return not any(id(p) in mine for i in layers for p in self._layers[i].current_params())
 
     def _attach_reducer(self) -> None:
-        """Under torch.distributed, once: the core reduces every statistic a scale is chosen from over
-        the group as soon as it is computed (docs/pytorch.md, "Data-parallel"), so every rank takes
-        the same S0, local scales and join targets."""
-        group = _distributed.group_of(self._process_group) if self._agree_scales else None
-        if group is None or self._reducer is not None:
+        """Under torch.distributed with agree_scales, once: the core's Reducer (_distributed.reducer)."""
+        if self._reducer is not None or not self._agree_scales:
             return
-        size = torch.distributed.get_world_size(group)
-        # A group of their own for the reductions inside backward: they never queue behind (or among)
-        # DDP's bucket all-reduces, which run on the model's group while backward goes on.
-        own = _distributed.own_group(group)
-        self._reducer = self._core_module.Reducer(torch.distributed.get_rank(own), size,
-                                                  _distributed.collective(own, size))
-        self._core.set_reducer(self._reducer)
+        self._reducer = _distributed.reducer(self._core_module, self._process_group)
+        if self._reducer is not None:
+            self._core.set_reducer(self._reducer)
 
     def _model_pre_hook(self, module, inputs):
         if self._device.type == "cuda":  # the core's kernels run on PyTorch's current stream
@@ -638,73 +481,3 @@ class Scaler:
             return None
         tracker = self._tracker
         return map_tensors(output, self._device, lambda t: LossEdge.apply(t, tracker) if t.requires_grad else t)
-
-
-def resolve_overrides(overrides: Any, layers, config: dict) -> Dict[str, Any]:
-    """`overrides=` as the adaptive policy's "layers" object: {layer name: "global" or its keys}."""
-    if not isinstance(overrides, dict):
-        raise TypeError(f"gradscale.torch: Scaler(overrides=...) takes a dict {{layer name, pattern or module type: "
-                        f"settings}}, got {type(overrides).__name__}")
-    if not isinstance(config, dict) or config.get("policy") != "adaptive" or "controller" in config:
-        raise ValueError("gradscale.torch: Scaler(overrides=...) needs the adaptive policy with a built-in method "
-                         f"(scaler={{'policy': 'adaptive', ...}}), got policy {config.get('policy')!r}")
-    resolved: Dict[str, Any] = {}
-    for key, value in overrides.items():
-        if isinstance(key, type) and issubclass(key, nn.Module):
-            chosen = [l for l in layers if isinstance(l.module, key)]
-            what = f"module type {key.__name__}"
-        elif isinstance(key, str):
-            chosen = [l for l in layers if fnmatch.fnmatchcase(l.name, key)]
-            what = f"'{key}'"
-        else:
-            raise TypeError(f"gradscale.torch: overrides= keys are layer names, name patterns or module types, "
-                            f"got {key!r}")
-        if not chosen:
-            names = ", ".join(l.name for l in layers)
-            raise ValueError(f"gradscale.torch: overrides= names {what}, which matches no layer (layers: {names})")
-        if isinstance(value, bool) or not isinstance(value, (str, int, float, dict)):
-            raise TypeError(f"gradscale.torch: overrides[{key!r}] must be \"global\", a number (a fixed local "
-                            f"scale) or a dict of per-layer keys, got {value!r}")
-        if isinstance(value, (int, float)):
-            if not (isinstance(value, int) or math.isfinite(value)) or abs(value) > 3.4e38:
-                raise ValueError(f"gradscale.torch: overrides[{key!r}] = {value!r}: a fixed local scale must be a "
-                                 "finite float32 number > 0")
-            value = {"method": "fixed", "fixed_scale": float(value)}
-        elif isinstance(value, dict):
-            _json_text(value, f"Scaler(overrides={{{key!r}: ...}})")
-        for layer in chosen:
-            if isinstance(value, str) or isinstance(resolved.get(layer.name), str):
-                resolved[layer.name] = value
-            else:
-                resolved[layer.name] = {**resolved.get(layer.name, {}), **value}
-    return resolved
-
-
-def _model_device(model: nn.Module) -> torch.device:
-    """The one device of the model's parameters (ValueError when they are spread over several)."""
-    devices = {p.device for p in model.parameters()}
-    if len(devices) > 1:
-        raise ValueError("gradscale.torch: the model's parameters are on several devices "
-                         f"({', '.join(sorted(str(d) for d in devices))}); a Scaler works on one")
-    return devices.pop() if devices else torch.device("cpu")  # no parameters: build_layers refused it
-
-
-def _core_for(device: torch.device, cpu_target: bool):
-    """The core module and the device its ExternalBackward works on, for a model on `device`."""
-    if cpu_target:
-        if device.type != "cpu":
-            raise ValueError("gradscale.torch: the CPU execution target takes CPU tensors")
-        try:
-            from .. import _core_cpu_target
-        except ImportError as e:
-            raise RuntimeError("gradscale.torch: the core over lib/cuda's CPU execution target was not built "
-                               "(a build with CUDA and the tests: scripts/build.sh)") from e
-        return _core_cpu_target, "cuda"
-    if device.type == "cpu":
-        return _core, "cpu"
-    if device.type == "cuda":
-        if not _core.cuda_built():
-            raise ValueError(f"gradscale.torch: the model is on {device}, but this gradscale core was built "
-                             "without CUDA (rebuild with the CUDA toolkit: scripts/build.sh with nvcc on PATH)")
-        return _core, f"cuda:{device.index if device.index is not None else torch.cuda.current_device()}"
-    raise ValueError(f"gradscale.torch: the model is on {device}; the core works on the CPU and on CUDA GPUs")
