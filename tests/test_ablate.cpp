@@ -1095,5 +1095,5 @@ TEST_CASE("ablate: a labelled empty set is a column that does not apply (bounds 
   CHECK(ab.compare_to == std::vector<std::pair<std::string, std::string>>{{"scaler", "torch"}, {"bounds", "-"}});
   // Without a label an empty set is still a mistake.
   CHECK(contains(expand_error(R"({"axes": {"scaler": ["none"], "b": [{"set": {}}]}})"),
-                 "\"set\" must be an object of config keys (empty only with a \"label\")"));
+                 "\"set\" must be a non-empty object of config keys (an empty one only with a \"label\")"));
 }

@@ -201,7 +201,7 @@ Dimension read_axis(const std::string& key, const ordered_json& values, const st
       // {"label": L, "set": {}} sets nothing: a column that does not apply to the row (an extra row's
       // "bounds" of a global scaler).
       GS_CHECK_CONFIG(item["set"].is_object() && (!item["set"].empty() || item.contains("label")),
-                      c.source << ": \"set\" must be an object of config keys (empty only with a \"label\")");
+                      c.source << ": \"set\" must be a non-empty object of config keys (an empty one only with a \"label\")");
       c.settings = read_settings(item["set"], c.source, nullptr);
       if (item.contains("label")) {
         GS_CHECK_CONFIG(
