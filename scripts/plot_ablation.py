@@ -115,12 +115,16 @@ def plot(columns, rows, metrics, out, title, dpi):
         if bar_of(r) not in bars:
             bars.append(bar_of(r))
     cell = {(group_of(r), bar_of(r)): r for r in rows}
+    # Within a group, only the bars it has, centred: a column that does not apply to a group (a global
+    # scaler's "bounds" of "-") leaves no gaps.
+    present = {group: [bar for bar in bars if (group, bar) in cell] for group in groups}
+    slots = max(len(v) for v in present.values())
     metrics = [m for m in metrics if any(r.get(m, (None, None))[0] is not None for r in rows)]
     if not metrics:
         raise PlotError("no metric has a value in the table: did any run finish?")
 
-    width = 0.8 / len(bars)
-    fig_w = max(6.0, 0.9 + len(groups) * len(bars) * 0.28 + 1.5)
+    width = 0.8 / slots
+    fig_w = max(6.0, 0.9 + len(groups) * slots * 0.28 + 1.5)
     fig, axes = plt.subplots(len(metrics), 1, figsize=(fig_w, 2.3 * len(metrics) + 0.8), squeeze=False)
     cmap = plt.get_cmap("tab10" if len(bars) <= 10 else "tab20")
     for ax, m in zip(axes[:, 0], metrics):
@@ -129,10 +133,10 @@ def plot(columns, rows, metrics, out, title, dpi):
         for b, bar in enumerate(bars):
             xs, ys, es, missing = [], [], [], []
             for g, group in enumerate(groups):
-                x = g + (b - (len(bars) - 1) / 2.0) * width
                 r = cell.get((group, bar))
                 if r is None:
                     continue
+                x = g + (present[group].index(bar) - (len(present[group]) - 1) / 2.0) * width
                 mean, std = r.get(m, (None, None))
                 reached, runs = r.get("steps_to_target_reached"), r.get("steps_to_target_runs")
                 if m == "steps_to_target" and runs and reached is not None and reached < runs:
@@ -162,7 +166,9 @@ def plot(columns, rows, metrics, out, title, dpi):
         ax.set_title(label + (" (y axis zoomed)" if zoomed else ""), fontsize=9)
         ax.set_xlim(-0.5, len(groups) - 0.5)  # the same x range in every panel, bars or not
         ax.set_xticks(range(len(groups)))
-        ax.set_xticklabels(groups if len(columns) > 1 else [""] * len(groups), fontsize=8)
+        long_labels = max((len(g) for g in groups), default=0) * 0.09 > 0.9 + slots * 0.28
+        ax.set_xticklabels(groups if len(columns) > 1 else [""] * len(groups), fontsize=8,
+                           rotation=15 if long_labels else 0, ha="right" if long_labels else "center")
         ax.grid(axis="y", alpha=0.3)
         ax.tick_params(axis="y", labelsize=8)
     if len(columns) > 1:
