@@ -49,8 +49,8 @@ def _host_sum(group: List[Tuple[torch.Tensor, float]], target: float) -> Optiona
     if not all(g.device.type == "cpu" and g.dtype == torch.float32 and g.layout == torch.strided and
                g.shape == first.shape for g, _ in group):
         return None
-    # The sum in the memory layout torch's own sum of the parts would have (found on the meta device, at no
-    # cost): the layers after the join sum in an order that follows the layout, so their bits do too.
+    # The sum in the memory layout torch's own sum of the parts would have (found on the meta device, with
+    # no arithmetic): the layers after the join sum in an order that follows the layout, so do their bits.
     meta = _torch_sum([(torch.empty_strided(g.shape, g.stride(), dtype=g.dtype, device="meta"), s)
                        for g, s in group], target)
     out = torch.empty_strided(meta.shape, meta.stride(), dtype=torch.float32)
