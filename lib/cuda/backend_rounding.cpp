@@ -1,6 +1,6 @@
 // The CUDA backend's precision steps (see backend.h; SPEC §4–§5): the gradient rounding and its queued
-// measurement, the local-scale step of a parametric layer (decided on the device or the host), and the
-// weight gradients' unscale.
+// measurement, the local-scale step of a parametric layer (decided on the device, or on the host through
+// lib/layers/scale_step.h as the CPU layers are), and the weight gradients' factor r and unscale.
 #include "lib/cuda/backend.h"
 
 #include <algorithm>
@@ -11,6 +11,7 @@
 #include "lib/cuda/elementwise.h"
 #include "lib/cuda/quantize.h"
 #include "lib/cuda/unscale.h"
+#include "lib/layers/scale_step.h"
 #include "lib/scaler/scale_range.h"
 #include "lib/scaler/scaler.h"
 
@@ -61,43 +62,41 @@ void CudaBackend::scale_upstream_grad(const Layer& layer, const ScaledGrad& grad
       return;
     }
   }
-  LayerRecord& r = ctx.monitor.record_of(layer.id());
-  r.sent_grad = true;
-  if (controller == nullptr) {  // a global policy: s = 1, the scale passes on (host value or device entry)
-    r.local_scale = r.unbound_scale = 1.0;
-    round_gradient(gx.g.data(), static_cast<std::size_t>(gx.g.size()), 1.0f, GradSite::upstream, layer.id(),
+  const auto round_upstream = [&](float s) {
+    round_gradient(gx.g.data(), static_cast<std::size_t>(gx.g.size()), s, GradSite::upstream, layer.id(),
                    ctx.precision, ctx.monitor);
+  };
+  if (controller == nullptr) {  // a global policy: s = 1, the scale passes on (host value or device entry)
+    // A device entry's S_out is filled with its S_in by note_backward's pending note.
+    const bool on_host = grad_output.device_scale < 0;
+    send_at_local_scale(ctx.monitor, layer.id(), LocalScale{},
+                        on_host ? grad_output.scale : std::numeric_limits<double>::quiet_NaN(), round_upstream);
     gx.scale = grad_output.scale;
     gx.device_scale = grad_output.device_scale;
-    if (gx.device_scale < 0) r.scale_out = gx.scale;  // else note_backward's entry fills S_in and S_out
     return;
   }
   // The host decides: the statistics it asked for, copied now (one wait).
   const auto t0 = std::chrono::steady_clock::now();
-  LocalScaleQuery q = upstream_query(layer, grad_output, product, gx.g, ctx);  // no raw views: device data
-  q.scale_in = host_scale(grad_output, ctx.monitor);
-  const StatNeeds needs = controller->needs(layer.id());
-  QueryStatistics stats;
-  // The statistics from the tensors' device views, batched into one copy (ArrayOps::attach, which
-  // leaves the query without raw views); the log-moments from a host copy.
-  q.grad = grad_output.g.data();
-  q.weight = product.weight.size() > 0 ? product.weight.data() : nullptr;  // none without a GEMM
-  q.upstream = gx.g.data();
-  array_ops_->attach(stats, needs, q, ctx.precision.round);
-  if ((needs & kNeedProductRange) && product.product_range) {  // the layer's closure copies to the host
-    stats.products = product.product_range();
-    q.products = &stats.products;
-  }
-  if (ctx.reducer) stats.reduce(*ctx.reducer, q);  // the whole batch's statistics, as the CPU's
-  const LocalScale decision = checked_decision(*controller, q, layer, ctx, t0);
-  r.local_scale = decision.s;
-  r.unbound_scale = decision.unbound;
-  r.scale_limit = decision.limit;
-  round_gradient(gx.g.data(), static_cast<std::size_t>(gx.g.size()), static_cast<float>(decision.s),
-                 GradSite::upstream, layer.id(), ctx.precision, ctx.monitor);
-  gx.scale = decision.s * q.scale_in;
+  const double scale_in = host_scale(grad_output, ctx.monitor);
+  LocalScaleQuery query = upstream_query(layer, grad_output, product, gx.g, ctx);  // no raw views: device data
+  query.scale_in = scale_in;
+  const LocalScale decision = decide_local_scale(
+      *controller, std::move(query),
+      [&](StatNeeds needs, QueryStatistics& stats, LocalScaleQuery& q) {
+        // The statistics from the tensors' device views, batched into one copy (ArrayOps::attach, which
+        // leaves the query without raw views); the log-moments from a host copy.
+        q.grad = grad_output.g.data();
+        q.weight = product.weight.size() > 0 ? product.weight.data() : nullptr;  // none without a GEMM
+        q.upstream = gx.g.data();
+        array_ops_->attach(stats, needs, q, ctx.precision.round);
+        if ((needs & kNeedProductRange) && product.product_range) {  // the layer's closure copies to the host
+          stats.products = product.product_range();
+          q.products = &stats.products;
+        }
+      },
+      ctx.reducer, ctx.scaler.policy(), ctx.monitor, t0);  // with a reducer: the whole batch's, as the CPU's
   gx.device_scale = -1;
-  r.scale_out = gx.scale;
+  gx.scale = send_at_local_scale(ctx.monitor, layer.id(), decision, scale_in, round_upstream);
 }
 
 void CudaBackend::decide_on_device(ScaleRule rule, LayerController& controller, const Layer& layer,
@@ -155,14 +154,14 @@ void CudaBackend::accumulate_weight_grad(Tensor& g, const ScaledGrad& at, Parame
 
 void CudaBackend::accumulate_weight_grads(const Layer& layer, std::initializer_list<WeightGrad> grads,
                                           const ScaledGrad& at, BackwardContext& ctx) {
-  LayerController* controller = ctx.scaler.layer_controller();
+  LayerController* controller = weight_grad_controller(ctx.scaler, ctx.precision);
   const Precision& p = ctx.precision;
   LayerRecord& record = ctx.monitor.record_of(layer.id());
   record.weight_grad_scale = 1;
   if (ctx.reducer)  // data-parallel: each gradient summed over the ranks before its one rounding
     for (const WeightGrad& w : grads)
       ctx.reducer->reduce_sum_on_device(w.grad->data(), static_cast<std::size_t>(w.grad->size()));
-  if (controller == nullptr || !controller->scales_weight_grads() || !p.quantize_weight_grads) {  // r = 1
+  if (controller == nullptr) {  // r = 1
     for (const WeightGrad& w : grads) accumulate_weight_grad(*w.grad, at, *w.param, layer.id(), p, ctx.monitor);
     return;
   }
@@ -190,9 +189,10 @@ void CudaBackend::accumulate_weight_grads(const Layer& layer, std::initializer_l
     const TensorStats s = statistics_now({job}).at(0);
     const float m = s.nonfinite > 0 ? std::numeric_limits<float>::infinity() : static_cast<float>(s.max_abs);
     const double scale_in = host_scale(at, ctx.monitor);
-    const double r = choose_weight_grad_scale(layer, m, scale_in, ctx);
+    const double r = checked_weight_grad_scale(*controller, layer.id(), layer.name(), ctx.step, p.gradient_format(),
+                                               scale_in, m, ctx.scaler.policy());
     ctx.monitor.scaler_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    record.weight_grad_scale = first ? r : std::min(record.weight_grad_scale, r);
+    keep_smallest_weight_grad_scale(record, r, first);
     first = false;
     round_gradient(w.grad->data(), n, static_cast<float>(r), GradSite::weight, layer.id(), p, ctx.monitor);
     // As the CPU's accumulate_weight_grad: a scale outside float32's range cannot be divided out.

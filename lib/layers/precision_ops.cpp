@@ -1,7 +1,7 @@
 // The shared steps of the precision model (SPEC §4–§5): rounding activation, joined, weight and loss
 // gradients to the gradient format (one function, round_gradient), the found_inf check, the statistics
-// taken just before rounding, and the local-scale step of parametric layers. Every layer calls these;
-// none re-implements them.
+// taken just before rounding, and the CPU layers' drive of the local-scale step and of the weight-gradient
+// factor r (whose rules are written once, in scale_step.cpp). Every layer calls these; none re-implements them.
 #include "lib/layers/precision_ops.h"
 
 #include <omp.h>
@@ -11,7 +11,7 @@
 #include <cmath>
 #include <vector>
 
-#include "lib/layers/upstream_decision.h"
+#include "lib/layers/scale_step.h"
 #include "lib/scaler/scaler.h"
 #include "lib/scaler/scale_range.h"
 
@@ -195,25 +195,6 @@ void QueryStatistics::attach(StatNeeds needs, LocalScaleQuery& q, RoundOptions r
   }
 }
 
-LocalScaleQuery upstream_query(int layer_id, std::string_view layer_name, std::int64_t step, Format format,
-                               double scale_in, std::int64_t reduction, const Shape& grad_shape,
-                               const Shape& weight_shape, const Shape& upstream_shape) {
-  LocalScaleQuery q;
-  q.layer_id = layer_id;
-  q.layer_name = layer_name;
-  q.step = step;
-  q.format = format;
-  q.scale_in = scale_in;
-  q.reduction = reduction;
-  q.grad_shape = grad_shape;
-  q.weight_shape = weight_shape;
-  q.upstream_shape = upstream_shape;
-  q.grad_size = shape_size(grad_shape);
-  q.weight_size = shape_size(weight_shape);
-  q.upstream_size = shape_size(upstream_shape);
-  return q;
-}
-
 LocalScaleQuery upstream_query(const Layer& layer, const ScaledGrad& grad_output, const UpstreamProduct& product,
                                const Tensor& upstream, const BackwardContext& ctx) {
   LocalScaleQuery q = upstream_query(layer.id(), layer.name(), ctx.step, ctx.precision.gradient_format(),
@@ -227,46 +208,24 @@ LocalScaleQuery upstream_query(const Layer& layer, const ScaledGrad& grad_output
   return q;
 }
 
-LocalScale checked_decision(LayerController& controller, const LocalScaleQuery& q, std::string_view policy,
-                            StepMonitor& monitor, std::chrono::steady_clock::time_point start) {
-  const LocalScale decision = controller.decide(q);
-  GS_CHECK_NUMERIC(std::isfinite(decision.s) && decision.s > 0,
-                   "the controller of policy '" << policy << "' chose local scale " << decision.s << " at layer '"
-                                                << q.layer_name << "' (must be finite and > 0)");
-  monitor.scaler_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  return decision;
-}
-
-LocalScale checked_decision(LayerController& controller, const LocalScaleQuery& q, const Layer& layer,
-                            BackwardContext& ctx, std::chrono::steady_clock::time_point start) {
-  (void)layer;  // q names it
-  return checked_decision(controller, q, ctx.scaler.policy(), ctx.monitor, start);
-}
-
 void scale_upstream_grad(const Layer& layer, const ScaledGrad& grad_output, const UpstreamProduct& product,
                          ScaledGrad& gx, BackwardContext& ctx) {
-  LocalScale decision;
+  LocalScale decision;  // s = 1 under a global policy
   if (LayerController* controller = ctx.scaler.layer_controller()) {
     const auto t0 = std::chrono::steady_clock::now();
-    LocalScaleQuery q = upstream_query(layer, grad_output, product, gx.g, ctx);
-    QueryStatistics stats;
-    stats.attach(controller->needs(layer.id()), q, ctx.precision.round, product.product_range);
-    if (ctx.reducer) stats.reduce(*ctx.reducer, q);
-    decision = checked_decision(*controller, q, layer, ctx, t0);
+    decision = decide_local_scale(
+        *controller, upstream_query(layer, grad_output, product, gx.g, ctx),
+        [&](StatNeeds needs, QueryStatistics& stats, LocalScaleQuery& q) {
+          stats.attach(needs, q, ctx.precision.round, product.product_range);
+        },
+        ctx.reducer, ctx.scaler.policy(), ctx.monitor, t0);
   }
-  // s multiplies the fp32 accumulator before the one rounding, so s·g itself never overflows.
-  LayerRecord& r = ctx.monitor.record_of(layer.id());
-  r.local_scale = decision.s;
-  r.unbound_scale = decision.unbound;
-  r.scale_limit = decision.limit;
-  r.sent_grad = true;
   std::vector<float> before = before_rounding(gx.g, ctx);
   for (float& v : before) v *= static_cast<float>(decision.s);  // what is rounded: s·g (exact for a power of two)
-  r.sent_max_abs = round_gradient(gx.g.data(), static_cast<std::size_t>(gx.g.size()),
-                                  static_cast<float>(decision.s), GradSite::upstream, layer.id(),
-                                  ctx.precision, ctx.monitor);
-  gx.scale = decision.s * grad_output.scale;
-  r.scale_out = gx.scale;
+  gx.scale = send_at_local_scale(ctx.monitor, layer.id(), decision, grad_output.scale, [&](float s) {
+    ctx.monitor.record_of(layer.id()).sent_max_abs = round_gradient(
+        gx.g.data(), static_cast<std::size_t>(gx.g.size()), s, GradSite::upstream, layer.id(), ctx.precision, ctx.monitor);
+  });
   observe_upstream(layer, before, gx, ctx);
 }
 
@@ -292,41 +251,23 @@ void accumulate_weight_grad(Tensor& g, double scale, Parameter& param, int layer
   for (std::size_t i = 0; i < n; ++i) dst[i] += src[i] / s;
 }
 
-double choose_weight_grad_scale(const Layer& layer, float max_abs, double scale_in, BackwardContext& ctx) {
-  LayerController* controller = ctx.scaler.layer_controller();
-  if (controller == nullptr || !controller->scales_weight_grads() || !ctx.precision.quantize_weight_grads)
-    return 1.0;
-  WeightGradQuery q;
-  q.layer_id = layer.id();
-  q.layer_name = layer.name();
-  q.step = ctx.step;
-  q.format = ctx.precision.gradient_format();
-  q.scale_in = scale_in;
-  q.max_abs = max_abs;
-  const double r = controller->weight_grad_scale(q);
-  int e = 0;
-  GS_CHECK_NUMERIC(std::isfinite(r) && r > 0 && std::frexp(r, &e) == 0.5,
-                   "the controller of policy '" << ctx.scaler.policy() << "' chose weight-gradient scale " << r
-                                                << " at layer '" << layer.name()
-                                                << "' (must be a finite power of two > 0)");
-  return r;
-}
-
 void accumulate_weight_grads(const Layer& layer, std::initializer_list<WeightGrad> grads, double scale,
                              BackwardContext& ctx) {
-  LayerController* controller = ctx.scaler.layer_controller();
   // r needs each gradient's maximum: taken only when a controller chooses r for rounded weight gradients.
-  const bool own_factor =
-      controller != nullptr && controller->scales_weight_grads() && ctx.precision.quantize_weight_grads;
-  double smallest = 1.0;
+  LayerController* controller = weight_grad_controller(ctx.scaler, ctx.precision);
+  LayerRecord& record = ctx.monitor.record_of(layer.id());
+  record.weight_grad_scale = 1.0;
   bool first = true;
   for (const WeightGrad& w : grads) {
     // Data-parallel: the whole batch's gradient, so every rank takes the same r from the same maximum.
     if (ctx.reducer) ctx.reducer->reduce_sum(w.grad->data(), static_cast<std::size_t>(w.grad->size()));
-    const double r = own_factor ? choose_weight_grad_scale(layer, max_abs(w.grad->data(), static_cast<std::size_t>(w.grad->size())),
-                                                           scale, ctx)
-                                : 1.0;
-    smallest = first ? r : std::min(smallest, r);
+    const double r = controller == nullptr
+                         ? 1.0
+                         : checked_weight_grad_scale(*controller, layer.id(), layer.name(), ctx.step,
+                                                     ctx.precision.gradient_format(), scale,
+                                                     max_abs(w.grad->data(), static_cast<std::size_t>(w.grad->size())),
+                                                     ctx.scaler.policy());
+    keep_smallest_weight_grad_scale(record, r, first);
     first = false;
     std::vector<float> before = before_rounding(*w.grad, ctx);
     for (float& v : before) v *= static_cast<float>(r);  // what is rounded: r·g
@@ -334,7 +275,6 @@ void accumulate_weight_grads(const Layer& layer, std::initializer_list<WeightGra
     if (ctx.observer != nullptr && w.grad->on_host())
       ctx.observer->weight(layer.id(), before.data(), w.grad->data(), before.size(), r * scale);
   }
-  ctx.monitor.record_of(layer.id()).weight_grad_scale = smallest;
 }
 
 }  // namespace gradscale

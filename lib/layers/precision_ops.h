@@ -1,7 +1,7 @@
 // The steps of the precision model every layer shares (SPEC §4–§5, §6.5), implemented once in
 // precision_ops.cpp: the one rounding of a gradient to the gradient format with its found_inf check and
-// statistics, the local-scale step of a layer, and the weight-gradient step with its factor r. The CPU
-// layers call them; the CUDA backend's twins (lib/cuda/backend.h) and ExternalBackward share pieces.
+// statistics, and the CPU layers' local-scale and weight-gradient steps, which drive the per-layer rules
+// of scale_step.h — the rules the CUDA backend's twins (lib/cuda/backend.h) and ExternalBackward drive too.
 #pragma once
 
 #include <chrono>
@@ -58,13 +58,11 @@ void round_working_copy(const Parameter& master, Tensor& working, const Precisio
 // (lib/instrument), gets s, and rounds s·gx.g once (round_gradient); sets gx.scale = s·S.
 void scale_upstream_grad(const Layer& layer, const ScaledGrad& grad_output, const UpstreamProduct& product,
                          ScaledGrad& gx, BackwardContext& ctx);
-// The pieces of scale_upstream_grad a device backend shares: the query of step 1 (its raw views set
-// only when the data is in host memory; no statistics yet), and the controller's decision on it,
-// checked (finite, > 0), its time since `start` added to the monitor's scaler_seconds.
+// The query of step 1 at a gradscale layer (its raw views set only when the data is in host memory; no
+// statistics yet), for the step itself (decide_local_scale, lib/layers/scale_step.h), which the CUDA
+// backend's host decisions share.
 LocalScaleQuery upstream_query(const Layer& layer, const ScaledGrad& grad_output, const UpstreamProduct& product,
                                const Tensor& upstream, const BackwardContext& ctx);
-LocalScale checked_decision(LayerController& controller, const LocalScaleQuery& q, const Layer& layer,
-                            BackwardContext& ctx, std::chrono::steady_clock::time_point start);
 // Weight-gradient step (SPEC §4, §6.5): `g` is the fp32 gradient at scale S; it is multiplied by
 // `factor` (r, a power of two), rounded to the gradient format (unless the precision keeps weight
 // gradients in fp32), checked for non-finite values, counted about the monitor's edge, and g/(r·S) is
@@ -74,19 +72,16 @@ LocalScale checked_decision(LayerController& controller, const LocalScaleQuery& 
 void accumulate_weight_grad(Tensor& g, double scale, Parameter& param, int layer_id, const Precision& p,
                             StepMonitor& monitor, double factor = 1.0, StatisticsReducer* reducer = nullptr);
 // The weight-gradient step of one layer: `grads` are its parameters' fp32 gradients at the scale S it
-// received (summed over the ranks first, with the context's reducer). Under a per-layer policy (and weight gradients rounded), its controller chooses a factor r
-// for each of them from its largest magnitude (LayerController::weight_grad_scale; 1 otherwise), and
-// each goes through accumulate_weight_grad at its r; the layer's record keeps the smallest r.
+// received (summed over the ranks first, with the context's reducer). Under a per-layer policy (and
+// weight gradients rounded), its controller chooses a factor r for each of them from its largest
+// magnitude (checked_weight_grad_scale, lib/layers/scale_step.h; 1 otherwise), and each goes through
+// accumulate_weight_grad at its r; the layer's record keeps the smallest r.
 struct WeightGrad {
   Tensor* grad;
   Parameter* param;
 };
 void accumulate_weight_grads(const Layer& layer, std::initializer_list<WeightGrad> grads, double scale,
                              BackwardContext& ctx);
-// r for a layer whose weight gradients' largest fp32 magnitude at scale S is `max_abs` (the controller's
-// weight_grad_scale, checked: a finite power of two > 0); 1 under a global policy, a controller that
-// does not scale weight gradients, or fp32 weight gradients.
-double choose_weight_grad_scale(const Layer& layer, float max_abs, double scale_in, BackwardContext& ctx);
 // The statistics a controller asked for (StatNeeds), computed once with lib/instrument on the query's raw
 // views; attach() computes them and points the query at them (this object must outlive the query's use).
 struct QueryStatistics {

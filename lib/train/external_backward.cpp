@@ -11,7 +11,7 @@
 
 #include "lib/core/json_read.h"
 #include "lib/layers/precision_ops.h"
-#include "lib/layers/upstream_decision.h"
+#include "lib/layers/scale_step.h"
 #include "lib/model/join.h"
 #include "lib/scaler/scale_range.h"
 #include "lib/train/scaler_setup.h"
@@ -151,43 +151,40 @@ double ExternalBackward::upstream(int layer, float* upstream, const Shape& upstr
                                                          << "' received scale " << scale_in);
   const LayerInfo& info = layers_[static_cast<std::size_t>(layer)];
   note_layer(layer, scale_in);
-  LocalScale decision;
+  LocalScale decision;  // s = 1 under a global policy and at a layer without a GEMM
   LayerController* controller = scaler_->layer_controller();
   if (controller && info.parametric) {
     const auto t0 = std::chrono::steady_clock::now();
-    LocalScaleQuery q = upstream_query(layer, info.name, steps_, precision_.gradient_format(), scale_in,
-                                       info.reduction, grad_shape, weight_shape, upstream_shape);
-    q.grad = grad;  // either may be null: refused below if the controller reads it
-    q.grad_size = grad ? q.grad_size : 0;
-    q.weight = weight;
-    q.weight_size = weight ? q.weight_size : 0;
-    q.upstream = upstream;
-    const StatNeeds needs = controller->needs(layer);
-    GS_CHECK_CONFIG(!(needs & (kNeedGradMoments | kNeedGradLogMoments)) || grad,
-                    "ExternalBackward::upstream: the controller needs the gradient layer '" << info.name
-                                                                                            << "' received");
-    GS_CHECK_CONFIG(!(needs & kNeedWeightMoments) || weight,
-                    "ExternalBackward::upstream: the controller needs the weight of layer '" << info.name << "'");
-    GS_CHECK_CONFIG(!(needs & kNeedProductRange),
-                    "ExternalBackward::upstream: method element_wise needs the partial products of gradscale's "
-                    "own Linear/Conv2d; it is not available for layers computed elsewhere");
-    QueryStatistics stats;
-    ops_->attach(stats, needs, q, precision_.round);
-    if (reducer_) stats.reduce(*reducer_, q);  // every rank decides on the whole batch's statistics
-    decision = checked_decision(*controller, q, scaler_->policy(), monitor_, t0);
+    LocalScaleQuery query = upstream_query(layer, info.name, steps_, precision_.gradient_format(), scale_in,
+                                           info.reduction, grad_shape, weight_shape, upstream_shape);
+    query.grad = grad;  // either may be null: refused below if the controller reads it
+    query.grad_size = grad ? query.grad_size : 0;
+    query.weight = weight;
+    query.weight_size = weight ? query.weight_size : 0;
+    query.upstream = upstream;
+    decision = decide_local_scale(
+        *controller, std::move(query),
+        [&](StatNeeds needs, QueryStatistics& stats, LocalScaleQuery& q) {
+          GS_CHECK_CONFIG(!(needs & (kNeedGradMoments | kNeedGradLogMoments)) || grad,
+                          "ExternalBackward::upstream: the controller needs the gradient layer '" << info.name
+                                                                                                  << "' received");
+          GS_CHECK_CONFIG(!(needs & kNeedWeightMoments) || weight,
+                          "ExternalBackward::upstream: the controller needs the weight of layer '" << info.name
+                                                                                                   << "'");
+          GS_CHECK_CONFIG(!(needs & kNeedProductRange),
+                          "ExternalBackward::upstream: method element_wise needs the partial products of "
+                          "gradscale's own Linear/Conv2d; it is not available for layers computed elsewhere");
+          ops_->attach(stats, needs, q, precision_.round);
+        },
+        reducer_, scaler_->policy(), monitor_, t0);  // with a reducer: every rank decides on the whole batch's
   }
-  LayerRecord& r = monitor_.record_of(layer);
-  r.local_scale = decision.s;
-  r.unbound_scale = decision.unbound;
-  r.scale_limit = decision.limit;
-  r.sent_grad = true;
-  ops_->queue_rounding(upstream, static_cast<std::size_t>(shape_size(upstream_shape)),
-                       static_cast<float>(decision.s), GradSite::upstream, layer, precision_, monitor_,
-                       [this, layer](float m) {
-                         LayerRecord& sent = monitor_.record_of(layer);
-                         if (m > sent.sent_max_abs || std::isnan(m)) sent.sent_max_abs = m;
-                       });
-  r.scale_out = decision.s * scale_in;
+  send_at_local_scale(monitor_, layer, decision, scale_in, [&](float s) {
+    ops_->queue_rounding(upstream, static_cast<std::size_t>(shape_size(upstream_shape)), s, GradSite::upstream,
+                         layer, precision_, monitor_, [this, layer](float m) {
+                           LayerRecord& sent = monitor_.record_of(layer);
+                           if (m > sent.sent_max_abs || std::isnan(m)) sent.sent_max_abs = m;
+                         });
+  });
   return decision.s;
 }
 
@@ -215,27 +212,18 @@ void ExternalBackward::weight_gradient(int layer, float* g, std::int64_t n, doub
   const auto count = static_cast<std::size_t>(n);
   // SPEC §6.5: a per-layer policy stores the part at its own factor r, chosen from its fp32 maximum.
   double r = 1.0;
-  LayerController* controller = scaler_->layer_controller();
-  if (layer >= 0 && controller != nullptr && controller->scales_weight_grads() && precision_.quantize_weight_grads) {
-    WeightGradQuery q;
-    q.layer_id = layer;
-    q.layer_name = layers_[static_cast<std::size_t>(layer)].name;
-    q.step = steps_;
-    q.format = precision_.gradient_format();
-    q.scale_in = scale;
-    q.max_abs = ops_->max_abs(g, count);
+  LayerController* controller = weight_grad_controller(*scaler_, precision_);
+  if (layer >= 0 && controller != nullptr) {
+    double max_abs = ops_->max_abs(g, count);
     // Data-parallel: each rank holds its rows' part (the framework averages the true gradients later),
     // so the ranks take r from the largest of their maxima and store their parts alike.
-    if (reducer_) reducer_->reduce_max(&q.max_abs, 1);
-    r = controller->weight_grad_scale(q);
-    int e = 0;
-    GS_CHECK_NUMERIC(std::isfinite(r) && r > 0 && std::frexp(r, &e) == 0.5,
-                     "the controller of policy '" << scaler_->policy() << "' chose weight-gradient scale " << r
-                                                  << " at layer '" << q.layer_name << "' (must be a finite power of two > 0)");
+    if (reducer_) reducer_->reduce_max(&max_abs, 1);
+    const std::size_t l = static_cast<std::size_t>(layer);
+    r = checked_weight_grad_scale(*controller, layer, layers_[l].name, steps_, precision_.gradient_format(), scale,
+                                  max_abs, scaler_->policy());
     // The record keeps the smallest r among the layer's parts this step, as accumulate_weight_grads does.
-    LayerRecord& record = monitor_.record_of(layer);
-    record.weight_grad_scale = wgrad_seen_[static_cast<std::size_t>(layer)] ? std::min(record.weight_grad_scale, r) : r;
-    wgrad_seen_[static_cast<std::size_t>(layer)] = 1;
+    keep_smallest_weight_grad_scale(monitor_.record_of(layer), r, !wgrad_seen_[l]);
+    wgrad_seen_[l] = 1;
   }
   if (layer < 0)
     round_unrecorded(*ops_, g, count, 1.0f, GradSite::weight, precision_, monitor_, -1);
