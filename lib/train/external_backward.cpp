@@ -334,6 +334,11 @@ std::vector<LayerScale> ExternalBackward::layer_scales() const {
   return layer_scale_rows(layers_, monitor_);
 }
 
+nlohmann::json ExternalBackward::trace_header(const nlohmann::json& config, std::uint64_t seed,
+                                              const nlohmann::json& layers) const {
+  return make_trace_header(config, precision_, scaler_->config(), seed, layers, "");
+}
+
 nlohmann::json ExternalBackward::layer_names() const {
   nlohmann::json names = nlohmann::json::array();
   for (const LayerInfo& l : layers_) names.push_back(l.name);

@@ -396,22 +396,28 @@ std::vector<LayerScale> ScaledTraining::layer_scales() const {
   return layer_scale_rows(model_.layer_infos(), monitor_);
 }
 
-nlohmann::json ScaledTraining::trace_header(const nlohmann::json& config) const {
+nlohmann::json make_trace_header(const nlohmann::json& config, const Precision& precision,
+                                 const nlohmann::json& scaler, std::uint64_t seed, const nlohmann::json& layers,
+                                 const std::string& model_name) {
   GS_CHECK_CONFIG(config.is_object(), "trace_header: `config` must be a JSON object, got " << config.dump());
   nlohmann::json header = {{"version", GRADSCALE_VERSION},
                             {"config", config},
-                            {"format", format_name(precision_.format)},
-                            {"grad_format", format_name(precision_.gradient_format())},
-                            {"scaler", scaler_->config()},
-                            {"seed", seed_},
-                            {"layers", model_.layer_table()}};
+                            {"format", format_name(precision.format)},
+                            {"grad_format", format_name(precision.gradient_format())},
+                            {"scaler", scaler},
+                            {"seed", seed},
+                            {"layers", layers}};
   // The model's name (Model::name, a spec's "name"); else the run config's "model", as the CLI's has.
   const auto named = config.find("model");
-  if (!model_.name().empty())
-    header["model"] = model_.name();
+  if (!model_name.empty())
+    header["model"] = model_name;
   else if (named != config.end() && named->is_string())
     header["model"] = *named;
   return header;
+}
+
+nlohmann::json ScaledTraining::trace_header(const nlohmann::json& config) const {
+  return make_trace_header(config, precision_, scaler_->config(), seed_, model_.layer_table(), model_.name());
 }
 
 void ScaledTraining::distribute(Communicator& comm, const std::string& gpu_collectives) {

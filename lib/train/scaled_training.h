@@ -52,6 +52,15 @@ struct LayerScale {
   double underflow_rate = 0;  // of the activation gradient it sent upstream (SPEC §1), when recorded
 };
 
+// The header of a trace (lib/train/trace.h, SPEC §8), written once for the C++ engine
+// (ScaledTraining::trace_header) and a backward computed elsewhere (ExternalBackward::trace_header):
+// the version, `config` (what describes the run; ConfigError unless an object) under "config", the
+// formats of `precision`, the scaler's configuration, the seed and the layer table; "model" is
+// `model_name` when it is not empty, else config's "model" when that is a string, else absent.
+nlohmann::json make_trace_header(const nlohmann::json& config, const Precision& precision,
+                                 const nlohmann::json& scaler, std::uint64_t seed, const nlohmann::json& layers,
+                                 const std::string& model_name);
+
 class ScaledTraining {
  public:
   // Attaches `scaler` to `model` for the gradient format of `precision` (binds its controller to the
@@ -153,8 +162,9 @@ class ScaledTraining {
   // of every gradient rounded (when recorded). Reset by begin_step.
   const StepMonitor& monitor() const { return monitor_; }
   std::vector<LayerScale> layer_scales() const;  // from monitor(), one row per layer
-  // The header of a trace of this run (lib/train/trace.h): version, formats, scaler, seed and the
-  // layer table, with `config` (what describes the run; must be an object) stored under "config".
+  // The header of a trace of this run (lib/train/trace.h): make_trace_header with this run's formats,
+  // scaler, seed, layer table (Model::layer_table) and model name, `config` (what describes the run;
+  // must be an object) stored under "config".
   nlohmann::json trace_header(const nlohmann::json& config = nlohmann::json::object()) const;
 
   Model& model() { return model_; }
