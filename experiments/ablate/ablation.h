@@ -10,6 +10,12 @@
 
 #include <nlohmann/json.hpp>
 
+// What the expansion is built from, which the runner and the tests call too: value_label and file_safe
+// (labels.h), apply_setting (settings.h), validate_config (validate.h).
+#include "experiments/ablate/labels.h"
+#include "experiments/ablate/settings.h"
+#include "experiments/ablate/validate.h"
+
 namespace gradscale::ablate {
 
 // Runs an ablation may have unless its file sets "max_runs", and the most "max_runs" may allow.
@@ -68,22 +74,5 @@ Ablation expand_ablation(const nlohmann::ordered_json& doc, const std::string& w
 
 // Reads and expands the ablation file at `path`.
 Ablation load_ablation(const std::string& path);
-
-// Checks one training config as `gradscale train --config` would read it, without loading data or
-// training: TrainConfig::merge_json, the scaler (make_scaler), the model, optimizer, schedule and the
-// form of the data spec. Throws ConfigError with the library's message.
-void validate_config(const nlohmann::json& config);
-
-// Applies `key` = `value` to a config object: a plain key replaces the entry; "scaler.P" (and
-// "optimizer.P", "schedule.P") sets P inside that object, turning a name or "static:S" into an
-// object first. Throws ConfigError for any other dotted key.
-void apply_setting(nlohmann::json& config, const std::string& key, const nlohmann::json& value);
-
-// The text a value gets in the table: strings as they are, numbers as JSON writes them, a scaler
-// object as its policy (and method) followed by its other parameters as key=value.
-std::string value_label(const nlohmann::json& value);
-
-// `text` made safe for a file name: letters, digits and . _ = + - kept, runs of anything else → '-'.
-std::string file_safe(const std::string& text);
 
 }  // namespace gradscale::ablate
