@@ -1,0 +1,92 @@
+"""Ordinary PyTorch training code around a Scaler: clear errors (arguments, trace paths, state dicts of
+other shapes, torch.compile), a trace written on close after a NaN loss, and an empty last batch."""
+import json
+import os
+
+import pytest
+import torch
+from torch import nn
+import torch.nn.functional as F
+
+from gradscale.torch import Scaler
+from training_patterns_common import batch, mlp, params_of, same
+
+
+# ---- clear errors --------------------------------------------------------------------------------
+def test_construction_validates_its_arguments():
+    with pytest.raises(TypeError, match="format="):
+        Scaler(mlp(), format=16)
+    with pytest.raises(TypeError, match="grad_format="):
+        Scaler(mlp(), grad_format=8)
+    with pytest.raises(TypeError, match="scaler="):
+        Scaler(mlp(), scaler=1024)
+    with pytest.raises(ValueError, match="element_wise"):
+        Scaler(mlp(), scaler={"policy": "adaptive", "method": "element_wise"})
+    with pytest.raises(ValueError, match="record_every"):
+        Scaler(mlp(), record_every=True)
+    with pytest.raises(ValueError, match="trace_hist"):
+        Scaler(mlp(), trace="t", trace_hist="yes")
+
+
+def test_trace_paths_are_checked(tmp_path):
+    for bad in (str(tmp_path) + os.sep, ".", str(tmp_path)):
+        with pytest.raises(ValueError, match="must name a file"):
+            Scaler(mlp(), trace=bad)
+    config = tmp_path / "config.json"
+    config.write_text('{"mine": 1}')
+    with pytest.raises(ValueError, match="not a gradscale trace"):
+        Scaler(mlp(), trace=str(tmp_path / "config"))
+    assert json.loads(config.read_text()) == {"mine": 1}
+
+
+def test_load_state_dict_refuses_other_shapes_and_counts():
+    a = Scaler(mlp(), format="fp16")
+    state = a.state_dict()
+    wide = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 4))
+    with pytest.raises(ValueError, match="other parameter shapes"):
+        Scaler(wide, format="fp16").load_state_dict(state)
+    with pytest.raises(ValueError, match="skipped_steps"):
+        Scaler(mlp(), format="fp16").load_state_dict(dict(state, skipped_steps=-3))
+
+
+def test_close_after_a_nan_loss_writes_the_trace(tmp_path):
+    model = mlp()
+    scaler = Scaler(model, scaler="torch", format="fp16", trace=str(tmp_path / "run"), trace_every=1)
+    x, y = batch()
+    loss = F.cross_entropy(model(x), y) * float("nan")
+    scaler.scale(loss).backward()
+    assert scaler.step(torch.optim.SGD(model.parameters(), lr=0.1)) is False
+    scaler.update()
+    scaler.close()
+    summary = json.loads((tmp_path / "run.json").read_text())["summary"]
+    assert summary["train_loss"] is None and summary["skipped"] == 1
+
+
+def test_an_empty_last_batch_is_no_internal_error():
+    model = mlp()
+    scaler = Scaler(model, scaler={"policy": "adaptive", "method": "measured"}, format="fp16")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = batch()
+    masters = params_of(model)
+    scaler.scale(F.cross_entropy(model(x[:0]), y[:0])).backward()  # the mean of nothing: NaN
+    # Its gradients are zeros, all finite: the step applies, as GradScaler's would, and moves nothing.
+    assert all(torch.equal(p.grad, torch.zeros_like(p)) for p in model.parameters())
+    assert scaler.step(opt) is True
+    scaler.update()
+    assert same(params_of(model), masters)
+    scaler.scale(F.cross_entropy(model(x), y)).backward()
+    assert scaler.step(opt) is True
+    scaler.update()
+
+
+def test_torch_compile_is_refused_with_a_message(monkeypatch):
+    """torch 2.x: tracing under torch.compile gives tensors without memory; the Scaler says so at the
+    first layer call (torch.compiler.is_compiling stands in for a real trace, which torch 1.13 lacks)."""
+    import types
+    model = mlp()
+    Scaler(model, format="fp16")
+    fake = types.SimpleNamespace(is_compiling=lambda: True)
+    monkeypatch.setattr(torch, "compiler", fake, raising=False)
+    with pytest.raises(RuntimeError, match="torch.compile"):
+        model(batch()[0])
+    assert all(type(p) is nn.Parameter for p in model.parameters())
