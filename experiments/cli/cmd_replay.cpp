@@ -56,6 +56,12 @@ bool is_separator(char c) {
   return c == ' ' || c == ',' || c == '\t' || c == '\n';
 }
 
+// Moves `i` past separators: false at the end of the text, else `i` is where the next token starts.
+bool next_token(const std::string& text, std::size_t& i) {
+  while (i < text.size() && is_separator(text[i])) ++i;
+  return i < text.size();
+}
+
 // A decimal count: digits only, at most kMaxEvents unless `any_size` (gradient counts).
 std::uint64_t parse_count(std::string_view digits, bool any_size, std::string_view token) {
   GS_CHECK_CONFIG(!digits.empty() && digits.size() <= 19, "--events: bad number in '" << token << "'");
@@ -81,11 +87,7 @@ std::vector<Run> parse_flag_events(const std::string& text, const std::string& p
   std::vector<Run> runs;
   std::uint64_t total = 0;
   std::size_t i = 0;
-  while (i < text.size()) {
-    if (is_separator(text[i])) {
-      ++i;
-      continue;
-    }
+  while (next_token(text, i)) {
     const std::size_t start = i;
     while (i < text.size() && text[i] >= '0' && text[i] <= '9') ++i;
     const std::string_view token(text.data() + start, std::min(i + 1, text.size()) - start);
@@ -108,11 +110,7 @@ std::vector<Run> parse_statistics_events(const std::string& text) {
   std::vector<Run> runs;
   std::uint64_t total = 0;
   std::size_t i = 0;
-  while (i < text.size()) {
-    if (is_separator(text[i])) {
-      ++i;
-      continue;
-    }
+  while (next_token(text, i)) {
     const std::size_t start = i;
     while (i < text.size() && !is_separator(text[i])) ++i;
     const std::string_view token(text.data() + start, i - start);
