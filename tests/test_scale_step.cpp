@@ -45,7 +45,8 @@ LocalScaleQuery query_at(int layer, double scale_in) {
 
 }  // namespace
 
-TEST_CASE("scale step: the decision reads what the driver attached for the controller's needs", "[scale_step]") {
+TEST_CASE("scale step: the decision reads what the driver attached for the controller's needs",
+          "[scale_step]") {
   FixedController c;
   c.want = kNeedGradMoments;
   StepMonitor monitor;
@@ -97,7 +98,7 @@ TEST_CASE("scale step: the record takes s, its unbound value and limit, and S_ou
   monitor.record_of(1).scale_out = 3.0;  // note_backward's S_in, before the step
   std::vector<float> multipliers;
   const double out = send_at_local_scale(monitor, 1, LocalScale{0.5, 0.75, kLimitFactor}, 64.0, [&](float m) {
-    CHECK(monitor.record_of(1).sent_grad);        // noted before the rounding
+    CHECK(monitor.record_of(1).sent_grad);         // noted before the rounding
     CHECK(monitor.record_of(1).scale_out == 3.0);  // S_out written after it
     multipliers.push_back(m);
   });
@@ -112,8 +113,8 @@ TEST_CASE("scale step: the record takes s, its unbound value and limit, and S_ou
 
   // S_in still on a device (NaN here): S_out is left for the driver to fill when it arrives.
   monitor.record_of(0).scale_out = 2.0;
-  const double unknown = send_at_local_scale(monitor, 0, LocalScale{}, std::numeric_limits<double>::quiet_NaN(),
-                                             [](float m) { CHECK(m == 1.0f); });
+  const double unknown = send_at_local_scale(
+      monitor, 0, LocalScale{}, std::numeric_limits<double>::quiet_NaN(), [](float m) { CHECK(m == 1.0f); });
   CHECK(std::isnan(unknown));
   CHECK(monitor.record_of(0).scale_out == 2.0);
   CHECK(monitor.record_of(0).local_scale == 1.0);
@@ -136,9 +137,10 @@ TEST_CASE("scale step: r is the controller's, checked to be a finite power of tw
                       NumericError);
   }
   c.r = 3.0;
-  REQUIRE_THROWS_WITH(checked_weight_grad_scale(c, 2, "conv", 9, Format::fp16, 1.0, 1.0, "adaptive"),
-                      Catch::Contains("the controller of policy 'adaptive' chose weight-gradient scale 3 at layer "
-                                      "'conv' (must be a finite power of two > 0)"));
+  REQUIRE_THROWS_WITH(
+      checked_weight_grad_scale(c, 2, "conv", 9, Format::fp16, 1.0, 1.0, "adaptive"),
+      Catch::Contains("the controller of policy 'adaptive' chose weight-gradient scale 3 at layer "
+                      "'conv' (must be a finite power of two > 0)"));
 }
 
 TEST_CASE("scale step: a layer's record keeps the smallest r of its parts", "[scale_step]") {

@@ -55,5 +55,6 @@ TEST_CASE("trace header: ExternalBackward's equals the engine's for the same mod
   CHECK(engine.trace_header(config) ==
         make_trace_header(config, fp16(), engine.scaler().config(), 1, named->layer_table(), "named-net"));
   CHECK(engine.trace_header(config).at("model") == "named-net");
-  CHECK_THROWS_AS(make_trace_header(json::array(), fp16(), json::object(), 1, json::array(), ""), ConfigError);
+  CHECK_THROWS_AS(make_trace_header(json::array(), fp16(), json::object(), 1, json::array(), ""),
+                  ConfigError);
 }

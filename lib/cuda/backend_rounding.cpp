@@ -70,7 +70,8 @@ void CudaBackend::scale_upstream_grad(const Layer& layer, const ScaledGrad& grad
     // A device entry's S_out is filled with its S_in by note_backward's pending note.
     const bool on_host = grad_output.device_scale < 0;
     send_at_local_scale(ctx.monitor, layer.id(), LocalScale{},
-                        on_host ? grad_output.scale : std::numeric_limits<double>::quiet_NaN(), round_upstream);
+                        on_host ? grad_output.scale : std::numeric_limits<double>::quiet_NaN(),
+                        round_upstream);
     gx.scale = grad_output.scale;
     gx.device_scale = grad_output.device_scale;
     return;
@@ -78,7 +79,8 @@ void CudaBackend::scale_upstream_grad(const Layer& layer, const ScaledGrad& grad
   // The host decides: the statistics it asked for, copied now (one wait).
   const auto t0 = std::chrono::steady_clock::now();
   const double scale_in = host_scale(grad_output, ctx.monitor);
-  LocalScaleQuery query = upstream_query(layer, grad_output, product, gx.g, ctx);  // no raw views: device data
+  LocalScaleQuery query =
+      upstream_query(layer, grad_output, product, gx.g, ctx);  // no raw views: device data
   query.scale_in = scale_in;
   const LocalScale decision = decide_local_scale(
       *controller, std::move(query),
@@ -189,8 +191,8 @@ void CudaBackend::accumulate_weight_grads(const Layer& layer, std::initializer_l
     const TensorStats s = statistics_now({job}).at(0);
     const float m = s.nonfinite > 0 ? std::numeric_limits<float>::infinity() : static_cast<float>(s.max_abs);
     const double scale_in = host_scale(at, ctx.monitor);
-    const double r = checked_weight_grad_scale(*controller, layer.id(), layer.name(), ctx.step, p.gradient_format(),
-                                               scale_in, m, ctx.scaler.policy());
+    const double r = checked_weight_grad_scale(*controller, layer.id(), layer.name(), ctx.step,
+                                               p.gradient_format(), scale_in, m, ctx.scaler.policy());
     ctx.monitor.scaler_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     keep_smallest_weight_grad_scale(record, r, first);
     first = false;

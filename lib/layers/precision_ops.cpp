@@ -1,7 +1,8 @@
 // The shared steps of the precision model (SPEC §4–§5): rounding activation, joined, weight and loss
 // gradients to the gradient format (one function, round_gradient), the found_inf check, the statistics
 // taken just before rounding, and the CPU layers' drive of the local-scale step and of the weight-gradient
-// factor r (whose rules are written once, in scale_step.cpp). Every layer calls these; none re-implements them.
+// factor r (whose rules are written once, in scale_step.cpp). Every layer calls these; none re-implements
+// them.
 #include "lib/layers/precision_ops.h"
 
 #include <omp.h>
@@ -12,8 +13,8 @@
 #include <vector>
 
 #include "lib/layers/scale_step.h"
-#include "lib/scaler/scaler.h"
 #include "lib/scaler/scale_range.h"
+#include "lib/scaler/scaler.h"
 
 namespace gradscale {
 namespace {
@@ -223,8 +224,9 @@ void scale_upstream_grad(const Layer& layer, const ScaledGrad& grad_output, cons
   std::vector<float> before = before_rounding(gx.g, ctx);
   for (float& v : before) v *= static_cast<float>(decision.s);  // what is rounded: s·g (exact for a power of two)
   gx.scale = send_at_local_scale(ctx.monitor, layer.id(), decision, grad_output.scale, [&](float s) {
-    ctx.monitor.record_of(layer.id()).sent_max_abs = round_gradient(
-        gx.g.data(), static_cast<std::size_t>(gx.g.size()), s, GradSite::upstream, layer.id(), ctx.precision, ctx.monitor);
+    ctx.monitor.record_of(layer.id()).sent_max_abs =
+        round_gradient(gx.g.data(), static_cast<std::size_t>(gx.g.size()), s, GradSite::upstream, layer.id(),
+                       ctx.precision, ctx.monitor);
   });
   observe_upstream(layer, before, gx, ctx);
 }
@@ -261,12 +263,12 @@ void accumulate_weight_grads(const Layer& layer, std::initializer_list<WeightGra
   for (const WeightGrad& w : grads) {
     // Data-parallel: the whole batch's gradient, so every rank takes the same r from the same maximum.
     if (ctx.reducer) ctx.reducer->reduce_sum(w.grad->data(), static_cast<std::size_t>(w.grad->size()));
-    const double r = controller == nullptr
-                         ? 1.0
-                         : checked_weight_grad_scale(*controller, layer.id(), layer.name(), ctx.step,
-                                                     ctx.precision.gradient_format(), scale,
-                                                     max_abs(w.grad->data(), static_cast<std::size_t>(w.grad->size())),
-                                                     ctx.scaler.policy());
+    const double r =
+        controller == nullptr
+            ? 1.0
+            : checked_weight_grad_scale(
+                  *controller, layer.id(), layer.name(), ctx.step, ctx.precision.gradient_format(), scale,
+                  max_abs(w.grad->data(), static_cast<std::size_t>(w.grad->size())), ctx.scaler.policy());
     keep_smallest_weight_grad_scale(record, r, first);
     first = false;
     std::vector<float> before = before_rounding(*w.grad, ctx);

@@ -61,8 +61,9 @@ void scale_upstream_grad(const Layer& layer, const ScaledGrad& grad_output, cons
 // The query of step 1 at a gradscale layer (its raw views set only when the data is in host memory; no
 // statistics yet), for the step itself (decide_local_scale, lib/layers/scale_step.h), which the CUDA
 // backend's host decisions share.
-LocalScaleQuery upstream_query(const Layer& layer, const ScaledGrad& grad_output, const UpstreamProduct& product,
-                               const Tensor& upstream, const BackwardContext& ctx);
+LocalScaleQuery upstream_query(const Layer& layer, const ScaledGrad& grad_output,
+                               const UpstreamProduct& product, const Tensor& upstream,
+                               const BackwardContext& ctx);
 // Weight-gradient step (SPEC §4, §6.5): `g` is the fp32 gradient at scale S; it is multiplied by
 // `factor` (r, a power of two), rounded to the gradient format (unless the precision keeps weight
 // gradients in fp32), checked for non-finite values, counted about the monitor's edge, and g/(r·S) is

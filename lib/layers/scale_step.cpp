@@ -31,9 +31,9 @@ LocalScaleQuery upstream_query(int layer_id, std::string_view layer_name, std::i
 }
 
 void check_local_scale(double s, std::string_view policy, std::string_view layer_name) {
-  GS_CHECK_NUMERIC(std::isfinite(s) && s > 0, "the controller of policy '" << policy << "' chose local scale " << s
-                                                                            << " at layer '" << layer_name
-                                                                            << "' (must be finite and > 0)");
+  GS_CHECK_NUMERIC(std::isfinite(s) && s > 0, "the controller of policy '" << policy << "' chose local scale "
+                                                                           << s << " at layer '" << layer_name
+                                                                           << "' (must be finite and > 0)");
 }
 
 LocalScale checked_decision(LayerController& controller, const LocalScaleQuery& q, std::string_view policy,
@@ -85,8 +85,9 @@ double checked_weight_grad_scale(LayerController& controller, int layer_id, std:
   const double r = controller.weight_grad_scale(q);
   int e = 0;
   GS_CHECK_NUMERIC(std::isfinite(r) && r > 0 && std::frexp(r, &e) == 0.5,
-                   "the controller of policy '" << policy << "' chose weight-gradient scale " << r << " at layer '"
-                                                << layer_name << "' (must be a finite power of two > 0)");
+                   "the controller of policy '" << policy << "' chose weight-gradient scale " << r
+                                                << " at layer '" << layer_name
+                                                << "' (must be a finite power of two > 0)");
   return r;
 }
 

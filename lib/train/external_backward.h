@@ -134,7 +134,8 @@ class ExternalBackward {
   // The header of a trace of this backward (lib/train/trace.h): make_trace_header with its formats and
   // scaler, `seed` and the caller's layer table `layers` (rows as Model::layer_table's, docs/trace.md),
   // `config` (an object describing the run) under "config".
-  nlohmann::json trace_header(const nlohmann::json& config, std::uint64_t seed, const nlohmann::json& layers) const;
+  nlohmann::json trace_header(const nlohmann::json& config, std::uint64_t seed,
+                              const nlohmann::json& layers) const;
   // {"steps", "scaler": {"config", "state"}, "layers": [names]}; restore_state refuses another scaler
   // configuration or layer table (ConfigError naming what differs).
   nlohmann::json state() const;

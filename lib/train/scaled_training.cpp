@@ -397,16 +397,16 @@ std::vector<LayerScale> ScaledTraining::layer_scales() const {
 }
 
 nlohmann::json make_trace_header(const nlohmann::json& config, const Precision& precision,
-                                 const nlohmann::json& scaler, std::uint64_t seed, const nlohmann::json& layers,
-                                 const std::string& model_name) {
+                                 const nlohmann::json& scaler, std::uint64_t seed,
+                                 const nlohmann::json& layers, const std::string& model_name) {
   GS_CHECK_CONFIG(config.is_object(), "trace_header: `config` must be a JSON object, got " << config.dump());
   nlohmann::json header = {{"version", GRADSCALE_VERSION},
-                            {"config", config},
-                            {"format", format_name(precision.format)},
-                            {"grad_format", format_name(precision.gradient_format())},
-                            {"scaler", scaler},
-                            {"seed", seed},
-                            {"layers", layers}};
+                           {"config", config},
+                           {"format", format_name(precision.format)},
+                           {"grad_format", format_name(precision.gradient_format())},
+                           {"scaler", scaler},
+                           {"seed", seed},
+                           {"layers", layers}};
   // The model's name (Model::name, a spec's "name"); else the run config's "model", as the CLI's has.
   const auto named = config.find("model");
   if (!model_name.empty())

@@ -58,8 +58,8 @@ struct LayerScale {
 // formats of `precision`, the scaler's configuration, the seed and the layer table; "model" is
 // `model_name` when it is not empty, else config's "model" when that is a string, else absent.
 nlohmann::json make_trace_header(const nlohmann::json& config, const Precision& precision,
-                                 const nlohmann::json& scaler, std::uint64_t seed, const nlohmann::json& layers,
-                                 const std::string& model_name);
+                                 const nlohmann::json& scaler, std::uint64_t seed,
+                                 const nlohmann::json& layers, const std::string& model_name);
 
 class ScaledTraining {
  public:
