@@ -45,6 +45,18 @@ class ArrayOps {
   virtual void attach(QueryStatistics& stats, StatNeeds needs, LocalScaleQuery& q, RoundOptions round) = 0;
   // n values at `d` into host memory.
   virtual void to_host(const float* d, std::size_t n, float* host) = 0;
+  // SPEC §6.5 decided where the data lives, without a wait: r = weight_grad_range_scale(max|d|, u_max,
+  // S_in = scale_in) (lib/scaler/scale_rule.h, the rule LayerController::device_weight_grad_bound
+  // describes) from d's own statistics; d·r rounded as queue_rounding(site weight, `node`) rounds and
+  // records it; then d divided by r·S_in in fp32, unless r·S_in is outside float32's range (then, after
+  // that rounding's records, `monitor` notes a non-finite value at `node`, as the host path does). `then(r)`
+  // runs with the rounding's records, at flush(). Returns false and does nothing where the arrays are in
+  // host memory: the caller decides r on the host.
+  virtual bool queue_weight_gradient(float* /*d*/, std::size_t /*n*/, double /*u_max*/, double /*scale_in*/,
+                                     int /*node*/, const Precision& /*p*/, StepMonitor& /*monitor*/,
+                                     std::function<void(double)> /*then*/) {
+    return false;
+  }
   // Orders this work on the caller's stream (a cudaStream_t as an integer, 0: the backend's own); the
   // host has none. An entry that returns something measured waits for it; the others are queued.
   virtual void set_stream(std::uintptr_t /*stream*/) {}

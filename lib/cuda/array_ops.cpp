@@ -10,10 +10,12 @@
 #include "lib/cuda/device_buffer.h"
 #include "lib/cuda/edge_counts.h"
 #include "lib/cuda/elementwise.h"
+#include "lib/cuda/local_scale.h"
 #include "lib/cuda/quantize.h"
 #include "lib/cuda/stats.h"
 #include "lib/instrument/log_moments.h"
 #include "lib/instrument/round_thresholds.h"
+#include "lib/scaler/scale_range.h"
 
 namespace gradscale::cuda {
 namespace {
@@ -80,12 +82,24 @@ class CudaArrayOps final : public ArrayOps {
         GS_CUDA_CHECK(cudaMemcpyAsync(edges.data() + c * kChunk, edge_chunks_[c].data(),
                                       count * sizeof(DeviceEdgeCounts), cudaMemcpyDeviceToHost, ctx_.stream()));
     }
+    std::vector<DeviceScale> scales(scale_count_);
+    for (std::size_t c = 0; c * kChunk < scale_count_; ++c)
+      GS_CUDA_CHECK(cudaMemcpyAsync(scales.data() + c * kChunk, scale_chunks_[c].data(),
+                                    std::min(kChunk, scale_count_ - c * kChunk) * sizeof(DeviceScale),
+                                    cudaMemcpyDeviceToHost, ctx_.stream()));
     ctx_.synchronize();
     std::vector<Queued> queued;
     queued.swap(queued_);  // a `then` may queue more (it runs at once then: nothing is left to order with)
     rounding_count_ = 0;
+    scale_count_ = 0;
     any_edge_ = false;
     for (Queued& e : queued) {
+      if (e.scale_entry != kNoEntry) {  // a weight gradient's r, decided on the device
+        const DeviceScale& r = scales[e.scale_entry];
+        if (e.with_r) e.with_r(r.local);
+        if (!scale_in_float_range(r.scale)) e.monitor->note_nonfinite(e.node);
+        continue;
+      }
       if (!e.rounding) {
         e.run();
         continue;
@@ -160,6 +174,29 @@ class CudaArrayOps final : public ArrayOps {
     q.grad = q.weight = q.upstream = nullptr;  // device memory: a controller decides from the statistics
   }
 
+  bool queue_weight_gradient(float* d, std::size_t n, double u_max, double scale_in, int node, const Precision& p,
+                             StepMonitor& monitor, std::function<void(double)> then) override {
+    select_device();
+    cudaStream_t stream = ctx_.stream();
+    // r from the maximum in d's own statistics (a slot of its own, read by the rule only), S_in in an
+    // entry, r·S_in in the next: CudaBackend::accumulate_weight_grads's device path, in the same order.
+    DeviceStats* max_slot = slot(rounding_count_++);
+    tensor_stats(ctx_, d, n, p.gradient_format(), p.round, max_slot);
+    const std::size_t in = scale_count_++, out = scale_count_++;
+    set_scale(scale_entry(in), scale_in, stream);
+    decide_weight_grad_scale(max_slot, 1, u_max, scale_entry(in), scale_entry(out), stream);
+    apply_local_scale(d, n, scale_entry(out), stream);
+    queue_rounding(d, n, 1.0f, GradSite::weight, node, p, monitor, {});
+    divide_by_scale(d, n, scale_entry(out), stream);
+    Queued e;  // after the rounding's records: r, and the range of r·S_in
+    e.scale_entry = out;
+    e.node = node;
+    e.monitor = &monitor;
+    e.with_r = std::move(then);
+    queued_.push_back(std::move(e));
+    return true;
+  }
+
   void to_host(const float* d, std::size_t n, float* host) override {
     if (n == 0) return;
     select_device();
@@ -186,7 +223,10 @@ class CudaArrayOps final : public ArrayOps {
     std::function<void(float)> then;
     std::function<void()> run;
     std::size_t slot = 0;
+    std::size_t scale_entry = kNoEntry;  // queue_weight_gradient's r·S_in entry
+    std::function<void(double)> with_r;
   };
+  static constexpr std::size_t kNoEntry = static_cast<std::size_t>(-1);
   // The caller may be another thread than the one that made the context — PyTorch runs backward on
   // its own worker thread per device — and a thread's current device is its own: every entry that
   // queues work selects the context's device first.
@@ -202,6 +242,11 @@ class CudaArrayOps final : public ArrayOps {
     return stat_chunks_[i / kChunk].data() + i % kChunk;
   }
   DeviceEdgeCounts* edge_slot(std::size_t i) { return edge_chunks_[i / kChunk].data() + i % kChunk; }
+  // Scale entry i of the step (queue_weight_gradient's S_in and r·S_in), in chunks that never move.
+  DeviceScale* scale_entry(std::size_t i) {
+    while (i / kChunk >= scale_chunks_.size()) scale_chunks_.emplace_back(kChunk);
+    return scale_chunks_[i / kChunk].data() + i % kChunk;
+  }
 
   CudaContext& ctx_;
   DeviceBuffer<DeviceStats> stats_;  // a measurement returned at once: one tensor's, or a query's three
@@ -209,8 +254,9 @@ class CudaArrayOps final : public ArrayOps {
   PinnedBuffer<unsigned> max_bits_host_{1};
   std::vector<DeviceBuffer<DeviceStats>> stat_chunks_;
   std::vector<DeviceBuffer<DeviceEdgeCounts>> edge_chunks_;
+  std::vector<DeviceBuffer<DeviceScale>> scale_chunks_;
   std::vector<Queued> queued_;
-  std::size_t rounding_count_ = 0;
+  std::size_t rounding_count_ = 0, scale_count_ = 0;
   bool any_edge_ = false;  // some queued rounding counts about popart_als's edge
 };
 

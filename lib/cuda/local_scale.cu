@@ -49,7 +49,24 @@ __global__ void apply_kernel(float* d, std::size_t n, const DeviceScale* entry) 
     d[i] = d[i] * s;
 }
 
+__global__ void divide_kernel(float* d, std::size_t n, const DeviceScale* entry) {
+  // scale_in_float_range (lib/scaler/scale_range.h) on the double, as the host path checks r·S.
+  const double v = entry->scale;
+  if (!(v >= 1.1754943508222875e-38 && v <= 3.4028234663852886e+38)) return;
+  const float s = static_cast<float>(v);
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
+    d[i] = d[i] / s;
+}
+
 }  // namespace
+
+void divide_by_scale(float* d, std::size_t n, const DeviceScale* entry, cudaStream_t stream) {
+  if (n == 0) return;
+  GS_CHECK(d != nullptr && entry != nullptr, "cuda::divide_by_scale of " << n << " elements got a null pointer");
+  divide_kernel<<<grid_for(n, 4), kBlock, 0, stream>>>(d, n, entry);
+  GS_CUDA_CHECK_LAUNCH();
+}
 
 void set_scale(DeviceScale* entry, double value, cudaStream_t stream) {
   GS_CHECK(entry != nullptr, "cuda::set_scale got a null entry");

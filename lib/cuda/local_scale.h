@@ -42,6 +42,12 @@ void decide_local_scale(const ScaleRule& rule, const DeviceStats* grad, const De
 void decide_weight_grad_scale(const DeviceStats* stats, int count, double u_max, const DeviceScale* in,
                               DeviceScale* out, cudaStream_t stream);
 
+// d[i] ← d[i] / float(entry->scale) for i < n in fp32 (SPEC §4's unscale by a scale decided on the
+// device), unless entry->scale is outside float32's normal range (scale_in_float_range) — then d is left as it is, and
+// the host, reading the entry with the step's measurements, counts the step as non-finite (as
+// unscale_accumulate). Queued on `stream`.
+void divide_by_scale(float* d, std::size_t n, const DeviceScale* entry, cudaStream_t stream);
+
 // d[i] ← d[i]·float(entry->local) for i < n: the decided s on the fp32 upstream product, before its one
 // rounding (the CPU's round_gradient multiplier). Queued on `stream`.
 void apply_local_scale(float* d, std::size_t n, const DeviceScale* entry, cudaStream_t stream);

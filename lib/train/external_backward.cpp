@@ -8,6 +8,7 @@
 #include <cmath>
 #include <limits>
 #include <memory>
+#include <optional>
 
 #include "lib/core/json_read.h"
 #include "lib/layers/precision_ops.h"
@@ -213,6 +214,21 @@ void ExternalBackward::weight_gradient(int layer, float* g, std::int64_t n, doub
   // SPEC §6.5: a per-layer policy stores the part at its own factor r, chosen from its fp32 maximum.
   double r = 1.0;
   LayerController* controller = weight_grad_controller(*scaler_, precision_);
+  if (layer >= 0 && controller != nullptr && reducer_ == nullptr) {
+    // On a device, r from the controller's rule where the data is: no wait (one process; data-parallel
+    // ranks reduce their maxima on the host below).
+    const std::optional<double> bound = controller->device_weight_grad_bound(layer);
+    const std::size_t l = static_cast<std::size_t>(layer);
+    const bool first = !wgrad_seen_[l];
+    if (bound && ops_->queue_weight_gradient(g, count, *bound, scale, layer, precision_, monitor_,
+                                             [this, layer, first](double decided) {
+                                               keep_smallest_weight_grad_scale(monitor_.record_of(layer),
+                                                                               decided, first);
+                                             })) {
+      wgrad_seen_[l] = 1;
+      return;
+    }
+  }
   if (layer >= 0 && controller != nullptr) {
     double max_abs = ops_->max_abs(g, count);
     // Data-parallel: each rank holds its rows' part (the framework averages the true gradients later),

@@ -263,3 +263,28 @@ def test_the_host_waits_for_the_device_a_fixed_number_of_times_per_step():
             counts.append(dev.host_waits - before)
         assert counts[0] > 0 and len(set(counts[1:])) == 1, (name, counts)
         print(f"{name}: {counts[-1]} host waits per step, {len(dev.layer_scales())} layers")
+
+
+@needs_cpu_target
+def test_weight_gradient_factors_cost_no_wait_on_the_cuda_path():
+    """SPEC §6.5's factor r is decided on the device, from the controller's rule: a step of adaptive
+    `measured` waits once for S0 (init_scale auto looks at the loss gradient), once per layer whose upstream
+    gradient gets a local scale (every Linear but the first, whose input needs none) and once for the
+    step's measurements — not once more per weight and bias."""
+    for depth in (2, 6):
+        torch.manual_seed(0)
+        layers = []
+        for _ in range(depth):
+            layers += [nn.Linear(16, 16), nn.ReLU()]
+        model = nn.Sequential(*layers, nn.Linear(16, 10))
+        scaler = Scaler(model, scaler={"policy": "adaptive", "method": "measured", "init_scale": "auto"},
+                        format="fp16", grad_format="fp8_e5m2", _cpu_target=True)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        x, y = torch.randn(8, 16), torch.arange(8) % 10
+        for _ in range(2):
+            before = scaler.host_waits
+            opt.zero_grad()
+            scaler.scale(F.cross_entropy(model(x), y)).backward()
+            scaler.step(opt)
+            scaler.update()
+            assert scaler.host_waits - before == 1 + depth + 1, depth
