@@ -1,0 +1,332 @@
+// Tests of lib/cuda's statistics and found_inf against lib/instrument (built only with CUDA; a case that
+// needs a GPU skips visibly without one): tensor_stats counts and bins exactly, sums within SPEC §3's 1e-6;
+// max_abs_bits, count_about_edge, first_nonfinite; the fused unscale + found_inf flag.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "lib/core/error.h"
+#include "lib/core/random.h"
+#include "lib/cuda/check.h"
+#include "lib/cuda/context.h"
+#include "lib/cuda/convert.h"
+#include "lib/cuda/device_buffer.h"
+#include "lib/cuda/edge_counts.h"
+#include "lib/cuda/gemm.h"
+#include "lib/cuda/im2col.h"
+#include "lib/cuda/maxpool.h"
+#include "lib/cuda/nonfinite.h"
+#include "lib/cuda/quantize.h"
+#include "lib/cuda/relu.h"
+#include "lib/cuda/sgd.h"
+#include "lib/cuda/stats.h"
+#include "lib/cuda/unscale.h"
+#include "lib/instrument/finite_scan.h"
+#include "lib/instrument/histogram.h"
+#include "lib/numeric/quantize.h"
+#include "tests/cli_run.h"
+#include "tests/cuda_format_cases.h"
+#include "tests/cuda_test.h"
+
+using namespace gradscale;
+using Catch::Matchers::Contains;
+using test::bit_mismatches;
+using test::bits_of;
+using test::float_of;
+using namespace gradscale::test::cuda_fixtures;
+
+namespace {
+
+// |gpu − cpu| for a double sum of n float terms: SPEC §3's relative 1e-6, or (for sums that cancel)
+// twice the error bound of double summation, n·2^-53·Σ|terms|, whichever is larger.
+bool sums_agree(double gpu, double cpu, double abs_terms, std::size_t n) {
+  const double tol = std::max(1e-6 * std::fabs(cpu), 2.0 * static_cast<double>(n) * 0x1p-53 * abs_terms);
+  return std::fabs(gpu - cpu) <= tol;
+}
+
+void check_stats_equal(const TensorStats& gpu, const TensorStats& cpu, const std::vector<float>& v,
+                       const std::string& what) {
+  INFO(what);
+  CHECK(gpu.elements == cpu.elements);
+  CHECK(gpu.zero == cpu.zero);
+  CHECK(gpu.underflow == cpu.underflow);
+  CHECK(gpu.subnormal == cpu.subnormal);
+  CHECK(gpu.normal == cpu.normal);
+  CHECK(gpu.overflow == cpu.overflow);
+  CHECK(gpu.nonfinite == cpu.nonfinite);
+  CHECK(gpu.count == cpu.count);
+  std::size_t bin_mismatch = 0;
+  for (std::size_t b = 0; b < gpu.binades.size(); ++b) bin_mismatch += gpu.binades[b] != cpu.binades[b];
+  CHECK(bin_mismatch == 0);
+  CHECK(gpu.min == cpu.min);
+  CHECK(gpu.max == cpu.max);
+  CHECK(gpu.max_abs == cpu.max_abs);
+  CHECK(gpu.min_nonzero_abs == cpu.min_nonzero_abs);
+  double abs_sum = 0, sq_sum = 0;
+  for (float x : v)
+    if (std::isfinite(x)) abs_sum += std::fabs(static_cast<double>(x)), sq_sum += static_cast<double>(x) * x;
+  CAPTURE(gpu.sum, cpu.sum, gpu.sum_squares, cpu.sum_squares);
+  CHECK(sums_agree(gpu.sum, cpu.sum, abs_sum, v.size()));
+  CHECK(sums_agree(gpu.sum_squares, cpu.sum_squares, sq_sum, v.size()));
+}
+
+// Tensors for the statistics: empty, single values, all zeros, all NaN, a large mixed tensor (every
+// binade, float subnormals, zeros, NaN/inf with payloads and signs), values packed around each format's
+// underflow and overflow thresholds, and sizes that are no multiple of any block size.
+std::vector<std::vector<float>> stats_tensors() {
+  std::vector<std::vector<float>> t;
+  t.push_back({});
+  t.push_back({0.0f});
+  t.push_back({-0x1p-149f});
+  t.push_back(std::vector<float>(1000, 0.0f));
+  t.push_back(std::vector<float>(300, float_of(0xFFC00001u)));
+  Rng rng(123);
+  auto mixed = [&](std::size_t n) {
+    std::vector<float> v(n);
+    for (float& x : v) {
+      const double u = uniform01(rng);
+      if (u < 0.05) {
+        x = rng() & 1 ? 0.0f : -0.0f;
+      } else if (u < 0.051) {
+        x = float_of(0x7F800001u | static_cast<std::uint32_t>(rng() & 0x807FFFFFu));  // NaN, any sign/payload
+      } else if (u < 0.052) {
+        x = rng() & 1 ? std::numeric_limits<float>::infinity() : -std::numeric_limits<float>::infinity();
+      } else if (u < 0.06) {
+        x = float_of(static_cast<std::uint32_t>(rng() & 0x807FFFFFu));  // float subnormal (or ±0)
+      } else {
+        x = static_cast<float>(std::exp2(-150.0 + 279.0 * uniform01(rng)) * (rng() & 1 ? 1.0 : -1.0));
+      }
+    }
+    return v;
+  };
+  t.push_back(mixed(257));
+  t.push_back(mixed(test::gpu_or_cpu_target<std::size_t>(1000003, 100003)));
+  // More than one grid-stride pass per thread (the GPU's size also reaches the grids' caps of blocks).
+  t.push_back(mixed(test::gpu_or_cpu_target<std::size_t>((std::size_t{1} << 22) + 17, (std::size_t{1} << 18) + 17)));
+  // Around every format's thresholds: log-uniform over [min_subnormal/8, 4·min_normal] and
+  // [max_finite/4, 4·max_finite].
+  std::vector<float> edges;
+  for (Format f : all_formats()) {
+    const FormatInfo& fi = format_info(f);
+    for (int i = 0; i < 20000; ++i) {
+      const bool low = rng() & 1;
+      const double lo = low ? fi.min_subnormal / 8 : fi.max_finite / 4;
+      const double hi = low ? fi.min_normal * 4 : std::min(fi.max_finite * 4, 3.4e38);
+      const double x = std::exp(std::log(lo) + (std::log(hi) - std::log(lo)) * uniform01(rng));
+      edges.push_back(static_cast<float>(x) * (rng() & 1 ? 1.0f : -1.0f));
+    }
+  }
+  t.push_back(edges);
+  return t;
+}
+
+}  // namespace
+
+TEST_CASE("cuda::tensor_stats equals lib/instrument: counts and bins exactly, sums within 1e-6", "[cuda]") {
+  test::require_cuda_device();
+  cuda::CudaContext ctx;
+  const std::vector<std::vector<float>> tensors = stats_tensors();
+  std::vector<cuda::DeviceBuffer<float>> device;
+  for (const auto& t : tensors) device.push_back(test::to_device(t, ctx));
+
+  SECTION("one tensor per call") {
+    auto out = test::sentinel_buffer<cuda::DeviceStats>(1, ctx);
+    for (std::size_t i = 0; i < tensors.size(); ++i) {
+      for (const FormatCase& fc : format_cases()) {
+        cuda::tensor_stats(ctx, device[i].data(), tensors[i].size(), fc.format, fc.round, out.data());
+        const TensorStats gpu = cuda::download_stats(ctx, out.data(), 1)[0];
+        const TensorStats cpu = tensor_stats(tensors[i].data(), tensors[i].size(), fc.format, fc.round);
+        check_stats_equal(gpu, cpu, tensors[i], "tensor " + std::to_string(i) + ", " + fc.name());
+      }
+    }
+  }
+
+  SECTION("every tensor and format in one batched call (several launches of 32), deterministic") {
+    std::vector<cuda::StatsJob> jobs;
+    std::vector<std::pair<std::size_t, FormatCase>> which;
+    for (std::size_t i = 0; i < tensors.size(); ++i)
+      for (const FormatCase& fc : format_cases()) {
+        jobs.push_back({device[i].data(), tensors[i].size(), fc.format, fc.round});
+        which.emplace_back(i, fc);
+      }
+    REQUIRE(jobs.size() > 32);
+    auto out = test::sentinel_buffer<cuda::DeviceStats>(jobs.size(), ctx);
+    cuda::tensor_stats(ctx, jobs, out.data());
+    const std::vector<cuda::DeviceStats> first = test::to_host(out, ctx);
+    const std::vector<TensorStats> gpu = cuda::download_stats(ctx, out.data(), jobs.size());
+    for (std::size_t j = 0; j < jobs.size(); ++j) {
+      const auto& [i, fc] = which[j];
+      const TensorStats cpu = tensor_stats(tensors[i].data(), tensors[i].size(), fc.format, fc.round);
+      check_stats_equal(gpu[j], cpu, tensors[i],
+                        "job " + std::to_string(j) + ": tensor " + std::to_string(i) + ", " + fc.name());
+    }
+    out.fill_bytes(0xFF, ctx.stream());
+    cuda::tensor_stats(ctx, jobs, out.data());
+    const std::vector<cuda::DeviceStats> second = test::to_host(out, ctx);
+    CHECK(std::memcmp(first.data(), second.data(), first.size() * sizeof(cuda::DeviceStats)) == 0);
+  }
+}
+
+TEST_CASE("cuda::max_abs_bits gives lib/instrument's max_abs bit for bit, inf for a value not finite", "[cuda]") {
+  test::require_cuda_device();
+  cuda::CudaContext ctx;
+  std::vector<std::vector<float>> tensors = stats_tensors();
+  for (std::size_t i = 0, n = tensors.size(); i < n; ++i) {  // each again without its infs and NaNs
+    std::vector<float> finite = tensors[i];
+    for (float& x : finite)
+      if (!std::isfinite(x)) x = -0x1p-140f;
+    tensors.push_back(finite);
+  }
+  tensors.push_back({-3.0f, std::numeric_limits<float>::infinity(), 2.0f});  // inf alone
+  auto out = test::sentinel_buffer<unsigned>(1, ctx);
+  int finite_cases = 0;
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    const auto d = test::to_device(tensors[i], ctx);
+    cuda::max_abs_bits(d.data(), tensors[i].size(), out.data(), ctx.stream());
+    const float gpu = cuda::max_abs_of_bits(test::to_host(out, ctx)[0]);
+    const float cpu = max_abs(tensors[i].data(), tensors[i].size());
+    INFO("tensor " << i << " of " << tensors[i].size() << " values: gpu " << gpu << ", cpu " << cpu);
+    CHECK(test::bits_of(gpu) == test::bits_of(std::isnan(cpu) ? std::numeric_limits<float>::infinity() : cpu));
+    finite_cases += std::isfinite(cpu) && cpu > 0;
+  }
+  CHECK(finite_cases >= 4);  // the finite maxima are compared too, not only inf
+}
+
+TEST_CASE("cuda::count_about_edge adds the CPU's counts about an edge, for every format and option", "[cuda]") {
+  test::require_cuda_device();
+  cuda::CudaContext ctx;
+  const std::vector<std::vector<float>> tensors = stats_tensors();
+  auto out = test::sentinel_buffer<cuda::DeviceEdgeCounts>(1, ctx);
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    const cuda::DeviceBuffer<float> d = test::to_device(tensors[i], ctx);
+    for (const FormatCase& fc : format_cases()) {
+      // popart_als's edge (bin_edge · max_finite(F)), a small one and one at a format's threshold.
+      const double top = std::isfinite(format_info(fc.format).max_finite) ? format_info(fc.format).max_finite : 1e30;
+      for (const double edge : {top / 16, 1e-6, 0x1p-24, 1.0}) {
+        INFO("tensor " << i << ", " << fc.name() << ", edge " << edge);
+        const auto e = static_cast<float>(edge);
+        out.fill_bytes(0, ctx.stream());
+        // Twice into the same record: the counts add up.
+        const std::uint32_t t = edge_threshold_bits(e, fc.format, fc.round);
+        cuda::count_about_edge(d.data(), tensors[i].size(), t, out.data(), ctx.stream());
+        cuda::count_about_edge(d.data(), tensors[i].size(), t, out.data(), ctx.stream());
+        const cuda::DeviceEdgeCounts got = test::to_host(out, ctx)[0];
+        const EdgeCounts want = count_about_edge(tensors[i].data(), tensors[i].size(), e, fc.format, fc.round);
+        CHECK(got.below == 2 * want.below);
+        CHECK(got.above == 2 * want.above);
+      }
+    }
+  }
+}
+
+TEST_CASE("cuda::first_nonfinite finds the first inf or NaN of each tensor in one batched call", "[cuda]") {
+  test::require_cuda_device();
+  cuda::CudaContext ctx;
+  std::vector<std::vector<float>> tensors = stats_tensors();  // with NaN and inf among the values
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  // Hand-placed cases: all finite, the first and the last element, one far into a large tensor.
+  tensors.push_back(std::vector<float>(1000, 1.5f));
+  tensors.push_back(std::vector<float>{nan, 1.0f, inf});
+  tensors.push_back(std::vector<float>(4097, -2.0f));
+  tensors.back().back() = -inf;
+  tensors.push_back(std::vector<float>((1u << 22) + 17, 0.25f));
+  tensors.back()[(1u << 22) + 3] = nan;
+  tensors.back()[(1u << 22) + 9] = inf;
+  tensors.push_back({});
+  // More than one launch of 32 tensors: the list again, shifted by one.
+  const std::size_t base = tensors.size();
+  for (std::size_t i = 0; i < base; ++i) tensors.push_back(tensors[(i + 1) % base]);
+  while (tensors.size() <= 40) tensors.push_back(std::vector<float>(33, 3.0f));
+  std::vector<cuda::DeviceBuffer<float>> device;
+  std::vector<cuda::NonFiniteJob> jobs;
+  for (const auto& t : tensors) {
+    device.push_back(test::to_device(t, ctx));
+    jobs.push_back({device.back().data(), t.size()});
+  }
+  auto first = test::sentinel_buffer<unsigned long long>(jobs.size(), ctx);
+  cuda::first_nonfinite(jobs.data(), jobs.size(), first.data(), ctx.stream());
+  const std::vector<unsigned long long> got = test::to_host(first, ctx);
+  std::size_t with_nonfinite = 0;
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    INFO("tensor " << i << " of " << tensors[i].size() << " values");
+    const std::int64_t want = first_nonfinite(tensors[i].data(), tensors[i].size());
+    with_nonfinite += want >= 0;
+    CHECK(got[i] == (want < 0 ? cuda::kAllFinite : static_cast<unsigned long long>(want)));
+  }
+  CHECK(with_nonfinite >= 6);  // the test has cases of both kinds
+}
+
+TEST_CASE("cuda::unscale_accumulate adds g/S to the master gradient bit for bit and flags non-finite values",
+          "[cuda]") {
+  test::require_cuda_device();
+  cuda::CudaContext ctx;
+  Rng rng(5);
+  const std::vector<double> scales = {1.0, 1024.0, 65536.0, 3.0, 0.5, 0x1p-10};
+  const std::size_t jobs_n = 40;  // more than one launch of 32
+  std::vector<std::vector<float>> grads(jobs_n), masters(jobs_n);
+  for (std::size_t j = 0; j < jobs_n; ++j) {
+    const std::size_t n = j == 0 ? 0 : j == 1 ? 1 : j == 7 ? 100003 : 1 + (rng() % 5000);
+    for (std::size_t i = 0; i < n; ++i) {
+      grads[j].push_back(quantize(static_cast<float>(standard_normal(rng) * 100), Format::fp16));
+      masters[j].push_back(static_cast<float>(standard_normal(rng)));
+    }
+  }
+  std::vector<cuda::DeviceBuffer<float>> d_grad, d_master;
+  std::vector<cuda::UnscaleJob> jobs;
+  for (std::size_t j = 0; j < jobs_n; ++j) {
+    d_grad.push_back(test::to_device(grads[j], ctx));
+    d_master.push_back(test::to_device(masters[j], ctx));
+    jobs.push_back({d_grad[j].data(), d_master[j].data(), grads[j].size(), scales[j % scales.size()]});
+  }
+  cuda::DeviceBuffer<int> flag(1);
+  flag.fill_bytes(0, ctx.stream());
+  cuda::unscale_accumulate(jobs, flag.data(), ctx.stream());
+  for (std::size_t j = 0; j < jobs_n; ++j) {
+    INFO("tensor " << j);
+    std::vector<float> want = masters[j];
+    const auto s = static_cast<float>(jobs[j].scale);
+    for (std::size_t i = 0; i < want.size(); ++i) want[i] = want[i] + grads[j][i] / s;
+    CHECK(bit_mismatches(test::to_host(d_master[j], ctx), want).empty());
+  }
+  CHECK(test::to_host(flag, ctx)[0] == 0);
+
+  // A non-finite value in any tensor sets the flag: inf in an unscaled gradient, NaN in a check-only
+  // one, g/S overflowing; a clean run afterwards leaves it set. Each run starts from the original
+  // master gradients (an overflow leaves an inf in one).
+  auto run_with = [&](std::size_t job, float value, bool check_only, double scale) {
+    for (std::size_t j = 0; j < jobs_n; ++j)
+      d_master[j].upload(masters[j].data(), masters[j].size(), ctx.stream());
+    std::vector<float> g = grads[job];
+    g[g.size() / 2] = value;
+    auto d = test::to_device(g, ctx);
+    std::vector<cuda::UnscaleJob> js = jobs;
+    js[job].grad = d.data();
+    js[job].scale = scale;
+    if (check_only) js[job].master = nullptr;
+    flag.fill_bytes(0, ctx.stream());
+    cuda::unscale_accumulate(js, flag.data(), ctx.stream());
+    return test::to_host(flag, ctx)[0];
+  };
+  CHECK(run_with(37, std::numeric_limits<float>::infinity(), false, 1024.0) == 1);
+  CHECK(run_with(7, std::numeric_limits<float>::quiet_NaN(), true, 1.0) == 1);
+  CHECK(run_with(2, 60000.0f, false, 0x1p-120) == 1);  // finite g, g/S = inf
+  CHECK(run_with(3, 1.0f, false, 1.0) == 0);
+  // The flag is only ever set: a clean run after a non-finite one leaves it at 1.
+  for (std::size_t j = 0; j < jobs_n; ++j)
+    d_master[j].upload(masters[j].data(), masters[j].size(), ctx.stream());
+  flag.fill_bytes(0, ctx.stream());
+  std::vector<cuda::UnscaleJob> bad = jobs;
+  std::vector<float> nan_grad(5, std::numeric_limits<float>::quiet_NaN());
+  auto d_nan = test::to_device(nan_grad, ctx);
+  bad.push_back({d_nan.data(), nullptr, nan_grad.size(), 1.0});
+  cuda::unscale_accumulate(bad, flag.data(), ctx.stream());
+  cuda::unscale_accumulate(jobs, flag.data(), ctx.stream());
+  CHECK(test::to_host(flag, ctx)[0] == 1);
+}
