@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "lib/layers/scale_step.h"
 #include "lib/scaler/scale_range.h"
 
 namespace gradscale::cuda {
@@ -56,10 +57,8 @@ void CudaBackend::resolve_scales(StepMonitor& monitor) {
   // r decided on the device, one entry per weight gradient: the layer's record keeps the smallest.
   std::vector<int> seen;
   for (const PendingNote& n : weight_grad_scales_) {
-    LayerRecord& r = monitor.record_of(n.layer);
-    const double got = on_host(n.entry).local;
     const bool first = std::find(seen.begin(), seen.end(), n.layer) == seen.end();
-    r.weight_grad_scale = first ? got : std::min(r.weight_grad_scale, got);
+    keep_smallest_weight_grad_scale(monitor.record_of(n.layer), on_host(n.entry).local, first);
     if (first) seen.push_back(n.layer);
   }
   weight_grad_scales_.clear();
@@ -72,10 +71,7 @@ void CudaBackend::resolve_scales(StepMonitor& monitor) {
   decisions.swap(decisions_);
   for (const PendingDecision& d : decisions) {
     const DeviceScale& e = on_host(d.entry);
-    GS_CHECK_NUMERIC(std::isfinite(e.local) && e.local > 0, "the controller of policy '"
-                                                                << d.policy << "' chose local scale "
-                                                                << e.local << " at layer '" << d.layer_name
-                                                                << "' (must be finite and > 0)");
+    check_local_scale(e.local, d.policy, d.layer_name);
     LayerRecord& r = monitor.record_of(d.layer);
     r.local_scale = e.local;
     r.unbound_scale = e.unbound;
