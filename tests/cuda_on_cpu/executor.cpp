@@ -6,54 +6,17 @@
 // arrived, with what the operation returns, and starts the next pass.
 #include "tests/cuda_on_cpu/executor.h"
 
-#include <algorithm>
-#include <cstdlib>
-#include <cstring>
-#include <map>
+#include <cstdint>
 #include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
 
-#include "tests/cuda_on_cpu/memory.h"
-
-#if defined(__SANITIZE_ADDRESS__)
-#include <pthread.h>
-#include <sanitizer/common_interface_defs.h>
-#define GS_EMU_ASAN 1
-#endif
-
-namespace gs_emu {
-namespace {
-
-constexpr unsigned kMaxThreads = 1024;
-#ifdef GS_EMU_ASAN
-constexpr std::size_t kStackBytes = 256 * 1024;  // ASan's frames are larger
-#else
-constexpr std::size_t kStackBytes = 32 * 1024;  // small: a block's stacks stay in the caches
-#endif
-
-enum class State { idle, ready, at_barrier, at_warp, done };
-
-struct Thread {
-  State state = State::idle;
-  uint3 idx{};
-  int fiber = -1;
-  // The operation it waits in.
-  BarrierOp barrier_op = BarrierOp::plain;
-  ShuffleOp shuffle_op = ShuffleOp::index;
-  unsigned mask = 0;
-  std::uint64_t value = 0;
-  int arg = 0, width = 32;
-  std::uint64_t result = 0;
-};
+#include "tests/cuda_on_cpu/executor_state.h"
 
 #if !defined(__x86_64__)
 #error "tests/cuda_on_cpu switches fibers with x86-64 code: port gs_emu_switch to this machine"
 #endif
-
-}  // namespace
-}  // namespace gs_emu
 
 // Saves the callee-saved registers on the running stack, stores its stack pointer in *save, continues on
 // the stack `load` (saved by an earlier switch, or prepared by take_fiber) — the System V x86-64 ABI's
@@ -85,48 +48,19 @@ gs_emu_switch:
   .text
 )");
 
-namespace gs_emu {
-namespace {
-
-struct Fiber {
-  void* sp = nullptr;  // its saved stack pointer while it is not running
-  std::unique_ptr<unsigned char[]> stack;
-  int index = 0;       // in Executor::fibers
-  int thread = -1;     // the CUDA thread it runs, -1 when free
-  bool fresh = false;  // not entered yet
-  void* fake_stack = nullptr;
-};
-
-struct Executor {
-  // The launch.
-  const LaunchConfig* config = nullptr;
-  void (*body)(void*) = nullptr;
-  void* data = nullptr;
-  unsigned threads = 0;
-  uint3 block{};
-  // The block.
-  std::vector<Thread> thread;
-  std::vector<std::unique_ptr<Fiber>> fibers;
-  std::vector<int> free_fibers;
-  void* scheduler_sp = nullptr;
-  Fiber* starting = nullptr;  // the fiber fiber_main is entered on
-  const void* scheduler_stack = nullptr;
-  std::size_t scheduler_stack_size = 0;
-  bool reversed = false;  // this run's order
-  int pass_pos = -1;      // the pass over the block's threads has visited positions up to this one
-  int running = -1;       // the CUDA thread on the CPU, -1 in the scheduler
-  unsigned done = 0, at_barrier = 0;  // threads of the block that have exited, that wait at a barrier
-  std::vector<unsigned> at_warp;      // per warp: its lanes that wait in a warp operation
-  std::string fault;                  // the first fault of this run
-};
+namespace gs_emu::detail {
 
 Executor g_exec;
 ThreadContext g_current;
+
+namespace {
 
 uint3 thread_index(unsigned linear) {
   const dim3& b = g_exec.config->block;
   return uint3{linear % b.x, (linear / b.x) % b.y, linear / (b.x * b.y)};
 }
+
+}  // namespace
 
 void note_fault(const std::string& why) {
   if (!g_exec.fault.empty()) return;
@@ -134,6 +68,8 @@ void note_fault(const std::string& why) {
   os << why << " (block " << g_exec.block.x << "," << g_exec.block.y << "," << g_exec.block.z << ")";
   g_exec.fault = os.str();
 }
+
+namespace {
 
 int take_fiber();
 
@@ -245,131 +181,13 @@ int take_fiber() {
   return static_cast<int>(g_exec.fibers.size() - 1);
 }
 
+}  // namespace
+
 // The running thread waits (its state says where): on to the pass's next thread.
 void wait_here() {
   Thread& th = g_exec.thread[static_cast<unsigned>(g_exec.running)];
   Fiber& f = *g_exec.fibers[static_cast<std::size_t>(th.fiber)];
   switch_to(&f.sp, &f.fake_stack, next_in_pass());
-}
-
-// The waiting threads' operation: releases a warp whose lanes have all arrived. Returns whether it did.
-bool release_warp(unsigned warp) {
-  const unsigned first = warp * 32, end = std::min(first + 32, g_exec.threads);
-  int leader = -1;
-  for (unsigned t = first; t < end; ++t)
-    if (g_exec.thread[t].state == State::at_warp) {
-      leader = static_cast<int>(t);
-      break;
-    }
-  if (leader < 0) return false;
-  const Thread& lead = g_exec.thread[static_cast<unsigned>(leader)];
-  const unsigned mask = lead.mask;
-  for (unsigned lane = 0; lane < 32; ++lane) {
-    if (!(mask >> lane & 1u)) continue;
-    const unsigned t = first + lane;
-    if (t >= end || g_exec.thread[t].state == State::done) {
-      std::ostringstream os;
-      os << "a warp operation names lane " << lane << " (mask 0x" << std::hex << mask << std::dec
-         << ") of warp " << warp << ", which " << (t >= end ? "does not exist" : "has exited");
-      note_fault(os.str());
-      for (unsigned u = first; u < end; ++u)  // go on with the lanes' own values
-        if (g_exec.thread[u].state == State::at_warp) {
-          g_exec.thread[u].result = g_exec.thread[u].value;
-          g_exec.thread[u].state = State::ready;
-          --g_exec.at_warp[warp];
-        }
-      return true;
-    }
-    if (g_exec.thread[t].state != State::at_warp) return false;  // not arrived yet (or at a barrier)
-  }
-  for (unsigned t = first; t < end; ++t) {
-    const Thread& th = g_exec.thread[t];
-    if (th.state == State::at_warp && (th.mask != mask || th.shuffle_op != lead.shuffle_op)) {
-      note_fault("the lanes of warp " + std::to_string(warp) +
-                 " meet in different warp operations (or with different masks)");
-      break;
-    }
-  }
-  std::uint64_t ballot = 0;
-  for (unsigned lane = 0; lane < 32; ++lane)
-    if ((mask >> lane & 1u) && g_exec.thread[first + lane].value != 0) ballot |= std::uint64_t{1} << lane;
-  for (unsigned lane = 0; lane < 32; ++lane) {
-    if (!(mask >> lane & 1u)) continue;
-    Thread& th = g_exec.thread[first + lane];
-    const int w = th.width, l = static_cast<int>(lane), base = l - l % w;
-    int src = l;
-    switch (th.shuffle_op) {
-      case ShuffleOp::index:
-        src = base + ((th.arg % w) + w) % w;
-        break;
-      case ShuffleOp::up:
-        src = l % w >= th.arg ? l - th.arg : l;
-        break;
-      case ShuffleOp::down:
-        src = l % w + th.arg < w ? l + th.arg : l;
-        break;
-      case ShuffleOp::bfly:
-        src = l ^ th.arg;
-        if (src / w != l / w) src = l;
-        break;
-      case ShuffleOp::ballot:
-        break;
-    }
-    if (th.shuffle_op == ShuffleOp::ballot) {
-      th.result = ballot;
-    } else if (src < 0 || src >= 32 || !(mask >> src & 1u)) {
-      note_fault("a shuffle of warp " + std::to_string(warp) + " reads lane " + std::to_string(src) +
-                 ", which is not in its mask");
-      th.result = th.value;
-    } else {
-      th.result = g_exec.thread[first + static_cast<unsigned>(src)].value;
-    }
-  }
-  for (unsigned lane = 0; lane < 32; ++lane)
-    if (mask >> lane & 1u) {
-      g_exec.thread[first + lane].state = State::ready;
-      --g_exec.at_warp[warp];
-    }
-  return true;
-}
-
-bool release_barrier() {
-  if (g_exec.at_barrier + g_exec.done != g_exec.threads) return false;
-  int reduced = 0, count = 0;
-  bool any = false, all = true;
-  BarrierOp op = BarrierOp::plain;
-  for (unsigned t = 0; t < g_exec.threads; ++t) {
-    const Thread& th = g_exec.thread[t];
-    if (th.state == State::done) continue;
-    if (th.state != State::at_barrier) return false;
-    op = th.barrier_op;
-    any = any || th.value != 0;
-    all = all && th.value != 0;
-    count += th.value != 0;
-  }
-  switch (op) {
-    case BarrierOp::plain:
-      reduced = 0;
-      break;
-    case BarrierOp::any:
-      reduced = any;
-      break;
-    case BarrierOp::all:
-      reduced = all;
-      break;
-    case BarrierOp::count:
-      reduced = count;
-      break;
-  }
-  for (unsigned t = 0; t < g_exec.threads; ++t) {
-    Thread& th = g_exec.thread[t];
-    if (th.state == State::done) continue;
-    if (th.barrier_op != op) note_fault("the threads of a block meet in different kinds of __syncthreads");
-    th.result = static_cast<std::uint64_t>(reduced);
-    th.state = State::ready;
-  }
-  g_exec.at_barrier = 0;
-  return true;
 }
 
 void run_block() {
@@ -402,198 +220,12 @@ void run_block() {
   }
 }
 
-void run_grid(bool reversed) {
-  const LaunchConfig& c = *g_exec.config;
-  g_exec.reversed = reversed;
-  const std::size_t blocks = static_cast<std::size_t>(c.grid.x) * c.grid.y * c.grid.z;
-  g_current.block_dim = c.block;
-  g_current.grid_dim = c.grid;
-  for (std::size_t i = 0; i < blocks; ++i) {
-    const std::size_t b = reversed ? blocks - 1 - i : i;
-    g_exec.block =
-        uint3{static_cast<unsigned>(b % c.grid.x), static_cast<unsigned>((b / c.grid.x) % c.grid.y),
-              static_cast<unsigned>(b / (static_cast<std::size_t>(c.grid.x) * c.grid.y))};
-    g_current.block_idx = g_exec.block;
-    run_block();
-  }
-}
+}  // namespace gs_emu::detail
 
-std::string where(const LaunchConfig& c) {
-  std::string file = c.file;
-  const std::size_t slash = file.rfind("lib/cuda/");
-  if (slash != std::string::npos) file = file.substr(slash);
-  return "kernel launched at " + file + ":" + std::to_string(c.line);
-}
-
-// Whether this launch runs in both orders: every launch when GS_CUDA_ON_CPU_ORDERS=all, else the first
-// kFirstChecked launches of each launch site (file:line) and one in kCheckEvery after them. Copying
-// and comparing the whole device memory at each of a training run's thousands of launches would cost
-// more than running them; the sites' first launches cover every kernel at every shape a test gives it.
-bool order_check_due(const LaunchConfig& c) {
-  constexpr unsigned kFirstChecked = 3, kCheckEvery = 64;
-  static const bool all = [] {
-    const char* v = std::getenv("GS_CUDA_ON_CPU_ORDERS");
-    return v != nullptr && std::string(v) == "all";
-  }();
-  if (all) return true;
-  static std::map<std::pair<std::string, int>, unsigned> launches;
-  const unsigned n = launches[{c.file, c.line}]++;
-  return n < kFirstChecked || n % kCheckEvery == 0;
-}
-
-}  // namespace
+namespace gs_emu {
 
 ThreadContext& current() {
-  return g_current;
-}
-
-int block_barrier(BarrierOp op, int value) {
-  if (g_exec.running < 0) return value;  // not in a kernel (never reached by lib/cuda)
-  Thread& th = g_exec.thread[static_cast<unsigned>(g_exec.running)];
-  th.state = State::at_barrier;
-  th.barrier_op = op;
-  th.value = static_cast<std::uint64_t>(value);
-  ++g_exec.at_barrier;
-  wait_here();
-  return static_cast<int>(th.result);
-}
-
-std::uint64_t warp_shuffle(ShuffleOp op, unsigned mask, std::uint64_t value, int arg, int width) {
-  Thread& th = g_exec.thread[static_cast<unsigned>(g_exec.running)];
-  if (width <= 0 || width > 32 || (width & (width - 1)) != 0) {
-    note_fault("a warp operation's width " + std::to_string(width) + " is not a power of two in [1, 32]");
-    width = 32;
-  }
-  th.state = State::at_warp;
-  ++g_exec.at_warp[static_cast<unsigned>(g_exec.running) / 32];
-  th.shuffle_op = op;
-  th.mask = mask;
-  th.value = value;
-  th.arg = arg;
-  th.width = width;
-  wait_here();
-  return th.result;
-}
-
-unsigned live_lanes() {
-  const unsigned first = static_cast<unsigned>(g_exec.running) / 32 * 32;
-  unsigned lanes = 0;
-  for (unsigned lane = 0; lane < 32 && first + lane < g_exec.threads; ++lane)
-    if (g_exec.thread[first + lane].state != State::done) lanes |= 1u << lane;
-  return lanes;
-}
-
-void note_pointer(LaunchConfig& c, int index, const void* p) {
-  if (c.pointer_count >= LaunchConfig::kMaxPointers) return;
-  c.pointers[c.pointer_count] = p;
-  c.pointer_index[c.pointer_count] = index;
-  ++c.pointer_count;
-}
-
-void run_kernel(const LaunchConfig& c, void (*body)(void*), void* data) {
-  const std::lock_guard<std::recursive_mutex> device(device_lock());
-  const unsigned long long threads = static_cast<unsigned long long>(c.block.x) * c.block.y * c.block.z;
-  if (threads == 0 || threads > kMaxThreads || c.block.z > 64 || c.grid.x == 0 || c.grid.y == 0 ||
-      c.grid.z == 0 || c.grid.y > 65535 || c.grid.z > 65535) {
-    std::ostringstream os;
-    os << where(c) << ": invalid configuration: grid (" << c.grid.x << "," << c.grid.y << "," << c.grid.z
-       << "), block (" << c.block.x << "," << c.block.y << "," << c.block.z << ")";
-    report_fault(cudaErrorInvalidConfiguration, os.str());
-    return;
-  }
-  if (c.shared != 0) {
-    report_fault(cudaErrorInvalidConfiguration, where(c) + ": dynamic shared memory is not emulated");
-    return;
-  }
-  for (int i = 0; i < c.pointer_count; ++i) {
-    if (c.pointers[i] == nullptr || find_allocation(c.pointers[i], 0) != nullptr || system_memory_is_device())
-      continue;
-    std::ostringstream os;
-    os << where(c) << ": argument " << c.pointer_index[i] << " (" << c.pointers[i]
-       << ") points outside device memory";
-    report_fault(cudaErrorIllegalAddress, os.str());
-    return;
-  }
-#ifdef GS_EMU_ASAN
-  if (g_exec.scheduler_stack == nullptr) {  // the launching thread's stack, for the switches back to it
-    pthread_attr_t attr;
-    void* addr = nullptr;
-    pthread_getattr_np(pthread_self(), &attr);
-    pthread_attr_getstack(&attr, &addr, &g_exec.scheduler_stack_size);
-    pthread_attr_destroy(&attr);
-    g_exec.scheduler_stack = addr;
-  }
-#endif
-  g_exec.config = &c;
-  g_exec.body = body;
-  g_exec.data = data;
-  g_exec.threads = static_cast<unsigned>(threads);
-  g_exec.fault.clear();
-
-  if (system_memory_is_device() || !order_check_due(c)) {
-    run_grid(false);
-    g_exec.config = nullptr;
-    if (!g_exec.fault.empty()) report_fault(cudaErrorLaunchFailure, where(c) + ": " + g_exec.fault);
-    return;
-  }
-  // Forward, then reversed over the same starting bytes; the forward run's bytes are what stays.
-  // Every device allocation, and the page-locked host ones the kernel was handed: the others are the
-  // host's to write at any time (another host thread's staging buffer, tests/test_cuda_distributed.cpp),
-  // and restoring them would undo its writes.
-  std::vector<Allocation> memory = allocations();
-  memory.erase(std::remove_if(memory.begin(), memory.end(),
-                              [&c](const Allocation& a) {
-                                if (a.kind == MemoryKind::device) return false;
-                                for (int i = 0; i < c.pointer_count; ++i) {
-                                  const auto* p = static_cast<const unsigned char*>(c.pointers[i]);
-                                  if (p >= a.base && p < a.base + a.size) return false;
-                                }
-                                return true;
-                              }),
-               memory.end());
-  std::size_t total = 0;
-  for (const Allocation& a : memory) total += a.size;
-  static std::vector<unsigned char> before, forward;  // reused: launches are many, memory is small
-  before.resize(total);
-  forward.resize(total);
-  std::size_t at = 0;
-  for (const Allocation& a : memory) {
-    if (a.size != 0) std::memcpy(before.data() + at, a.base, a.size);
-    at += a.size;
-  }
-  run_grid(false);
-  at = 0;
-  for (const Allocation& a : memory) {
-    if (a.size != 0) {
-      std::memcpy(forward.data() + at, a.base, a.size);
-      std::memcpy(a.base, before.data() + at, a.size);
-    }
-    at += a.size;
-  }
-  run_grid(true);
-  at = 0;
-  std::string race;
-  for (const Allocation& a : memory) {
-    if (a.size != 0 && race.empty() && std::memcmp(forward.data() + at, a.base, a.size) != 0) {
-      std::size_t i = 0;
-      while (forward[at + i] == a.base[i]) ++i;
-      std::ostringstream os;
-      os << where(c) << ": threads run in forward and in reversed order write different bytes (a race or "
-         << "a missing barrier): first at byte " << i << " of the " << a.size << "-byte "
-         << (a.kind == MemoryKind::device ? "device" : "page-locked host") << " allocation "
-         << static_cast<void*>(a.base) << " (forward 0x" << std::hex << static_cast<int>(forward[at + i])
-         << ", reversed 0x" << static_cast<int>(a.base[i]) << ")";
-      race = os.str();
-    }
-    if (a.size != 0) std::memcpy(a.base, forward.data() + at, a.size);
-    at += a.size;
-  }
-  g_exec.config = nullptr;
-  if (!g_exec.fault.empty()) {
-    report_fault(cudaErrorLaunchFailure, where(c) + ": " + g_exec.fault);
-  } else if (!race.empty()) {
-    report_fault(cudaErrorLaunchFailure, race);
-  }
+  return detail::g_current;
 }
 
 }  // namespace gs_emu
