@@ -153,7 +153,7 @@ if(has_mpi EQUAL -1)
   run_step("run the consumer of the mpi component" ${GS_WORK_DIR}/mpi_consumer/build/ranks)
   expect("local rank 0 of 1: sum 1" "${step_output}" "a program without gradscale::mpi")
 elseif(GS_MPIRUN)
-  # As tests/test_distributed.cpp starts ranks on this machine: more ranks than cores, root allowed.
+  # As tests/test_distributed_mpirun.cpp starts ranks on this machine: more ranks than cores, root allowed.
   execute_process(COMMAND id -u OUTPUT_VARIABLE uid OUTPUT_STRIP_TRAILING_WHITESPACE)
   set(as_root)
   if(uid STREQUAL "0")

@@ -87,7 +87,7 @@ TEST_CASE("cuda: two ranks (threads) take one process's decisions, the gradients
     CHECK(rec.scales == one.scales);
     // The weight gradients differ in their last fp32 bits before rounding (summed over two ranks, not
     // one GEMM over the batch), so a rounding to fp8 may land one step apart: Adam moves such a weight
-    // by at most about lr per step more or less (as the CPU's case, tests/test_distributed.cpp).
+    // by at most about lr per step more or less (as the CPU's case, tests/test_distributed_threads.cpp).
     const double d = max_weight_difference(rec, one);
     INFO("max |w_rank - w_one| = " << d);
     CHECK(d <= 2 * 1e-3 * test::kResidualSteps);

@@ -1,5 +1,5 @@
 // Two ranks of data-parallel training as two threads of one test process (no MPI): the communicator
-// they share, and the small residual training that tests/test_distributed.cpp (CPU backend) and
+// they share, and the small residual training that tests/test_distributed_threads.cpp (CPU backend) and
 // tests/test_cuda_distributed.cpp (CUDA backend) run on one process and on two ranks.
 #pragma once
 

@@ -7,7 +7,7 @@
 # the header, steps 10, 13 and 14, and half of step 20's line. The overflow's step depends on the
 # floating point of the machine (Eigen's GEMM kernels per CPU): the script checks those four steps and
 # exits 1 when the run differs. tests/data/trace_by_hand.json is the hand-written fixture whose numbers
-# the tests work out by hand (tests/test_trace_tools.cpp).
+# the tests work out by hand (tests/test_inspect_*.cpp).
 #   tests/data/make_trace_small.sh [GRADSCALE]   (default build/gradscale)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
