@@ -288,6 +288,12 @@ PYBIND11_MODULE(GS_CORE_NAME, m) {
         return static_cast<double>(e.arrays().max_abs(address(p), static_cast<std::size_t>(n)));
       })
       .def("set_stream", [](ExternalBackward& e, std::uintptr_t stream) { e.arrays().set_stream(stream); })
+      // SPEC §8's trace header as gradscale train writes it (make_trace_header): this backward's formats
+      // and scaler, the caller's `config` object, seed and layer table, as JSON text.
+      .def("trace_header",
+           [](const ExternalBackward& e, const std::string& config, std::uint64_t seed, const std::string& layers) {
+             return e.trace_header(json::parse(config), seed, json::parse(layers)).dump();
+           })
       .def("set_layer_inputs", &ExternalBackward::set_layer_inputs)
       .def("layer_inputs", [](const ExternalBackward& e) {
         std::vector<std::vector<int>> inputs;

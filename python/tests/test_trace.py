@@ -42,6 +42,15 @@ def test_an_mlp_trace_passes_inspect(tmp_path):
     assert 5 in steps and 10 in steps and 8 in steps, steps
     assert doc["summary"]["skipped"] == 1 and doc["summary"]["steps"] == 12
     assert [l["name"] for l in doc["header"]["layers"]] == ["0", "2"]
+    # The header is the one gradscale train writes (the core's make_trace_header): the same keys, the
+    # model named at the top, the scaler's configuration as the core holds it.
+    header = doc["header"]
+    data = os.path.join(os.path.dirname(__file__), "..", "..", "tests", "data", "trace_small.json")
+    with open(data) as f:  # a trace gradscale train wrote
+        assert sorted(header) == sorted(json.load(f)["header"])
+    assert header["model"] == "Sequential" and header["config"]["writer"] == "gradscale.torch"
+    assert (header["format"], header["grad_format"]) == ("fp16", "fp8_e5m2")
+    assert header["scaler"] == json.loads(scaler._core.scaler_config())
     r = _inspect(base + ".json")
     assert r.returncode == 0, r.stdout + r.stderr
 

@@ -13,22 +13,19 @@ from typing import Any, Dict, Optional
 import torch
 from torch import nn
 
-from .. import _core
 from ._layers import trace_table
 
 
 class Trace:
     """An open trace: its writer and the counts of skipped and overflowing steps for its summary."""
 
-    def __init__(self, core_module, trace: Any, model: nn.Module, layers, fmt: str, grad_format: str,
-                 config: Any, every: int, histograms: bool):
+    def __init__(self, core_module, core, trace: Any, model: nn.Module, layers, every: int, histograms: bool):
         base = check_trace_path(trace)
-        header = {"version": _core.__version__,
-                  "config": {"model": type(model).__name__, "writer": "gradscale.torch", "torch": torch.__version__},
-                  "format": fmt, "grad_format": grad_format,
-                  "scaler": config, "seed": int(torch.initial_seed()),
-                  "layers": trace_table(layers, model)}
-        self.writer = core_module.TraceWriter(base, json.dumps(header), every, histograms)
+        # The header gradscale train writes (the core's make_trace_header: formats, scaler, "model"), with
+        # the plug-in's run description and the layer table it learns from the model.
+        run = {"model": type(model).__name__, "writer": "gradscale.torch", "torch": torch.__version__}
+        header = core.trace_header(json.dumps(run), int(torch.initial_seed()), json.dumps(trace_table(layers, model)))
+        self.writer = core_module.TraceWriter(base, header, every, histograms)
         self.counts = {"skipped": 0, "overflows": 0}  # every such step is traced
 
     @property

@@ -134,8 +134,7 @@ class Scaler:
         refuse_element_wise(config)
         self._trace: Optional[Trace] = None
         if trace is not None:
-            self._trace = Trace(self._core_module, trace, model, self._layers, self.format, self.grad_format, config,
-                                trace_every, trace_hist)
+            self._trace = Trace(self._core_module, self._core, trace, model, self._layers, trace_every, trace_hist)
         self._shadow_rows: Dict[int, Optional[dict]] = {}
         self._started = time.time()
         self.skipped_steps = 0  # steps skipped since the scaler was made (or its state loaded)
