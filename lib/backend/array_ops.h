@@ -45,6 +45,10 @@ class ArrayOps {
   virtual void attach(QueryStatistics& stats, StatNeeds needs, LocalScaleQuery& q, RoundOptions round) = 0;
   // n values at `d` into host memory.
   virtual void to_host(const float* d, std::size_t n, float* host) = 0;
+  // SPEC §5's join sum, lib/model/join.h's sum_scaled_parts where the arrays live: out[i] = Σ_k
+  // parts[k][i]·float(target/scales[k]), from 0, one fp32 product and one fp32 sum per term, in order.
+  virtual void sum_scaled_parts(const float* const* parts, const double* scales, std::size_t count, double target,
+                                float* out, std::size_t n) = 0;
   // SPEC §6.5 decided where the data lives, without a wait: r = weight_grad_range_scale(max|d|, u_max,
   // S_in = scale_in) (lib/scaler/scale_rule.h, the rule LayerController::device_weight_grad_bound
   // describes) from d's own statistics; d·r rounded as queue_rounding(site weight, `node`) rounds and

@@ -4,6 +4,7 @@
 #include "lib/backend/array_ops.h"
 #include "lib/instrument/finite_scan.h"
 #include "lib/instrument/histogram.h"
+#include "lib/model/join.h"
 
 namespace gradscale {
 namespace {
@@ -31,6 +32,10 @@ class HostArrayOps final : public ArrayOps {
     stats.attach(needs, q, round);
   }
   void to_host(const float* d, std::size_t n, float* host) override { std::copy(d, d + n, host); }
+  void sum_scaled_parts(const float* const* parts, const double* scales, std::size_t count, double target,
+                        float* out, std::size_t n) override {
+    gradscale::sum_scaled_parts(parts, scales, count, target, out, n);
+  }
   bool host_memory() const override { return true; }
 };
 

@@ -174,6 +174,14 @@ class CudaArrayOps final : public ArrayOps {
     q.grad = q.weight = q.upstream = nullptr;  // device memory: a controller decides from the statistics
   }
 
+  void sum_scaled_parts(const float* const* parts, const double* scales, std::size_t count, double target,
+                        float* out, std::size_t n) override {
+    select_device();
+    cuda::fill(out, n, 0.0f, ctx_.stream());  // from 0, then each term as lib/model/join.cpp's loop
+    for (std::size_t k = 0; k < count; ++k)
+      cuda::scale_add(parts[k], static_cast<float>(target / scales[k]), out, n, ctx_.stream());
+  }
+
   bool queue_weight_gradient(float* d, std::size_t n, double u_max, double scale_in, int node, const Precision& p,
                              StepMonitor& monitor, std::function<void(double)> then) override {
     select_device();

@@ -31,6 +31,16 @@ namespace {
 
 float* address(std::uintptr_t p) { return reinterpret_cast<float*>(p); }
 
+// The parts of a join's sum (sum_scaled_parts) as arrays, one scale each.
+std::vector<const float*> part_addresses(const std::vector<std::uintptr_t>& parts, const std::vector<double>& scales,
+                                         std::int64_t n) {
+  GS_CHECK(n >= 0 && parts.size() == scales.size(),
+           "sum_scaled_parts: " << parts.size() << " parts, " << scales.size() << " scales, n = " << n);
+  std::vector<const float*> values;
+  for (std::uintptr_t p : parts) values.push_back(address(p));
+  return values;
+}
+
 Format format_of(const std::string& name) { return parse_format(name); }
 
 std::vector<LayerInfo> layer_table(const std::vector<py::dict>& rows) {
@@ -223,10 +233,7 @@ PYBIND11_MODULE(GS_CORE_NAME, m) {
   // are in host memory: `out` (n values) = Σ parts[k] · float(target / scales[k]), from 0, in order.
   m.def("sum_scaled_parts", [](std::uintptr_t out, std::int64_t n, const std::vector<std::uintptr_t>& parts,
                                const std::vector<double>& scales, double target) {
-        GS_CHECK(n >= 0 && parts.size() == scales.size(),
-                 "sum_scaled_parts: " << parts.size() << " parts, " << scales.size() << " scales, n = " << n);
-        std::vector<const float*> values;
-        for (std::uintptr_t p : parts) values.push_back(address(p));
+        const std::vector<const float*> values = part_addresses(parts, scales, n);
         sum_scaled_parts(values.data(), scales.data(), values.size(), target, address(out),
                          static_cast<std::size_t>(n));
       }, py::arg("out"), py::arg("n"), py::arg("parts"), py::arg("scales"), py::arg("target"),
@@ -288,6 +295,14 @@ PYBIND11_MODULE(GS_CORE_NAME, m) {
         return static_cast<double>(e.arrays().max_abs(address(p), static_cast<std::size_t>(n)));
       })
       .def("set_stream", [](ExternalBackward& e, std::uintptr_t stream) { e.arrays().set_stream(stream); })
+      // The join's sum where the parts live (ArrayOps::sum_scaled_parts): out = Σ part·float(target/scale).
+      .def("sum_scaled_parts", [](ExternalBackward& e, std::uintptr_t out, std::int64_t n,
+                                  const std::vector<std::uintptr_t>& parts, const std::vector<double>& scales,
+                                  double target) {
+        const std::vector<const float*> values = part_addresses(parts, scales, n);
+        e.arrays().sum_scaled_parts(values.data(), scales.data(), values.size(), target, address(out),
+                                    static_cast<std::size_t>(n));
+      })
       // SPEC §8's trace header as gradscale train writes it (make_trace_header): this backward's formats
       // and scaler, the caller's `config` object, seed and layer table, as JSON text.
       .def("trace_header",

@@ -10,7 +10,6 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
-from .. import _core
 from ._functions import differentiable, is_dense, owned_copy
 
 Part = Tuple[int, torch.Tensor, float]  # (index of the node's output, gradient part, its scale)
@@ -30,7 +29,7 @@ def join_parts(core, layer: int, parts: List[Part], grad_outputs) -> Tuple[list,
         by_output.setdefault(j, []).append((g, s))
     grads = list(grad_outputs)
     for j, group in by_output.items():  # in the order the outputs' first parts arrived
-        out = _host_sum(group, target)
+        out = _core_sum(core, group, target)
         graph = _torch_sum(group, target) if out is None or _building_graph(group) else None
         if out is None:
             out = owned_copy(graph)
@@ -40,24 +39,23 @@ def join_parts(core, layer: int, parts: List[Part], grad_outputs) -> Tuple[list,
     return grads, target
 
 
-def _host_sum(group: List[Tuple[torch.Tensor, float]], target: float) -> Optional[torch.Tensor]:
-    """Σ g · float(T/S) by the core's sum_scaled_parts, in a new tensor, for float32 parts in host memory;
-    None for others. The core's arrays on a GPU have no scaled sum: parts on a device keep torch's
-    product and sum (`_torch_sum`, the same fp32 product and sum, as lib/cuda's scale_add computes them,
-    but from the first term rather than from 0: a sum of zeros that are all -0 stays -0 there)."""
+def _core_sum(core, group: List[Tuple[torch.Tensor, float]], target: float) -> Optional[torch.Tensor]:
+    """Σ g · float(T/S) by the core where the parts live (`core.sum_scaled_parts`: lib/model/join's loop
+    on the host, lib/cuda's fill and scale_add on a GPU), in a new tensor, for float32 strided parts of
+    one shape on one device; None for others (sparse parts: torch's sum)."""
     first = group[0][0]
-    if not all(g.device.type == "cpu" and g.dtype == torch.float32 and g.layout == torch.strided and
+    if not all(g.device == first.device and g.dtype == torch.float32 and g.layout == torch.strided and
                g.shape == first.shape for g, _ in group):
         return None
     # The sum in the memory layout torch's own sum of the parts would have (found on the meta device, with
     # no arithmetic): the layers after the join sum in an order that follows the layout, so do their bits.
     meta = _torch_sum([(torch.empty_strided(g.shape, g.stride(), dtype=g.dtype, device="meta"), s)
                        for g, s in group], target)
-    out = torch.empty_strided(meta.shape, meta.stride(), dtype=torch.float32)
+    out = torch.empty_strided(meta.shape, meta.stride(), dtype=torch.float32, device=first.device)
     values = [g.detach() if _same_layout(g, out) else torch.empty_like(out).copy_(g.detach()) for g, _ in group]
     if out.numel():
-        _core.sum_scaled_parts(out.data_ptr(), out.numel(), [v.data_ptr() for v in values],
-                               [s for _, s in group], target)
+        core.sum_scaled_parts(out.data_ptr(), out.numel(), [v.data_ptr() for v in values],
+                              [s for _, s in group], target)
     return out
 
 
@@ -67,7 +65,7 @@ def _same_layout(g: torch.Tensor, dense: torch.Tensor) -> bool:
 
 
 def _torch_sum(group: List[Tuple[torch.Tensor, float]], target: float) -> torch.Tensor:
-    """Σ g · (T/S) in torch: the sum on a device, and the expression a create_graph differentiates."""
+    """Σ g · (T/S) in torch: the expression a create_graph differentiates (and the sum of sparse parts)."""
     total = None
     for g, s in group:
         term = g * (target / s)  # fp32, the factor rounded to float as the C++ join does
