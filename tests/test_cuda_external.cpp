@@ -145,9 +145,17 @@ Log run(const std::string& device, const json& scaler, Format grad_format) {
     log.array(mem.get(dwg0, 48));
     // The forward roundings and statistics the plug-in takes with the same object.
     float* dx = mem.put(spread(rng, 16, -20, 3));
-    eb.arrays().quantize(dx, 16, Format::fp8_e4m3, RoundOptions{});
+    eb.arrays().quantize(dx, dx, 16, Format::fp8_e4m3, RoundOptions{});
     log.array(mem.get(dx, 16));
     log.stats("stats", eb.arrays().statistics(dx, 16, Format::fp8_e5m2, RoundOptions{}));
+    // A rounded copy in one pass (src to dst; src unchanged), and fp32's plain copy.
+    float* dsrc = mem.put(spread(rng, 16, -26, 17));
+    float* ddst = mem.put(std::vector<float>(16, 7.0f));
+    eb.arrays().quantize(dsrc, ddst, 16, Format::fp16, RoundOptions{});
+    log.array(mem.get(dsrc, 16));
+    log.array(mem.get(ddst, 16));
+    eb.arrays().quantize(dsrc, ddst, 16, Format::fp32, RoundOptions{});
+    log.array(mem.get(ddst, 16));
 
     const StepResult r = eb.finish_step(0.5);
     for (double v : {double(r.skipped), double(r.found_inf), double(r.first_nonfinite_layer), r.loss_scale,

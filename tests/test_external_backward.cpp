@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -298,4 +299,24 @@ TEST_CASE("external backward: ranks that sum their agreement buffers take one ve
   CHECK(a.state() == b.state());
   b.begin_step();
   CHECK_THROWS_WITH(b.agree({1.0}), Contains("expected 6"));
+}
+
+TEST_CASE("external backward: a rounded copy is the in-place rounding's bits and leaves its source", "[external]") {
+  ExternalBackward eb(two_linear_layers(), fp16(), json("torch"));
+  const std::vector<float> src = {0.0f, -0.0f, 1.0f / 3, 70000.0f, 1e-8f, -2.5e-6f, 65519.0f, 3.14159f};
+  std::vector<float> in_place = src;
+  eb.arrays().quantize(in_place.data(), in_place.data(), in_place.size(), Format::fp16, RoundOptions{});
+  std::vector<float> copy(src.size(), 7.0f);
+  const std::vector<float> before = src;
+  eb.arrays().quantize(src.data(), copy.data(), src.size(), Format::fp16, RoundOptions{});
+  for (std::size_t i = 0; i < src.size(); ++i) {
+    INFO("value " << i);
+    CHECK(std::signbit(copy[i]) == std::signbit(in_place[i]));
+    CHECK((copy[i] == in_place[i] || (std::isnan(copy[i]) && std::isnan(in_place[i]))));
+    CHECK(std::memcmp(&src[i], &before[i], sizeof(float)) == 0);
+  }
+  CHECK(copy[2] != src[2]);                                    // 1/3 is not an fp16 value
+  CHECK(std::isinf(copy[3]));                                  // above fp16's largest
+  eb.arrays().quantize(src.data(), copy.data(), src.size(), Format::fp32, RoundOptions{});
+  CHECK(std::memcmp(copy.data(), src.data(), src.size() * sizeof(float)) == 0);  // fp32: a copy
 }

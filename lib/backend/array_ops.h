@@ -34,8 +34,9 @@ class ArrayOps {
   virtual float max_abs(const float* d, std::size_t n) = 0;
   // d[i] = d[i] / divisor in fp32 (the unscale of SPEC §4).
   virtual void divide(float* d, std::size_t n, float divisor) = 0;
-  // d[i] = quantize(d[i], f): a forward value or working weight rounded to F.
-  virtual void quantize(float* d, std::size_t n, Format f, RoundOptions round) = 0;
+  // dst[i] = quantize(src[i], f): a forward value or working weight rounded to F, in one pass (src may
+  // be dst; fp32 copies).
+  virtual void quantize(const float* src, float* dst, std::size_t n, Format f, RoundOptions round) = 0;
   // SPEC §3's counts, histogram and moments of n values against f.
   virtual TensorStats statistics(const float* d, std::size_t n, Format f, RoundOptions round) = 0;
   // QueryStatistics::attach's work for a query whose raw views (grad, weight, upstream) point into this

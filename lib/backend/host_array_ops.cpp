@@ -1,5 +1,6 @@
 // The host's ArrayOps (array_ops.h): the functions gradscale's own CPU layers use, on the caller's arrays.
 #include <algorithm>
+#include <cstring>
 
 #include "lib/backend/array_ops.h"
 #include "lib/instrument/finite_scan.h"
@@ -22,8 +23,11 @@ class HostArrayOps final : public ArrayOps {
   void divide(float* d, std::size_t n, float divisor) override {
     for (std::size_t i = 0; i < n; ++i) d[i] /= divisor;
   }
-  void quantize(float* d, std::size_t n, Format f, RoundOptions round) override {
-    if (f != Format::fp32) gradscale::quantize(d, d, n, f, round);
+  void quantize(const float* src, float* dst, std::size_t n, Format f, RoundOptions round) override {
+    if (f != Format::fp32)
+      gradscale::quantize(src, dst, n, f, round);
+    else if (src != dst && n > 0)
+      std::memcpy(dst, src, n * sizeof(float));
   }
   TensorStats statistics(const float* d, std::size_t n, Format f, RoundOptions round) override {
     return tensor_stats(d, n, f, round);

@@ -131,9 +131,12 @@ class CudaArrayOps final : public ArrayOps {
     cuda::divide(d, n, divisor, ctx_.stream());
   }
 
-  void quantize(float* d, std::size_t n, Format f, RoundOptions round) override {
+  void quantize(const float* src, float* dst, std::size_t n, Format f, RoundOptions round) override {
     select_device();
-    if (f != Format::fp32) cuda::quantize(d, d, n, f, round, 1.0f, ctx_.stream());
+    if (f != Format::fp32)
+      cuda::quantize(src, dst, n, f, round, 1.0f, ctx_.stream());
+    else if (src != dst && n > 0)
+      GS_CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, ctx_.stream()));
   }
 
   TensorStats statistics(const float* d, std::size_t n, Format f, RoundOptions round) override {

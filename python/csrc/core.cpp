@@ -289,7 +289,13 @@ PYBIND11_MODULE(GS_CORE_NAME, m) {
       // The caller's own steps on arrays of that device: forward values and working weights rounded to
       // a format, a join part's maximum; set_stream orders the device's work on the caller's stream.
       .def("quantize_", [](ExternalBackward& e, std::uintptr_t p, std::int64_t n, const std::string& f) {
-        e.arrays().quantize(address(p), static_cast<std::size_t>(n), format_of(f), e.precision().round);
+        e.arrays().quantize(address(p), address(p), static_cast<std::size_t>(n), format_of(f), e.precision().round);
+      })
+      // dst = src rounded to a format, one pass (a rounded copy: no clone before the rounding).
+      .def("quantize_into", [](ExternalBackward& e, std::uintptr_t src, std::uintptr_t dst, std::int64_t n,
+                               const std::string& f) {
+        e.arrays().quantize(address(src), address(dst), static_cast<std::size_t>(n), format_of(f),
+                            e.precision().round);
       })
       .def("max_abs", [](ExternalBackward& e, std::uintptr_t p, std::int64_t n) {
         return static_cast<double>(e.arrays().max_abs(address(p), static_cast<std::size_t>(n)));

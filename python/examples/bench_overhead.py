@@ -7,13 +7,16 @@ the same turns for comparison.
 
 Prints one Markdown row per model: milliseconds per step of each configuration (median of --steps
 after 3 warm-up steps; the configurations take turns step by step; on a GPU each step ends with a
-synchronisation) and the ratio of adaptive `measured` to the emulated global-policy step.
+synchronisation), the ratio of adaptive `measured` to the emulated global-policy step, and the
+process's minor page faults per step (glibc's heap trimming gives freed memory back and faults it in
+again: thousands a step cost milliseconds).
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
 import os
+import resource
 import statistics
 import sys
 import time
@@ -59,6 +62,7 @@ class Run:
             self.scaler = Scaler(self.model, scaler=scaler_cfg, format="fp16", record_every=0) if scaler_cfg else None
         self.x, self.y = (t.to(self.device) for t in data)
         self.times = []
+        self.faults = []  # minor page faults of the process during each recorded step
 
     def _sync(self):
         if self.device.type == "cuda":
@@ -66,6 +70,7 @@ class Run:
 
     def step(self, record):
         self._sync()
+        f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         t0 = time.perf_counter()
         with torch.autocast("cuda", dtype=torch.float16) if self.amp else contextlib.nullcontext():
             out = self.model(self.x)
@@ -81,16 +86,18 @@ class Run:
         self._sync()
         if record:
             self.times.append(time.perf_counter() - t0)
+            self.faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
 
 
 def time_configs(make, data, configs, steps, device):
-    """Medians in ms; the configurations take turns step by step, so a change in the machine's load
-    falls on all of them alike."""
+    """Medians in ms, and the median minor page faults per step (memory the allocator gave back to the
+    system and takes again); the configurations take turns step by step, so a change in the
+    machine's load falls on all of them alike."""
     runs = [Run(make, data, c, device) for c in configs]
     for i in range(steps + 3):
         for r in runs:
             r.step(record=i >= 3)
-    return [statistics.median(r.times) * 1e3 for r in runs]
+    return [statistics.median(r.times) * 1e3 for r in runs], [statistics.median(r.faults) for r in runs]
 
 
 def main():
@@ -106,12 +113,13 @@ def main():
     configs = [None, "torch", {"policy": "adaptive", "method": "measured"}] + (["amp"] if gpu else [])
     amp_header = " PyTorch AMP (autocast fp16 + GradScaler) | measured / AMP |" if gpu else ""
     print("| model | plain PyTorch fp32 | plug-in fp16, `torch` | plug-in fp16, adaptive `measured` | torch / plain "
-          "| measured / torch |" + amp_header)
-    print("|---|---|---|---|---|---|" + ("---|---|" if gpu else ""))
+          "| measured / torch | page faults per step (plain / torch / measured) |" + amp_header)
+    print("|---|---|---|---|---|---|---|" + ("---|---|" if gpu else ""))
     for name, make, data in models():
-        times = time_configs(make, data, configs, args.steps, args.device)
+        times, faults = time_configs(make, data, configs, args.steps, args.device)
         plain, glob, meas = times[:3]
-        row = f"| {name} | {plain:.1f} ms | {glob:.1f} ms | {meas:.1f} ms | {glob / plain:.2f} | {meas / glob:.2f} |"
+        row = (f"| {name} | {plain:.1f} ms | {glob:.1f} ms | {meas:.1f} ms | {glob / plain:.2f} | {meas / glob:.2f} "
+               f"| {faults[0]:.0f} / {faults[1]:.0f} / {faults[2]:.0f} |")
         if gpu:
             row += f" {times[3]:.2f} ms | {meas / times[3]:.2f} |"
         print(row, flush=True)

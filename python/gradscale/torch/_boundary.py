@@ -104,6 +104,9 @@ class CallWrapper:
         self.weight_name = layer.weight_name
         self.attention = layer.attention
         self.inner = module.__dict__.get("forward")  # an instance-level forward set before ours, if any
+        # A torch.nn layer of its own (not a user's subclass or forward): it never writes to its inputs.
+        self.reads_inputs_only = (self.boundary and not self.recurse and self.inner is None
+                                  and type(module).__module__.startswith("torch.nn.modules."))
         self.calls: List[LayerCall] = []  # the calls open now (a module may call itself)
         self.pending = False  # the pre-hook opened a call that this forward has not yet entered
 
@@ -136,15 +139,22 @@ class CallWrapper:
         call = self.calls.pop() if self.calls else LayerCall(self.layer_id)
         tracker = self.scaler._tracker
         grad = torch.is_grad_enabled()
-        return map_tensors(output, self.scaler._device, lambda t: Exit.apply(t, tracker, call)
-                           if grad and t.requires_grad else round_forward(t, tracker.format, tracker.core))
+        return map_tensors(output, self.scaler._device, lambda t: tracker.note_rounded(
+            Exit.apply(t, tracker, call) if grad and t.requires_grad else round_forward(t, tracker.format, tracker.core)))
 
     def _enter(self, call: LayerCall, x):
         """One argument of a layer call: a floating tensor gets its `Enter` (rounded to `format`)."""
         tracker = self.scaler._tracker
         grad = torch.is_grad_enabled()
-        return wrap_tensor(x, self.scaler._device, lambda t: Enter.apply(t, tracker, call)
-                           if grad and t.requires_grad else round_forward(t, tracker.format, tracker.core))
+
+        def enter(t):
+            # An earlier layer's rounded output, untouched, is read as it is by a layer that does not
+            # write to its inputs (torch.nn's own): rounding it again would copy the same values.
+            rounded = self.reads_inputs_only and tracker.is_rounded(t)
+            if grad and t.requires_grad:
+                return Enter.apply(t, tracker, call, rounded)
+            return t if rounded else round_forward(t, tracker.format, tracker.core)
+        return wrap_tensor(x, self.scaler._device, enter)
 
     # ---- the call ----------------------------------------------------------------------------
     def __call__(self, *args, **kwargs):

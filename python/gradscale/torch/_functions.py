@@ -49,11 +49,18 @@ def owned_copy(g: torch.Tensor) -> torch.Tensor:
 
 def round_forward(x: torch.Tensor, fmt: str, core) -> torch.Tensor:
     """A new tensor: x rounded to the forward format (the identity copy for fp32), by `core` (an
-    ExternalBackward) where x lives, in x's memory layout when x is dense."""
+    ExternalBackward) where x lives, in one pass over x, in x's memory layout when x is dense."""
     x = x.detach()
-    out = x.clone() if is_dense(x) else x.clone(memory_format=torch.contiguous_format)
-    if fmt != "fp32" and out.numel():
-        core.quantize_(out.data_ptr(), out.numel(), fmt)
+    if not is_dense(x):
+        out = x.clone(memory_format=torch.contiguous_format)
+        if fmt != "fp32" and out.numel():
+            core.quantize_(out.data_ptr(), out.numel(), fmt)
+        return out
+    if fmt == "fp32" or not x.numel():
+        return x.clone()
+    # x's sizes and strides: its numel() values in the same order from data_ptr() on both sides.
+    out = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device)
+    core.quantize_into(x.data_ptr(), out.data_ptr(), x.numel(), fmt)
     return out
 
 
@@ -78,10 +85,12 @@ def differentiable(g: torch.Tensor, value: torch.Tensor, factor: float) -> torch
     return value
 
 
-def _boundary_forward(ctx, x, tracker, call):
+def _boundary_forward(ctx, x, tracker, call, rounded=False):
     ctx.tracker = tracker
     ctx.layer_id = call.layer_id
     ctx.call = call  # pairs a layer call's Exit with its Enter and holds its working weight
+    if rounded:  # an earlier layer's output, already values of `format` (Tracker.is_rounded)
+        return x.view_as(x)
     return round_forward(x, tracker.format, tracker.core)
 
 
@@ -100,11 +109,11 @@ class Enter(torch.autograd.Function):
         if shadow is not None:
             if g is not None:
                 shadow.record_upstream(ctx.call, g)
-            return g, None, None
+            return g, None, None, None
         run = ctx.tracker.running()
         if g is None or run is None:
-            return g, None, None
-        return run.enter_backward(ctx, g), None, None
+            return g, None, None, None
+        return run.enter_backward(ctx, g), None, None, None
 
 
 class Exit(torch.autograd.Function):

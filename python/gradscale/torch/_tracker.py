@@ -4,7 +4,8 @@ one per `scaler.scale(loss)`), and the layer graph the passes' walks have learne
 """
 from __future__ import annotations
 
-from typing import List, Optional
+import weakref
+from typing import Dict, List, Optional, Tuple
 
 import torch
 
@@ -33,6 +34,23 @@ class Tracker:
         self.shadow = None
         # Whether layer calls substitute working copies (any emulation, or a shadow to compare with).
         self.substitute = fmt != "fp32"
+        # Layer outputs this Scaler rounded to `format` (Exit), while they live: id → (the tensor, weakly;
+        # its version then). One read by the next layer untouched needs no second rounding.
+        self._rounded: Dict[int, Tuple[weakref.ref, int]] = {}
+
+    # ---- forward values ------------------------------------------------------------------------
+    def note_rounded(self, t: torch.Tensor) -> torch.Tensor:
+        """Notes a layer output just rounded to `format`; returns it."""
+        key = id(t)
+        rounded = self._rounded
+        rounded[key] = (weakref.ref(t, lambda _, key=key: rounded.pop(key, None)), t._version)
+        return t
+
+    def is_rounded(self, t: torch.Tensor) -> bool:
+        """Whether `t` is a layer output this Scaler rounded to `format`, not modified in place since
+        (its values are values of `format`: rounding them again is the identity)."""
+        entry = self._rounded.get(id(t))
+        return entry is not None and entry[0]() is t and entry[1] == t._version
 
     # ---- what the Functions call ---------------------------------------------------------------
     def running(self) -> Optional[BackwardPass]:
