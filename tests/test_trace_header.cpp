@@ -9,31 +9,15 @@
 #include <gradscale/gradscale.h>
 
 #include "tests/precision_fp16.h"
+#include "tests/small_net_fixture.h"
 
 using namespace gradscale;
 using gradscale::testing::fp16;
 using json = nlohmann::json;
 
-namespace {
-
-// conv → ReLU → flatten → linear, named when `name` is not empty.
-std::unique_ptr<Model> header_net(const std::string& name) {
-  Rng rng(3);
-  const InitSpec init;
-  auto net = std::make_unique<Model>(name);
-  const int c = net->add(std::make_unique<Conv2d>("c", 1, 4, 3, 2, 1, true, init, rng), {Model::kModelInput});
-  const int r = net->add(std::make_unique<ReLU>("r"), {c});
-  const int f = net->add(std::make_unique<Flatten>("f"), {r});
-  net->add(std::make_unique<Linear>("fc", 4 * 14 * 14, 10, true, init, rng), {f});
-  net->finalize({1, 28, 28});
-  return net;
-}
-
-}  // namespace
-
 TEST_CASE("trace header: ExternalBackward's equals the engine's for the same model, scaler and seed",
           "[trace][external]") {
-  std::unique_ptr<Model> net = header_net("");
+  std::unique_ptr<Model> net = testing::small_conv_net("", 3);
   std::unique_ptr<Optimizer> sgd = make_optimizer({{"name", "sgd"}});
   for (const json& scaler : {json("none"), json("static:1024"),
                              json{{"policy", "adaptive"}, {"method", "measured"}, {"init_scale", "auto"}}}) {
@@ -49,7 +33,7 @@ TEST_CASE("trace header: ExternalBackward's equals the engine's for the same mod
     CHECK_FALSE(external.trace_header(json::object(), 7, net->layer_table()).contains("model"));
   }
   // A named model: the engine's name wins over the config's; make_trace_header takes it as an argument.
-  std::unique_ptr<Model> named = header_net("named-net");
+  std::unique_ptr<Model> named = testing::small_conv_net("named-net", 3);
   ScaledTraining engine(*named, *sgd, fp16(), json("none"), 1);
   const json config = {{"model", "from-config"}};
   CHECK(engine.trace_header(config) ==

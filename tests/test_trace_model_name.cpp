@@ -13,35 +13,19 @@
 
 #include "tests/cli_run.h"
 #include "tests/precision_fp16.h"
+#include "tests/small_net_fixture.h"
 
 using namespace gradscale;
 using gradscale::testing::fp16;
 using json = nlohmann::json;
 using Catch::Matchers::Contains;
 
-namespace {
-
-// conv → ReLU → flatten → linear, named when `name` is not empty.
-std::unique_ptr<Model> small_net(const std::string& name) {
-  Rng rng(2);
-  const InitSpec init;
-  auto net = std::make_unique<Model>(name);
-  const int c = net->add(std::make_unique<Conv2d>("c", 1, 4, 3, 2, 1, true, init, rng), {Model::kModelInput});
-  const int r = net->add(std::make_unique<ReLU>("r"), {c});
-  const int f = net->add(std::make_unique<Flatten>("f"), {r});
-  net->add(std::make_unique<Linear>("fc", 4 * 14 * 14, 10, true, init, rng), {f});
-  net->finalize({1, 28, 28});
-  return net;
-}
-
-}  // namespace
-
 TEST_CASE("a trace written through the API names its model (Model::name) without a config key", "[api][trace]") {
   const auto dir = std::filesystem::temp_directory_path() /
                    ("gradscale_trace_name_" + std::to_string(static_cast<long>(::getpid())));
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
-  std::unique_ptr<Model> net = small_net("named-net");
+  std::unique_ptr<Model> net = testing::small_conv_net("named-net", 2);
   std::unique_ptr<Optimizer> adam = make_optimizer({{"name", "adam"}});
   ScaledTraining t(*net, *adam, fp16(), json{{"policy", "adaptive"}, {"method", "measured"}, {"init_scale", "auto"},
                                              {"cast_form", "measured"}}, 2);
@@ -78,7 +62,7 @@ TEST_CASE("a trace written through the API names its model (Model::name) without
   CHECK(doc.dump().find("\"model\":\"named-net\"") != std::string::npos);
 
   // A model without a name: the run config's "model", as before; neither: "-".
-  std::unique_ptr<Model> unnamed = small_net("");
+  std::unique_ptr<Model> unnamed = testing::small_conv_net("", 2);
   ScaledTraining u(*unnamed, *adam, fp16(), json("none"), 2);
   CHECK(u.trace_header({{"model", "from-config"}}).at("model") == "from-config");
   CHECK_FALSE(u.trace_header().contains("model"));
