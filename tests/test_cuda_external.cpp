@@ -156,6 +156,12 @@ Log run(const std::string& device, const json& scaler, Format grad_format) {
     log.array(mem.get(ddst, 16));
     eb.arrays().quantize(dsrc, ddst, 16, Format::fp32, RoundOptions{});
     log.array(mem.get(ddst, 16));
+    // A join's maxima at once (max_abs_each), an empty array among them.
+    const float* const arrays[] = {dsrc, dup0, dx};
+    const std::size_t sizes[] = {16, 30, 0};
+    float maxima[3];
+    eb.arrays().max_abs_each(arrays, sizes, 3, maxima);
+    for (float m : maxima) log.number("max_abs_each", m);
 
     const StepResult r = eb.finish_step(0.5);
     for (double v : {double(r.skipped), double(r.found_inf), double(r.first_nonfinite_layer), r.loss_scale,

@@ -301,7 +301,8 @@ TEST_CASE("external backward: ranks that sum their agreement buffers take one ve
   CHECK_THROWS_WITH(b.agree({1.0}), Contains("expected 6"));
 }
 
-TEST_CASE("external backward: a rounded copy is the in-place rounding's bits and leaves its source", "[external]") {
+TEST_CASE("external backward: a rounded copy is the in-place rounding's bits and leaves its source",
+          "[external]") {
   ExternalBackward eb(two_linear_layers(), fp16(), json("torch"));
   const std::vector<float> src = {0.0f, -0.0f, 1.0f / 3, 70000.0f, 1e-8f, -2.5e-6f, 65519.0f, 3.14159f};
   std::vector<float> in_place = src;
@@ -315,8 +316,23 @@ TEST_CASE("external backward: a rounded copy is the in-place rounding's bits and
     CHECK((copy[i] == in_place[i] || (std::isnan(copy[i]) && std::isnan(in_place[i]))));
     CHECK(std::memcmp(&src[i], &before[i], sizeof(float)) == 0);
   }
-  CHECK(copy[2] != src[2]);                                    // 1/3 is not an fp16 value
-  CHECK(std::isinf(copy[3]));                                  // above fp16's largest
+  CHECK(copy[2] != src[2]);    // 1/3 is not an fp16 value
+  CHECK(std::isinf(copy[3]));  // above fp16's largest
   eb.arrays().quantize(src.data(), copy.data(), src.size(), Format::fp32, RoundOptions{});
   CHECK(std::memcmp(copy.data(), src.data(), src.size() * sizeof(float)) == 0);  // fp32: a copy
+}
+
+TEST_CASE("external backward: the maxima of several arrays at once are each array's max_abs", "[external]") {
+  ExternalBackward eb(two_linear_layers(), fp16(), json("torch"));
+  const std::vector<float> a = {1.0f, -3.5f, 2.0f}, b = {-0.0f, 0.25f},
+                           c = {1.0f, std::numeric_limits<float>::quiet_NaN()};
+  const float* const arrays[] = {a.data(), b.data(), nullptr, c.data()};
+  const std::size_t sizes[] = {a.size(), b.size(), 0, c.size()};
+  float out[4] = {-1, -1, -1, -1};
+  eb.arrays().max_abs_each(arrays, sizes, 4, out);
+  CHECK(out[0] == 3.5f);
+  CHECK(out[1] == 0.25f);
+  CHECK(out[2] == 0.0f);      // an empty array
+  CHECK(std::isinf(out[3]));  // not finite: inf, as max_abs
+  CHECK(out[3] == eb.arrays().max_abs(c.data(), c.size()));
 }

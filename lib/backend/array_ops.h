@@ -32,6 +32,12 @@ class ArrayOps {
   virtual void flush() = 0;
   // max|d[i]| (inf when one is not finite), as lib/instrument's max_abs.
   virtual float max_abs(const float* d, std::size_t n) = 0;
+  // max_abs of each of `count` arrays (arrays[k]: sizes[k] values), into out[k]: a join's parts at
+  // once (one wait on a device).
+  virtual void max_abs_each(const float* const* arrays, const std::size_t* sizes, std::size_t count,
+                            float* out) {
+    for (std::size_t k = 0; k < count; ++k) out[k] = max_abs(arrays[k], sizes[k]);
+  }
   // d[i] = d[i] / divisor in fp32 (the unscale of SPEC §4).
   virtual void divide(float* d, std::size_t n, float divisor) = 0;
   // dst[i] = quantize(src[i], f): a forward value or working weight rounded to F, in one pass (src may

@@ -126,6 +126,22 @@ class CudaArrayOps final : public ArrayOps {
     return max_abs_of_bits(max_bits_host_.data()[0]);
   }
 
+  void max_abs_each(const float* const* arrays, const std::size_t* sizes, std::size_t count,
+                    float* out) override {
+    if (count == 0) return;
+    select_device();
+    if (max_bits_.size() < count) {
+      max_bits_ = DeviceBuffer<unsigned>(count);
+      max_bits_host_ = PinnedBuffer<unsigned>(count);
+    }
+    for (std::size_t k = 0; k < count; ++k)
+      max_abs_bits(arrays[k], sizes[k], max_bits_.data() + k, ctx_.stream());
+    GS_CUDA_CHECK(cudaMemcpyAsync(max_bits_host_.data(), max_bits_.data(), count * sizeof(unsigned),
+                                  cudaMemcpyDeviceToHost, ctx_.stream()));
+    ctx_.synchronize();
+    for (std::size_t k = 0; k < count; ++k) out[k] = max_abs_of_bits(max_bits_host_.data()[k]);
+  }
+
   void divide(float* d, std::size_t n, float divisor) override {
     select_device();
     cuda::divide(d, n, divisor, ctx_.stream());
@@ -261,7 +277,7 @@ class CudaArrayOps final : public ArrayOps {
 
   CudaContext& ctx_;
   DeviceBuffer<DeviceStats> stats_;  // a measurement returned at once: one tensor's, or a query's three
-  DeviceBuffer<unsigned> max_bits_{1};      // max_abs's result, and its copy on the host
+  DeviceBuffer<unsigned> max_bits_{1};  // max_abs's result (max_abs_each's, one per array), and its host copy
   PinnedBuffer<unsigned> max_bits_host_{1};
   std::vector<DeviceBuffer<DeviceStats>> stat_chunks_;
   std::vector<DeviceBuffer<DeviceEdgeCounts>> edge_chunks_;

@@ -289,7 +289,8 @@ PYBIND11_MODULE(GS_CORE_NAME, m) {
       // The caller's own steps on arrays of that device: forward values and working weights rounded to
       // a format, a join part's maximum; set_stream orders the device's work on the caller's stream.
       .def("quantize_", [](ExternalBackward& e, std::uintptr_t p, std::int64_t n, const std::string& f) {
-        e.arrays().quantize(address(p), address(p), static_cast<std::size_t>(n), format_of(f), e.precision().round);
+        e.arrays().quantize(address(p), address(p), static_cast<std::size_t>(n), format_of(f),
+                            e.precision().round);
       })
       // dst = src rounded to a format, one pass (a rounded copy: no clone before the rounding).
       .def("quantize_into", [](ExternalBackward& e, std::uintptr_t src, std::uintptr_t dst, std::int64_t n,
@@ -299,6 +300,23 @@ PYBIND11_MODULE(GS_CORE_NAME, m) {
       })
       .def("max_abs", [](ExternalBackward& e, std::uintptr_t p, std::int64_t n) {
         return static_cast<double>(e.arrays().max_abs(address(p), static_cast<std::size_t>(n)));
+      })
+      // max|v| of each array (a join's parts): one wait on a device for all of them.
+      .def("max_abs_each", [](ExternalBackward& e, const std::vector<std::uintptr_t>& ps,
+                              const std::vector<std::int64_t>& ns) {
+        GS_CHECK(ps.size() == ns.size(),
+                 "max_abs_each: " << ps.size() << " arrays, " << ns.size() << " sizes");
+        std::vector<const float*> arrays;
+        std::vector<std::size_t> sizes;
+        for (std::size_t k = 0; k < ps.size(); ++k) {
+          GS_CHECK(ns[k] >= 0 && (ns[k] == 0 || ps[k] != 0),
+                   "max_abs_each: array " << k << " of " << ns[k] << " values");
+          arrays.push_back(address(ps[k]));
+          sizes.push_back(static_cast<std::size_t>(ns[k]));
+        }
+        std::vector<float> out(ps.size());
+        e.arrays().max_abs_each(arrays.data(), sizes.data(), arrays.size(), out.data());
+        return std::vector<double>(out.begin(), out.end());
       })
       .def("set_stream", [](ExternalBackward& e, std::uintptr_t stream) { e.arrays().set_stream(stream); })
       // The join's sum where the parts live (ArrayOps::sum_scaled_parts): out = Σ part·float(target/scale).

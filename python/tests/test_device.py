@@ -288,3 +288,34 @@ def test_weight_gradient_factors_cost_no_wait_on_the_cuda_path():
             scaler.step(opt)
             scaler.update()
             assert scaler.host_waits - before == 1 + depth + 1, depth
+
+
+@needs_cpu_target
+def test_a_join_waits_once_for_all_its_parts_maxima():
+    """SPEC §5's join target reads the maximum of every part: on the CUDA path they come back in one
+    copy (max_abs_each), so a tensor read by one more layer costs that layer's wait, not one more."""
+    class Heads(nn.Module):
+        def __init__(self, k):
+            super().__init__()
+            self.trunk = nn.Linear(16, 16)
+            self.heads = nn.ModuleList(nn.Linear(16, 10) for _ in range(k))
+
+        def forward(self, x):
+            h = torch.relu(self.trunk(x))  # read by every head: a join of k parts in backward
+            return sum(head(h) for head in self.heads)
+
+    waits = {}
+    for k in (2, 3):
+        torch.manual_seed(0)
+        model = Heads(k)
+        scaler = Scaler(model, scaler={"policy": "adaptive", "method": "measured"}, _cpu_target=True)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        x, y = torch.randn(8, 16), torch.arange(8) % 10
+        for _ in range(2):
+            before = scaler.host_waits
+            opt.zero_grad()
+            scaler.scale(F.cross_entropy(model(x), y)).backward()
+            scaler.step(opt)
+            scaler.update()
+        waits[k] = scaler.host_waits - before
+    assert waits[3] - waits[2] == 1, waits

@@ -19,10 +19,8 @@ def join_parts(core, layer: int, parts: List[Part], grad_outputs) -> Tuple[list,
     """`grad_outputs` with each output that received parts replaced by their join, and T. `core` is the
     Scaler's ExternalBackward (the maxima and the rounding where the tensors live); `layer` the layer
     whose boundary the node is (-1: none), the site of the rounding."""
-    maxima = []
-    for _, g, _ in parts:
-        dense = g if is_dense(g) else g.contiguous()
-        maxima.append(core.max_abs(dense.data_ptr(), dense.numel()) if g.numel() else 0.0)
+    dense = [g if is_dense(g) else g.contiguous() for _, g, _ in parts]
+    maxima = core.max_abs_each([g.data_ptr() for g in dense], [g.numel() for g in dense])  # one wait on a GPU
     target = core.join_target(maxima, [s for _, _, s in parts])
     by_output: Dict[int, List[Tuple[torch.Tensor, float]]] = {}
     for j, g, s in parts:
