@@ -135,14 +135,19 @@ Log run(const std::string& device, const json& scaler, Format grad_format) {
     float* dsum = mem.put(sum);
     eb.round_join(0, dsum, 40);
     log.array(mem.get(dsum, 40));
-    // fc1: upstream to the model's input, its weight gradient.
-    float* dup0 = mem.put(spread(rng, 30, -30, -8));
+    // fc1: upstream to the model's input, its weight gradient, each read from a source (left as it is)
+    // into an array of its own, as the plug-in calls them.
+    float* sup0 = mem.put(spread(rng, 30, -30, -8));
+    float* dup0 = mem.put(std::vector<float>(30, 7.0f));
     float* dw0 = mem.put(spread(rng, 48, -6, 0));
-    log.number("s0", eb.upstream(0, dup0, {5, 6}, dsum, {5, 8}, dw0, {8, 6}, t));
+    log.number("s0", eb.upstream(0, sup0, dup0, {5, 6}, dsum, {5, 8}, dw0, {8, 6}, t));
     log.array(mem.get(dup0, 30));
-    float* dwg0 = mem.put(spread(rng, 48, -26, -2));
-    eb.weight_gradient(0, dwg0, 48, t);
+    log.array(mem.get(sup0, 30));
+    float* swg0 = mem.put(spread(rng, 48, -26, -2));
+    float* dwg0 = mem.put(std::vector<float>(48, 7.0f));
+    eb.weight_gradient(0, swg0, dwg0, 48, t);
     log.array(mem.get(dwg0, 48));
+    log.array(mem.get(swg0, 48));
     // The forward roundings and statistics the plug-in takes with the same object.
     float* dx = mem.put(spread(rng, 16, -20, 3));
     eb.arrays().quantize(dx, dx, 16, Format::fp8_e4m3, RoundOptions{});

@@ -336,3 +336,62 @@ TEST_CASE("external backward: the maxima of several arrays at once are each arra
   CHECK(std::isinf(out[3]));  // not finite: inf, as max_abs
   CHECK(out[3] == eb.arrays().max_abs(c.data(), c.size()));
 }
+
+TEST_CASE("external backward: each gradient step from a source gives the in-place step's bits, scales and rows",
+          "[external]") {
+  // Two identical backward objects: one rounds in place, the other reads a source it must leave as it is
+  // and writes a separate array (the plug-in's one-pass rounded copy).
+  for (const json& cfg : {json("torch"), json{{"policy", "adaptive"}, {"method", "measured"}},
+                          json{{"policy", "adaptive"}, {"method", "approx_range"}, {"init_scale", "auto"}}}) {
+    INFO("scaler " << cfg.dump());
+    ExternalBackward in_place(two_linear_layers(), fp16(), cfg), copied(two_linear_layers(), fp16(), cfg);
+    for (int step = 0; step < 3; ++step) {
+      in_place.begin_step(true);
+      copied.begin_step(true);
+      auto values = [step](std::size_t n, int lo) {
+        std::vector<float> v(n);
+        for (std::size_t i = 0; i < n; ++i)
+          v[i] = std::ldexp(1.0f + 0.0625f * float(i % 16), lo + int((i * 7 + std::size_t(step)) % 20)) *
+                 (i % 3 ? 1.0f : -1.0f);
+        return v;
+      };
+      auto both = [](const std::vector<float>& source, auto&& call_in_place, auto&& call_copied) {
+        std::vector<float> a = source, src = source, b(source.size(), 7.0f);
+        const double ra = call_in_place(a.data()), rb = call_copied(src.data(), b.data());
+        CHECK(ra == rb);
+        CHECK(std::memcmp(src.data(), source.data(), source.size() * sizeof(float)) == 0);  // left as it is
+        CHECK(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+      };
+      both(values(6, -8), [&](float* g) { return in_place.loss_gradient(g, 6); },
+           [&](const float* s, float* g) { return copied.loss_gradient(s, g, 6); });
+      const double scale_in = in_place.loss_scale();
+      const std::vector<float> received = values(6, -30), weight = values(24, -6);
+      both(values(16, -34),
+           [&](float* g) {
+             return in_place.upstream(1, g, {2, 8}, received.data(), {2, 3}, weight.data(), {3, 8}, scale_in);
+           },
+           [&](const float* s, float* g) {
+             return copied.upstream(1, s, g, {2, 8}, received.data(), {2, 3}, weight.data(), {3, 8}, scale_in);
+           });
+      both(values(16, -30), [&](float* g) { in_place.round_received(0, g, 16); return 0.0; },
+           [&](const float* s, float* g) { copied.round_received(0, s, g, 16); return 0.0; });
+      for (int layer : {0, 1, -1})
+        both(values(24, -40),
+             [&](float* g) { in_place.weight_gradient(layer, g, 24, scale_in); return 0.0; },
+             [&](const float* s, float* g) { copied.weight_gradient(layer, s, g, 24, scale_in); return 0.0; });
+      const StepResult ra = in_place.finish_step(0.5), rb = copied.finish_step(0.5);
+      CHECK(ra.skipped == rb.skipped);
+      CHECK(ra.loss_scale == rb.loss_scale);
+      CHECK(in_place.state() == copied.state());
+      const std::vector<LayerScale> a = in_place.layer_scales(), b = copied.layer_scales();
+      for (std::size_t l = 0; l < a.size(); ++l) {
+        CHECK(a[l].s == b[l].s);
+        CHECK(a[l].scale_out == b[l].scale_out);
+        CHECK(a[l].unbound == b[l].unbound);
+        CHECK(a[l].underflow_rate == b[l].underflow_rate);
+        CHECK(in_place.monitor().records[l].weight_grad_scale == copied.monitor().records[l].weight_grad_scale);
+        CHECK(in_place.monitor().records[l].sent_max_abs == copied.monitor().records[l].sent_max_abs);
+      }
+    }
+  }
+}

@@ -17,14 +17,15 @@ namespace gradscale {
 class ArrayOps {
  public:
   virtual ~ArrayOps() = default;
-  // round_gradient's contract (lib/layers/precision_ops.h) on n values at `d`: the multiplier in fp32 and the
-  // one rounding now; the records — the site's statistics into `monitor` when it records, popart_als's
-  // counts of a weight gradient, the found_inf check — then `then(max|d| before rounding)` (inf when
-  // something is not finite; `then` may be empty), in the order the calls were made: at once on the
-  // host, at the next flush() on a device, where every queued measurement comes back in one copy.
-  // `monitor` must live until then.
-  virtual void queue_rounding(float* d, std::size_t n, float multiplier, GradSite site, int node,
-                              const Precision& p, StepMonitor& monitor, std::function<void(float)> then) = 0;
+  // round_gradient's contract (lib/layers/precision_ops.h) from n values at `src` into `d` (src may be d;
+  // src is left as it is): the multiplier in fp32 and the one rounding now; the records — the site's
+  // statistics into `monitor` when it records, popart_als's counts of a weight gradient, the found_inf
+  // check — then `then(max|d| before rounding)` (inf when something is not finite; `then` may be
+  // empty), in the order the calls were made: at once on the host, at the next flush() on a device,
+  // where every queued measurement comes back in one copy. `monitor` must live until then.
+  virtual void queue_rounding(const float* src, float* d, std::size_t n, float multiplier, GradSite site,
+                              int node, const Precision& p, StepMonitor& monitor,
+                              std::function<void(float)> then) = 0;
   // `f` in order with the queued roundings' records (a monitor change whose order with theirs matters:
   // which layer was the first non-finite one). At once on the host.
   virtual void queue(std::function<void()> f) = 0;

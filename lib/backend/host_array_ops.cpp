@@ -12,9 +12,9 @@ namespace {
 
 class HostArrayOps final : public ArrayOps {
  public:
-  void queue_rounding(float* d, std::size_t n, float multiplier, GradSite site, int node, const Precision& p,
-                      StepMonitor& monitor, std::function<void(float)> then) override {
-    const float m = gradscale::round_gradient(d, n, multiplier, site, node, p, monitor);
+  void queue_rounding(const float* src, float* d, std::size_t n, float multiplier, GradSite site, int node,
+                      const Precision& p, StepMonitor& monitor, std::function<void(float)> then) override {
+    const float m = gradscale::round_gradient(src, d, n, multiplier, site, node, p, monitor);
     if (then) then(m);
   }
   void queue(std::function<void()> f) override { f(); }

@@ -28,8 +28,8 @@ class CudaArrayOps final : public ArrayOps {
  public:
   explicit CudaArrayOps(CudaContext& ctx) : ctx_(ctx), stats_(3) {}
 
-  void queue_rounding(float* d, std::size_t n, float multiplier, GradSite site, int node, const Precision& p,
-                      StepMonitor& monitor, std::function<void(float)> then) override {
+  void queue_rounding(const float* src, float* d, std::size_t n, float multiplier, GradSite site, int node,
+                      const Precision& p, StepMonitor& monitor, std::function<void(float)> then) override {
     select_device();
     const Format f = p.gradient_format();
     Queued e;
@@ -42,19 +42,27 @@ class CudaArrayOps final : public ArrayOps {
     e.then = std::move(then);
     e.slot = rounding_count_++;
     cudaStream_t stream = ctx_.stream();
-    if (multiplier != 1.0f) cuda::quantize(d, d, n, Format::fp32, p.round, multiplier, stream);  // d·multiplier
-    tensor_stats(ctx_, d, n, f, p.round, slot(e.slot));
+    // v: the fp32 values after the multiplier (src itself without one: the rounding then writes d).
+    const float* v = src;
+    if (multiplier != 1.0f) {
+      cuda::quantize(src, d, n, Format::fp32, p.round, multiplier, stream);  // d = src·multiplier
+      v = d;
+    }
+    tensor_stats(ctx_, v, n, f, p.round, slot(e.slot));
     e.edge = site == GradSite::weight && monitor.gradient_edge > 0;
     any_edge_ = any_edge_ || e.edge;
     if (e.edge) {  // popart_als counts the weight gradients about its edge as they will be stored
       DeviceEdgeCounts* counts = edge_slot(e.slot);
       GS_CUDA_CHECK(cudaMemsetAsync(counts, 0, sizeof(DeviceEdgeCounts), stream));
-      count_about_edge(d, n,
+      count_about_edge(v, n,
                        edge_threshold_bits(static_cast<float>(monitor.gradient_edge),
                                            e.quantized ? f : Format::fp32, p.round),
                        counts, stream);
     }
-    if (e.quantized) cuda::quantize(d, d, n, f, p.round, 1.0f, stream);
+    if (e.quantized)
+      cuda::quantize(v, d, n, f, p.round, 1.0f, stream);
+    else if (v != d && n > 0)
+      GS_CUDA_CHECK(cudaMemcpyAsync(d, v, n * sizeof(float), cudaMemcpyDeviceToDevice, stream));
     queued_.push_back(std::move(e));
   }
 
@@ -213,7 +221,7 @@ class CudaArrayOps final : public ArrayOps {
     set_scale(scale_entry(in), scale_in, stream);
     decide_weight_grad_scale(max_slot, 1, u_max, scale_entry(in), scale_entry(out), stream);
     apply_local_scale(d, n, scale_entry(out), stream);
-    queue_rounding(d, n, 1.0f, GradSite::weight, node, p, monitor, {});
+    queue_rounding(d, d, n, 1.0f, GradSite::weight, node, p, monitor, {});
     divide_by_scale(d, n, scale_entry(out), stream);
     Queued e;  // after the rounding's records: r, and the range of r·S_in
     e.scale_entry = out;

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "lib/layers/scale_step.h"
@@ -19,14 +20,18 @@
 namespace gradscale {
 namespace {
 
-// quantize() in place, split over the OpenMP threads in blocks of whole cache lines when the tensor is
-// large enough to pay for a parallel region. Rounding is element-wise: the bits do not depend on the split.
-void round_in_place(float* d, std::size_t n, Format f, RoundOptions opt) {
+// d ← quantize(src) (src may be d), split over the OpenMP threads in blocks of whole cache lines when the
+// tensor is large enough to pay for a parallel region. Rounding is element-wise: the bits do not depend
+// on the split. fp32: a copy when src is not d.
+void round_into(const float* src, float* d, std::size_t n, Format f, RoundOptions opt) {
   constexpr std::size_t kParallelMin = std::size_t{1} << 16, kAlign = 16;
-  if (f == Format::fp32) return;  // nothing to round
+  if (f == Format::fp32) {  // nothing to round
+    if (src != d && n > 0) std::memcpy(d, src, n * sizeof(float));
+    return;
+  }
   const int threads = omp_get_max_threads();
   if (n < kParallelMin || threads == 1 || omp_in_parallel()) {
-    quantize(d, d, n, f, opt);
+    quantize(src, d, n, f, opt);
     return;
   }
   const std::size_t block = (n / static_cast<std::size_t>(threads) + kAlign - 1) / kAlign * kAlign;
@@ -34,13 +39,15 @@ void round_in_place(float* d, std::size_t n, Format f, RoundOptions opt) {
   {
     const std::size_t begin = std::min(n, block * static_cast<std::size_t>(omp_get_thread_num()));
     const std::size_t end = std::min(n, begin + block);
-    quantize(d + begin, d + begin, end - begin, f, opt);
+    quantize(src + begin, d + begin, end - begin, f, opt);
   }
 }
 
-void scale_in_place(float* d, std::size_t n, float s) {
-  if (s == 1.0f) return;
-  for (std::size_t i = 0; i < n; ++i) d[i] *= s;
+void round_in_place(float* d, std::size_t n, Format f, RoundOptions opt) { round_into(d, d, n, f, opt); }
+
+// d ← s·src in fp32 (src may be d).
+void scale_into(const float* src, float* d, std::size_t n, float s) {
+  for (std::size_t i = 0; i < n; ++i) d[i] = src[i] * s;
 }
 
 TensorStats* stats_slot(StepMonitor& monitor, GradSite site, int node, bool& merge) {
@@ -95,20 +102,31 @@ void check_rounded_max(StepMonitor& monitor, GradSite site, int node, float max_
 
 float round_gradient(float* d, std::size_t n, float multiplier, GradSite site, int node, const Precision& p,
                      StepMonitor& monitor) {
+  return round_gradient(d, d, n, multiplier, site, node, p, monitor);
+}
+
+float round_gradient(const float* src, float* d, std::size_t n, float multiplier, GradSite site, int node,
+                     const Precision& p, StepMonitor& monitor) {
   const Format f = p.gradient_format();
   const bool quantized = site != GradSite::weight || p.quantize_weight_grads;
-  scale_in_place(d, n, multiplier);
-  if (monitor.record) store_gradient_statistics(monitor, site, node, tensor_stats(d, n, f, p.round));
+  // v: the fp32 values after the multiplier — src itself when there is none, so the rounding's own pass
+  // is the one that writes d.
+  const float* v = src;
+  if (multiplier != 1.0f) {
+    scale_into(src, d, n, multiplier);
+    v = d;
+  }
+  if (monitor.record) store_gradient_statistics(monitor, site, node, tensor_stats(v, n, f, p.round));
   // popart_als counts the weight gradients about its edge as they will be stored in F (histogram.h).
   if (site == GradSite::weight && monitor.gradient_edge > 0) {
-    const EdgeCounts c = count_about_edge(d, n, static_cast<float>(monitor.gradient_edge),
+    const EdgeCounts c = count_about_edge(v, n, static_cast<float>(monitor.gradient_edge),
                                           quantized ? f : Format::fp32, p.round);
     monitor.grad_below_edge += c.below;
     monitor.grad_above_edge += c.above;
   }
-  const float m = max_abs(d, n);
+  const float m = max_abs(v, n);
   check_rounded_max(monitor, site, node, m, quantized, p);
-  if (quantized) round_in_place(d, n, f, p.round);
+  round_into(v, d, n, quantized ? f : Format::fp32, p.round);
   return m;
 }
 

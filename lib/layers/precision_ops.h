@@ -31,6 +31,10 @@ namespace gradscale {
 // Returns max|d| before rounding (the fp32 values after the multiplier; inf when something is not finite).
 float round_gradient(float* d, std::size_t n, float multiplier, GradSite site, int node, const Precision& p,
                      StepMonitor& monitor);
+// The same from `src` into `d` (src may be d; src is left as it is): d ← quantize(multiplier · src), the
+// same records and bits, without a pass that first copies src into d.
+float round_gradient(const float* src, float* d, std::size_t n, float multiplier, GradSite site, int node,
+                     const Precision& p, StepMonitor& monitor);
 // The two records round_gradient makes, for a backend that measures on a device and fills the monitor
 // afterwards: the statistics of a rounding into the site's slot of `node`'s record (weight gradients
 // merge over weight and bias), and the found_inf check from max|d| before rounding (`quantized`: the

@@ -22,12 +22,12 @@ namespace gradscale {
 namespace {
 
 // round_gradient without statistics: the found_inf check, charged to `layer` (-1: outside every layer).
-void round_unrecorded(ArrayOps& ops, float* d, std::size_t n, float multiplier, GradSite site,
+void round_unrecorded(ArrayOps& ops, const float* src, float* d, std::size_t n, float multiplier, GradSite site,
                       const Precision& p, StepMonitor& monitor, int layer) {
   auto scratch = std::make_shared<StepMonitor>();  // lives until the records are made
   scratch->gradient_edge = monitor.gradient_edge;  // popart_als counts every weight gradient
   // Record off: the scratch's layer 0 is never read.
-  ops.queue_rounding(d, n, multiplier, site, 0, p, *scratch, [scratch, &monitor, site, layer](float m) {
+  ops.queue_rounding(src, d, n, multiplier, site, 0, p, *scratch, [scratch, &monitor, site, layer](float m) {
     monitor.grad_below_edge += scratch->grad_below_edge;
     monitor.grad_above_edge += scratch->grad_above_edge;
     if (scratch->found_inf) monitor.note_overflow(site, layer, m, scratch->nonfinite_stored);
@@ -102,17 +102,18 @@ void ExternalBackward::begin_step(bool record_statistics) {
   in_step_ = true;
 }
 
-double ExternalBackward::loss_gradient(float* g, std::int64_t n) {
+double ExternalBackward::loss_gradient(const float* src, float* g, std::int64_t n) {
   check_layer(-1, true, "loss_gradient");
-  GS_CHECK_SHAPE(n >= 0 && (n == 0 || g != nullptr), "ExternalBackward::loss_gradient: " << n << " values");
+  GS_CHECK_SHAPE(n >= 0 && (n == 0 || (g != nullptr && src != nullptr)),
+                 "ExternalBackward::loss_gradient: " << n << " values");
   if (std::isnan(loss_scale_)) {
     const auto t0 = std::chrono::steady_clock::now();
     // A policy that looks at the loss gradient reads it on the host (small: the outputs' size).
     std::vector<float> host;
-    const float* view = g;
+    const float* view = src;
     if (!ops_->host_memory() && scaler_->loss_needs()) {
       host.resize(static_cast<std::size_t>(n));
-      ops_->to_host(g, host.size(), host.data());
+      ops_->to_host(src, host.size(), host.data());
       view = host.data();
     }
     const double s0 = choose_loss_scale(*scaler_, view, Shape{n}, steps_, precision_, reducer_);
@@ -122,7 +123,7 @@ double ExternalBackward::loss_gradient(float* g, std::int64_t n) {
   // The loss gradient is attributed to the last layer (as gradscale's own models do: the layer whose
   // output the loss reads), so a non-finite loss gradient names it.
   const int last = static_cast<int>(layers_.size()) - 1;
-  ops_->queue_rounding(g, static_cast<std::size_t>(n), static_cast<float>(loss_scale_), GradSite::loss, last,
+  ops_->queue_rounding(src, g, static_cast<std::size_t>(n), static_cast<float>(loss_scale_), GradSite::loss, last,
                        precision_, monitor_, [this](float m) {
                          if (m > monitor_.loss_grad_max_abs || std::isnan(m)) monitor_.loss_grad_max_abs = m;
                        });
@@ -143,9 +144,9 @@ void ExternalBackward::note_layer(int layer, double scale_in) {
   gradscale::note_backward(layer, scale_in, monitor_);
 }
 
-double ExternalBackward::upstream(int layer, float* upstream, const Shape& upstream_shape, const float* grad,
-                                  const Shape& grad_shape, const float* weight, const Shape& weight_shape,
-                                  double scale_in) {
+double ExternalBackward::upstream(int layer, const float* src, float* upstream, const Shape& upstream_shape,
+                                  const float* grad, const Shape& grad_shape, const float* weight,
+                                  const Shape& weight_shape, double scale_in) {
   check_layer(layer, false, "upstream");
   GS_CHECK_NUMERIC(std::isfinite(scale_in) && scale_in > 0,
                    "ExternalBackward::upstream: layer '" << layers_[static_cast<std::size_t>(layer)].name
@@ -162,7 +163,7 @@ double ExternalBackward::upstream(int layer, float* upstream, const Shape& upstr
     query.grad_size = grad ? query.grad_size : 0;
     query.weight = weight;
     query.weight_size = weight ? query.weight_size : 0;
-    query.upstream = upstream;
+    query.upstream = src;  // the fp32 product before its one rounding
     decision = decide_local_scale(
         *controller, std::move(query),
         [&](StatNeeds needs, QueryStatistics& stats, LocalScaleQuery& q) {
@@ -180,7 +181,7 @@ double ExternalBackward::upstream(int layer, float* upstream, const Shape& upstr
         reducer_, scaler_->policy(), monitor_, t0);  // with a reducer: every rank decides on the whole batch's
   }
   send_at_local_scale(monitor_, layer, decision, scale_in, [&](float s) {
-    ops_->queue_rounding(upstream, static_cast<std::size_t>(shape_size(upstream_shape)), s, GradSite::upstream,
+    ops_->queue_rounding(src, upstream, static_cast<std::size_t>(shape_size(upstream_shape)), s, GradSite::upstream,
                          layer, precision_, monitor_, [this, layer](float m) {
                            LayerRecord& sent = monitor_.record_of(layer);
                            if (m > sent.sent_max_abs || std::isnan(m)) sent.sent_max_abs = m;
@@ -197,17 +198,18 @@ double ExternalBackward::join_target(std::vector<double> max_abs, const std::vec
 void ExternalBackward::round_join(int layer, float* sum, std::int64_t n) {
   check_layer(layer, true, "round_join");
   if (layer < 0)
-    round_unrecorded(*ops_, sum, static_cast<std::size_t>(n), 1.0f, GradSite::join, precision_, monitor_, -1);
+    round_unrecorded(*ops_, sum, sum, static_cast<std::size_t>(n), 1.0f, GradSite::join, precision_, monitor_, -1);
   else
-    ops_->queue_rounding(sum, static_cast<std::size_t>(n), 1.0f, GradSite::join, layer, precision_, monitor_, {});
+    ops_->queue_rounding(sum, sum, static_cast<std::size_t>(n), 1.0f, GradSite::join, layer, precision_, monitor_,
+                         {});
 }
 
-void ExternalBackward::round_received(int layer, float* g, std::int64_t n) {
+void ExternalBackward::round_received(int layer, const float* src, float* g, std::int64_t n) {
   check_layer(layer, false, "round_received");
-  round_unrecorded(*ops_, g, static_cast<std::size_t>(n), 1.0f, GradSite::join, precision_, monitor_, layer);
+  round_unrecorded(*ops_, src, g, static_cast<std::size_t>(n), 1.0f, GradSite::join, precision_, monitor_, layer);
 }
 
-void ExternalBackward::weight_gradient(int layer, float* g, std::int64_t n, double scale) {
+void ExternalBackward::weight_gradient(int layer, const float* src, float* g, std::int64_t n, double scale) {
   check_layer(layer, true, "weight_gradient");
   GS_CHECK_NUMERIC(std::isfinite(scale) && scale > 0, "ExternalBackward::weight_gradient: scale " << scale);
   const auto count = static_cast<std::size_t>(n);
@@ -220,6 +222,8 @@ void ExternalBackward::weight_gradient(int layer, float* g, std::int64_t n, doub
     const std::optional<double> bound = controller->device_weight_grad_bound(layer);
     const std::size_t l = static_cast<std::size_t>(layer);
     const bool first = !wgrad_seen_[l];
+    // The device's path works in place: the part is first copied where it is to be written.
+    if (bound && !ops_->host_memory() && src != g) ops_->quantize(src, g, count, Format::fp32, precision_.round);
     if (bound && ops_->queue_weight_gradient(g, count, *bound, scale, layer, precision_, monitor_,
                                              [this, layer, first](double decided) {
                                                keep_smallest_weight_grad_scale(monitor_.record_of(layer),
@@ -230,7 +234,7 @@ void ExternalBackward::weight_gradient(int layer, float* g, std::int64_t n, doub
     }
   }
   if (layer >= 0 && controller != nullptr) {
-    double max_abs = ops_->max_abs(g, count);
+    double max_abs = ops_->max_abs(src, count);
     // Data-parallel: each rank holds its rows' part (the framework averages the true gradients later),
     // so the ranks take r from the largest of their maxima and store their parts alike.
     if (reducer_) reducer_->reduce_max(&max_abs, 1);
@@ -242,9 +246,9 @@ void ExternalBackward::weight_gradient(int layer, float* g, std::int64_t n, doub
     wgrad_seen_[l] = 1;
   }
   if (layer < 0)
-    round_unrecorded(*ops_, g, count, 1.0f, GradSite::weight, precision_, monitor_, -1);
+    round_unrecorded(*ops_, src, g, count, 1.0f, GradSite::weight, precision_, monitor_, -1);
   else
-    ops_->queue_rounding(g, count, static_cast<float>(r), GradSite::weight, layer, precision_, monitor_, {});
+    ops_->queue_rounding(src, g, count, static_cast<float>(r), GradSite::weight, layer, precision_, monitor_, {});
   // As accumulate_weight_grad: a scale outside float32's range cannot be divided out, so the step
   // counts as non-finite (the scaler skips it), after the rounding's own check.
   if (!scale_in_float_range(r * scale)) {

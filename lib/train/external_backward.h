@@ -60,15 +60,22 @@ class ExternalBackward {
   // call of an iteration chooses S0 (scaler.choose_loss_scale on these values, for policies that look);
   // every call multiplies g by S0 in fp32 and rounds it once to the gradient format, in place (SPEC §5,
   // "Loss"). Returns S0.
-  double loss_gradient(float* g, std::int64_t n);
+  double loss_gradient(float* g, std::int64_t n) { return loss_gradient(g, g, n); }
+  // The same from `src` into `g` (src is left as it is): one pass fewer than copying it first. So are
+  // the two-address forms of upstream, round_received and weight_gradient below.
+  double loss_gradient(const float* src, float* g, std::int64_t n);
   // S0 of this iteration (NaN before loss_gradient).
   double loss_scale() const { return loss_scale_; }
-  // Step 2 of SPEC §5 at `layer`: `upstream` holds the fp32 gradient the layer sends upstream at scale
-  // `scale_in` (its g·Wᵀ before rounding), in place → quantize(s·upstream); `grad` the gradient the
+  // Step 2 of SPEC §5 at `layer`: `product` holds the fp32 gradient the layer sends upstream at scale
+  // `scale_in` (its g·Wᵀ before rounding), in place → quantize(s·product); `grad` the gradient the
   // layer received (values in F at scale_in) and `weight` its working weight (values in F), each may be
   // null when the controller does not read them. A parametric layer's controller chooses s; others use
   // s = 1. Returns s (the gradient now carries s·scale_in).
-  double upstream(int layer, float* upstream, const Shape& upstream_shape, const float* grad,
+  double upstream(int layer, float* product, const Shape& upstream_shape, const float* grad,
+                  const Shape& grad_shape, const float* weight, const Shape& weight_shape, double scale_in) {
+    return upstream(layer, product, product, upstream_shape, grad, grad_shape, weight, weight_shape, scale_in);
+  }
+  double upstream(int layer, const float* src, float* upstream, const Shape& upstream_shape, const float* grad,
                   const Shape& grad_shape, const float* weight, const Shape& weight_shape, double scale_in);
   // The join target of SPEC §5 for parts with these max|g_i| (NaN for a part holding one) and scales
   // (with a reducer, the maxima are first max-reduced over the ranks).
@@ -79,13 +86,15 @@ class ExternalBackward {
   // The gradient `layer` receives at its output, rounded in place to the gradient format (it may have
   // passed through fp32 operations that are no layer since it was last rounded): found_inf is checked
   // and charged to the layer; no statistics (they were taken where it was rounded before).
-  void round_received(int layer, float* g, std::int64_t n);
+  void round_received(int layer, float* g, std::int64_t n) { round_received(layer, g, g, n); }
+  void round_received(int layer, const float* src, float* g, std::int64_t n);
   // A weight-gradient part of `layer` (fp32, at scale `scale`), in place → quantize(r·g) / (r·scale) in
   // fp32: the true gradient, ready to be added to the master gradient (SPEC §4), with r the controller's
   // weight_grad_scale for the part (SPEC §6.5; 1 under a global policy; the record keeps the smallest),
   // chosen, with a reducer, from the part's maximum max-reduced over the ranks (every rank takes the
   // same r). layer -1: a parameter of no layer (rounded and unscaled, found_inf checked, no statistics).
-  void weight_gradient(int layer, float* g, std::int64_t n, double scale);
+  void weight_gradient(int layer, float* g, std::int64_t n, double scale) { weight_gradient(layer, g, g, n, scale); }
+  void weight_gradient(int layer, const float* src, float* g, std::int64_t n, double scale);
   // Records that `layer` ran backward on a gradient at scale `scale_in` (its record's S_in).
   void note_layer(int layer, double scale_in);
   // What precision cost `layer`'s gradient sent upstream (`weight` false) or its weight gradients

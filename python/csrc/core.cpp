@@ -343,24 +343,36 @@ PYBIND11_MODULE(GS_CORE_NAME, m) {
       .def("set_reducer", [](ExternalBackward& e, Reducer* r) { e.set_reducer(r ? &r->dp : nullptr); },
            py::arg("reducer").none(true), py::keep_alive<1, 2>())
       .def("begin_step", &ExternalBackward::begin_step)
-      .def("loss_gradient", [](ExternalBackward& e, std::uintptr_t g, std::int64_t n) {
-        return e.loss_gradient(address(g), n);
-      })
+      // Each gradient step takes an optional `source`: the values are then read there and written to
+      // the first address (one pass fewer than copying them there first); 0: in place.
+      .def("loss_gradient",
+           [](ExternalBackward& e, std::uintptr_t g, std::int64_t n, std::uintptr_t source) {
+             return e.loss_gradient(address(source ? source : g), address(g), n);
+           },
+           py::arg("g"), py::arg("n"), py::arg("source") = 0)
       .def_property_readonly("loss_scale", &ExternalBackward::loss_scale)
-      .def("upstream", [](ExternalBackward& e, int layer, std::uintptr_t up, const Shape& up_shape, std::uintptr_t g,
-                          const Shape& g_shape, std::uintptr_t w, const Shape& w_shape, double scale_in) {
-        return e.upstream(layer, address(up), up_shape, address(g), g_shape, address(w), w_shape, scale_in);
-      })
+      .def("upstream",
+           [](ExternalBackward& e, int layer, std::uintptr_t up, const Shape& up_shape, std::uintptr_t g,
+              const Shape& g_shape, std::uintptr_t w, const Shape& w_shape, double scale_in, std::uintptr_t source) {
+             return e.upstream(layer, address(source ? source : up), address(up), up_shape, address(g), g_shape,
+                               address(w), w_shape, scale_in);
+           },
+           py::arg("layer"), py::arg("up"), py::arg("up_shape"), py::arg("g"), py::arg("g_shape"), py::arg("w"),
+           py::arg("w_shape"), py::arg("scale_in"), py::arg("source") = 0)
       .def("join_target", &ExternalBackward::join_target)
       .def("round_join", [](ExternalBackward& e, int layer, std::uintptr_t p, std::int64_t n) {
         e.round_join(layer, address(p), n);
       })
-      .def("round_received", [](ExternalBackward& e, int layer, std::uintptr_t p, std::int64_t n) {
-        e.round_received(layer, address(p), n);
-      })
-      .def("weight_gradient", [](ExternalBackward& e, int layer, std::uintptr_t p, std::int64_t n, double scale) {
-        e.weight_gradient(layer, address(p), n, scale);
-      })
+      .def("round_received",
+           [](ExternalBackward& e, int layer, std::uintptr_t p, std::int64_t n, std::uintptr_t source) {
+             e.round_received(layer, address(source ? source : p), address(p), n);
+           },
+           py::arg("layer"), py::arg("p"), py::arg("n"), py::arg("source") = 0)
+      .def("weight_gradient",
+           [](ExternalBackward& e, int layer, std::uintptr_t p, std::int64_t n, double scale, std::uintptr_t source) {
+             e.weight_gradient(layer, address(source ? source : p), address(p), n, scale);
+           },
+           py::arg("layer"), py::arg("p"), py::arg("n"), py::arg("scale"), py::arg("source") = 0)
       .def("note_layer", &ExternalBackward::note_layer)
       .def("note_shadow", [](ExternalBackward& e, int layer, bool weight, double mass, double rel, double cosine) {
         e.note_shadow(layer, weight, ShadowMetrics{mass, rel, cosine});

@@ -30,7 +30,8 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 import torch
 
-from ._functions import Enter, Exit, LossEdge, WorkingWeight, is_dense, differentiable, owned_copy
+from ._functions import (Enter, Exit, LossEdge, WorkingWeight, differentiable, is_dense, owned_copy,
+                         rounding_target)
 from ._join import join_parts
 
 if TYPE_CHECKING:
@@ -370,28 +371,28 @@ class BackwardPass:
             if values.numel():
                 self.core.weight_gradient(layer, values.data_ptr(), values.numel(), scale)
             return torch.sparse_coo_tensor(g.indices(), values, g.shape, device=g.device)
-        out = owned_copy(g)
+        out, source = rounding_target(g)
         if out.numel():
-            self.core.weight_gradient(layer, out.data_ptr(), out.numel(), scale)
+            self.core.weight_gradient(layer, out.data_ptr(), out.numel(), scale, source=source)
         return differentiable(g, out, 1.0 / scale)
 
     def loss_backward(self, ctx, g: torch.Tensor) -> torch.Tensor:
-        out = owned_copy(g)
-        s0 = self.core.loss_gradient(out.data_ptr(), out.numel())
+        out, source = rounding_target(g)
+        s0 = self.core.loss_gradient(out.data_ptr(), out.numel(), source=source)
         self._sent[ctx] = s0
         return differentiable(g, out, s0)
 
     def exit_backward(self, ctx, g: torch.Tensor) -> torch.Tensor:
-        out = owned_copy(g)
+        out, source = rounding_target(g)
         self.core.note_layer(ctx.layer_id, self.into(ctx))
         if out.numel():
-            self.core.round_received(ctx.layer_id, out.data_ptr(), out.numel())
+            self.core.round_received(ctx.layer_id, out.data_ptr(), out.numel(), source=source)
         self._received[ctx.call] = out
         return differentiable(g, out, 1.0)
 
     def enter_backward(self, ctx, g: torch.Tensor) -> torch.Tensor:
         scale_in = self.into(ctx)
-        out = owned_copy(g)
+        out, source = rounding_target(g)
         if not out.numel():  # an empty batch: nothing to scale
             self._sent[ctx] = scale_in
             return differentiable(g, out, 1.0)
@@ -405,7 +406,7 @@ class BackwardPass:
                                received.data_ptr() if received is not None else 0,
                                list(received.shape) if received is not None else [],
                                weight.data_ptr() if weight is not None else 0,
-                               list(weight.shape) if weight is not None else [], scale_in)
+                               list(weight.shape) if weight is not None else [], scale_in, source=source)
         self._sent[ctx] = s * scale_in
         if self.tracker.shadow is not None:
             self.tracker.shadow.compare_upstream(ctx.layer_id, ctx.call, g, out, s * scale_in)

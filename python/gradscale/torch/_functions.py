@@ -47,6 +47,19 @@ def owned_copy(g: torch.Tensor) -> torch.Tensor:
     return g.clone() if is_dense(g) else g.clone(memory_format=torch.contiguous_format)
 
 
+def rounding_target(g: torch.Tensor):
+    """Where the core writes the rounding of a gradient `g` (it may be shared with other edges:
+    AddBackward passes one tensor to both inputs, so it is never written): a new tensor in g's layout and
+    g's address for the core to read from (one pass: the rounding writes the new tensor), for a dense g;
+    for another, a contiguous private copy rounded in place (address 0)."""
+    if g.dtype != torch.float32:
+        raise TypeError(f"gradscale.torch: gradients must be float32, got {g.dtype} on {g.device}")
+    g = g.detach()
+    if is_dense(g) and g.numel():
+        return torch.empty_strided(g.shape, g.stride(), dtype=g.dtype, device=g.device), g.data_ptr()
+    return g.clone(memory_format=torch.contiguous_format), 0
+
+
 def round_forward(x: torch.Tensor, fmt: str, core) -> torch.Tensor:
     """A new tensor: x rounded to the forward format (the identity copy for fp32), by `core` (an
     ExternalBackward) where x lives, in one pass over x, in x's memory layout when x is dense."""
