@@ -265,6 +265,21 @@ def test_the_host_waits_for_the_device_a_fixed_number_of_times_per_step():
         print(f"{name}: {counts[-1]} host waits per step, {len(dev.layer_scales())} layers")
 
 
+def _waits_per_step(model, scaler, steps=2):
+    """The host's waits for the device in each of `steps` SGD steps of `model` (16 inputs, 10 classes)."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(8, 16), torch.arange(8) % 10
+    waits = []
+    for _ in range(steps):
+        before = scaler.host_waits
+        opt.zero_grad()
+        scaler.scale(F.cross_entropy(model(x), y)).backward()
+        scaler.step(opt)
+        scaler.update()
+        waits.append(scaler.host_waits - before)
+    return waits
+
+
 @needs_cpu_target
 def test_weight_gradient_factors_cost_no_wait_on_the_cuda_path():
     """SPEC §6.5's factor r is decided on the device, from the controller's rule: a step of adaptive
@@ -279,15 +294,7 @@ def test_weight_gradient_factors_cost_no_wait_on_the_cuda_path():
         model = nn.Sequential(*layers, nn.Linear(16, 10))
         scaler = Scaler(model, scaler={"policy": "adaptive", "method": "measured", "init_scale": "auto"},
                         format="fp16", grad_format="fp8_e5m2", _cpu_target=True)
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        x, y = torch.randn(8, 16), torch.arange(8) % 10
-        for _ in range(2):
-            before = scaler.host_waits
-            opt.zero_grad()
-            scaler.scale(F.cross_entropy(model(x), y)).backward()
-            scaler.step(opt)
-            scaler.update()
-            assert scaler.host_waits - before == 1 + depth + 1, depth
+        assert _waits_per_step(model, scaler) == [1 + depth + 1] * 2, depth
 
 
 @needs_cpu_target
@@ -309,13 +316,5 @@ def test_a_join_waits_once_for_all_its_parts_maxima():
         torch.manual_seed(0)
         model = Heads(k)
         scaler = Scaler(model, scaler={"policy": "adaptive", "method": "measured"}, _cpu_target=True)
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        x, y = torch.randn(8, 16), torch.arange(8) % 10
-        for _ in range(2):
-            before = scaler.host_waits
-            opt.zero_grad()
-            scaler.scale(F.cross_entropy(model(x), y)).backward()
-            scaler.step(opt)
-            scaler.update()
-        waits[k] = scaler.host_waits - before
+        waits[k] = _waits_per_step(model, scaler)[-1]
     assert waits[3] - waits[2] == 1, waits
