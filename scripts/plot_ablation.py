@@ -124,7 +124,12 @@ def plot(columns, rows, metrics, out, title, dpi):
         raise PlotError("no metric has a value in the table: did any run finish?")
 
     width = 0.8 / slots
-    fig_w = max(6.0, 0.9 + len(groups) * slots * 0.28 + 1.5)
+    # A group's label on one line per column (model, format, scaler …), and each group as wide as its
+    # bars or its longest line (about 0.07 inch a character at 8 pt), so neighbours never overlap.
+    tick_labels = [g.replace(" / ", "\n") for g in groups]
+    longest = max((len(line) for g in tick_labels for line in g.split("\n")), default=0)
+    group_w = max(slots * 0.28, longest * 0.07 + 0.1) if len(columns) > 1 else slots * 0.28
+    fig_w = max(6.0, 0.9 + len(groups) * group_w + 1.5)
     fig, axes = plt.subplots(len(metrics), 1, figsize=(fig_w, 2.3 * len(metrics) + 0.8), squeeze=False)
     cmap = plt.get_cmap("tab10" if len(bars) <= 10 else "tab20")
     for ax, m in zip(axes[:, 0], metrics):
@@ -166,9 +171,7 @@ def plot(columns, rows, metrics, out, title, dpi):
         ax.set_title(label + (" (y axis zoomed)" if zoomed else ""), fontsize=9)
         ax.set_xlim(-0.5, len(groups) - 0.5)  # the same x range in every panel, bars or not
         ax.set_xticks(range(len(groups)))
-        long_labels = max((len(g) for g in groups), default=0) * 0.09 > 0.9 + slots * 0.28
-        ax.set_xticklabels(groups if len(columns) > 1 else [""] * len(groups), fontsize=8,
-                           rotation=15 if long_labels else 0, ha="right" if long_labels else "center")
+        ax.set_xticklabels(tick_labels if len(columns) > 1 else [""] * len(groups), fontsize=8)
         ax.grid(axis="y", alpha=0.3)
         ax.tick_params(axis="y", labelsize=8)
     if len(columns) > 1:
