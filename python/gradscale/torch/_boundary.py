@@ -139,8 +139,12 @@ class CallWrapper:
         call = self.calls.pop() if self.calls else LayerCall(self.layer_id)
         tracker = self.scaler._tracker
         grad = torch.is_grad_enabled()
-        return map_tensors(output, self.scaler._device, lambda t: tracker.note_rounded(
-            Exit.apply(t, tracker, call) if grad and t.requires_grad else round_forward(t, tracker.format, tracker.core)))
+
+        def leave(t):
+            if grad and t.requires_grad:
+                return tracker.note_rounded(Exit.apply(t, tracker, call))
+            return tracker.note_rounded(round_forward(t, tracker.format, tracker.core))
+        return map_tensors(output, self.scaler._device, leave)
 
     def _enter(self, call: LayerCall, x):
         """One argument of a layer call: a floating tensor gets its `Enter` (rounded to `format`)."""
