@@ -31,17 +31,14 @@
 #include "lib/scaler/scaler.h"
 #include "lib/train/trainer.h"
 #include "tests/cuda_test.h"
+#include "tests/host_values.h"
 #include "tests/temp_dir.h"
 
 using namespace gradscale;
 using json = nlohmann::json;
+using gradscale::test::host_values;
 
 namespace {
-
-std::vector<float> host_values(const Tensor& t) {
-  const Tensor h = t.to_host();
-  return std::vector<float>(h.data(), h.data() + h.size());
-}
 
 // Gradient-like values over many binades, some below fp16's subnormals, a few zeros.
 Tensor gradient_values(std::int64_t n, std::uint64_t seed) {

@@ -24,17 +24,14 @@
 #include "lib/scaler/scaler.h"
 #include "lib/train/trainer.h"
 #include "tests/cuda_test.h"
+#include "tests/host_values.h"
 #include "tests/temp_dir.h"
 
 using namespace gradscale;
 using json = nlohmann::json;
+using gradscale::test::host_values;
 
 namespace {
-
-std::vector<float> host_values(const Tensor& t) {
-  const Tensor h = t.to_host();
-  return std::vector<float>(h.data(), h.data() + h.size());
-}
 
 TrainConfig config_for(const std::string& model, Format f, const json& scaler, const std::string& device) {
   TrainConfig c;
