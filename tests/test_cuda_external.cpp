@@ -92,7 +92,12 @@ struct Log {
   }
 };
 
-Log run(const std::string& device, const json& scaler, Format grad_format) {
+// One scripted backward per step. `held`: through the scale handles (ExternalBackward::scale_handle:
+// on a device the local scales and the join's T are decided there, the join's sum is the core's), else
+// through the double forms with the join summed here — both log the same numbers and arrays, read after
+// the step. `waits`: the host's waits for the device inside each step's backward (before finish_step).
+Log run(const std::string& device, const json& scaler, Format grad_format, bool held = false,
+        std::vector<std::int64_t>* waits = nullptr) {
   Precision p = testing::fp16();
   p.grad_format = grad_format;
   std::vector<LayerInfo> layers = {{0, "fc1", "linear", true, 8, {8, 6}}, {1, "fc2", "linear", true, 4, {4, 8}}};
@@ -103,49 +108,87 @@ Log run(const std::string& device, const json& scaler, Format grad_format) {
   std::mt19937 rng(7);
   for (int step = 0; step < 12; ++step) {
     eb.begin_step(step % 3 != 2);
+    const std::int64_t waits_before = eb.host_waits();
     // The loss gradient (batch 5 × 4 outputs).
     std::vector<float> g = spread(rng, 20, -34, -6);
     float* dg = mem.put(g);
-    log.number("S0", eb.loss_gradient(dg, 20));
-    log.array(mem.get(dg, 20));
+    const double s0_value = eb.loss_gradient(dg, 20);
+    const ScaleHandle s0 = held ? eb.scale_handle(s0_value) : ScaleHandle{};
+    const std::vector<float> dg_rounded = held ? std::vector<float>{} : mem.get(dg, 20);
     // fc2: the gradient it received (the rounded loss gradient), its upstream product and weight.
     eb.round_received(1, dg, 20);
     std::vector<float> up1 = spread(rng, 40, -30, -8);
     if (step == 5) up1[3] = std::numeric_limits<float>::infinity();  // an overflow: the step is skipped
     float* dup1 = mem.put(up1);
     float* dw1 = mem.put(spread(rng, 32, -6, 0));
-    const double s1 = eb.upstream(1, dup1, {5, 8}, dg, {5, 4}, dw1, {4, 8}, eb.loss_scale());
-    log.number("s1", s1);
-    log.array(mem.get(dup1, 40));
+    double s1 = 0;
+    ScaleHandle sent1;
+    if (held)
+      sent1 = eb.upstream(1, dup1, dup1, {5, 8}, dg, {5, 4}, dw1, {4, 8}, s0);
+    else
+      s1 = eb.upstream(1, dup1, {5, 8}, dg, {5, 4}, dw1, {4, 8}, s0_value);
     float* dwg1 = mem.put(spread(rng, 32, -26, -2));
-    eb.weight_gradient(1, dwg1, 32, eb.loss_scale());
-    log.array(mem.get(dwg1, 32));
+    if (held)
+      eb.weight_gradient(1, dwg1, dwg1, 32, s0);
+    else
+      eb.weight_gradient(1, dwg1, 32, s0_value);
     // A join at fc1's output: fc2's upstream (at S0·s1) and a shortcut's part (at S0).
     std::vector<float> shortcut = spread(rng, 40, -28, -10);
     float* dshort = mem.put(shortcut);
-    const double max_a = eb.arrays().max_abs(dup1, 40), max_b = eb.arrays().max_abs(dshort, 40);
-    log.number("max a", max_a);
-    log.number("max b", max_b);
-    const double t = eb.join_target({max_a, max_b}, {eb.loss_scale() * s1, eb.loss_scale()});
-    log.number("T", t);
-    const std::vector<float> a = mem.get(dup1, 40);
-    std::vector<float> sum(40);
-    for (std::size_t i = 0; i < sum.size(); ++i)
-      sum[i] = a[i] * static_cast<float>(t / (eb.loss_scale() * s1)) + shortcut[i] * static_cast<float>(t / eb.loss_scale());
-    float* dsum = mem.put(sum);
+    double t = 0;
+    ScaleHandle target;
+    float* dsum = nullptr;
+    if (held) {
+      target = eb.join({dup1, dshort}, {40, 40}, {sent1, s0});
+      dsum = mem.put(std::vector<float>(40, 7.0f));
+      eb.sum_scaled_parts({dup1, dshort}, {sent1, s0}, target, dsum, 40);
+    } else {
+      t = eb.join_target({eb.arrays().max_abs(dup1, 40), eb.arrays().max_abs(dshort, 40)},
+                         {eb.loss_scale() * s1, eb.loss_scale()});
+      const std::vector<float> a = mem.get(dup1, 40);
+      std::vector<float> sum(40);
+      for (std::size_t i = 0; i < sum.size(); ++i)
+        sum[i] = 0.0f + a[i] * static_cast<float>(t / (eb.loss_scale() * s1)) +
+                 shortcut[i] * static_cast<float>(t / eb.loss_scale());
+      dsum = mem.put(sum);
+    }
     eb.round_join(0, dsum, 40);
-    log.array(mem.get(dsum, 40));
     // fc1: upstream to the model's input, its weight gradient, each read from a source (left as it is)
     // into an array of its own, as the plug-in calls them.
     float* sup0 = mem.put(spread(rng, 30, -30, -8));
     float* dup0 = mem.put(std::vector<float>(30, 7.0f));
     float* dw0 = mem.put(spread(rng, 48, -6, 0));
-    log.number("s0", eb.upstream(0, sup0, dup0, {5, 6}, dsum, {5, 8}, dw0, {8, 6}, t));
-    log.array(mem.get(dup0, 30));
-    log.array(mem.get(sup0, 30));
+    double s0_local = 0;
+    ScaleHandle sent0;
+    if (held)
+      sent0 = eb.upstream(0, sup0, dup0, {5, 6}, dsum, {5, 8}, dw0, {8, 6}, target);
+    else
+      s0_local = eb.upstream(0, sup0, dup0, {5, 6}, dsum, {5, 8}, dw0, {8, 6}, t);
     float* swg0 = mem.put(spread(rng, 48, -26, -2));
     float* dwg0 = mem.put(std::vector<float>(48, 7.0f));
-    eb.weight_gradient(0, swg0, dwg0, 48, t);
+    if (held)
+      eb.weight_gradient(0, swg0, dwg0, 48, target);
+    else
+      eb.weight_gradient(0, swg0, dwg0, 48, t);
+    if (waits) waits->push_back(eb.host_waits() - waits_before);
+    // What the backward gave, read now (the held scales' values came with the step's measurements).
+    if (held) {
+      s1 = eb.local_value(sent1);
+      t = eb.scale_value(target);
+      s0_local = eb.local_value(sent0);
+    }
+    log.number("S0", s0_value);
+    log.array(held ? mem.get(dg, 20) : dg_rounded);
+    log.number("s1", s1);
+    log.array(mem.get(dup1, 40));
+    log.array(mem.get(dwg1, 32));
+    log.number("max a", eb.arrays().max_abs(dup1, 40));
+    log.number("max b", eb.arrays().max_abs(dshort, 40));
+    log.number("T", t);
+    log.array(mem.get(dsum, 40));
+    log.number("s0", s0_local);
+    log.array(mem.get(dup0, 30));
+    log.array(mem.get(sup0, 30));
     log.array(mem.get(dwg0, 48));
     log.array(mem.get(swg0, 48));
     // The forward roundings and statistics the plug-in takes with the same object.
@@ -207,24 +250,44 @@ TEST_CASE("cuda external backward: device arrays give the host's scales, bits an
        Format::fp16},
       {json("popart_als"), Format::fp16},
   };
-  for (const auto& [scaler, grad_format] : cases) {
-    INFO("scaler " << scaler.dump() << ", gradients in " << format_name(grad_format));
-    const Log host = run("cpu", scaler, grad_format);
-    const Log device = run("cuda", scaler, grad_format);
-    REQUIRE(host.numbers.size() == device.numbers.size());
-    for (std::size_t i = 0; i < host.numbers.size(); ++i) {
-      INFO("number " << i << ": " << host.labels[i]);
-      if (std::isnan(host.numbers[i]))
-        CHECK(std::isnan(device.numbers[i]));
-      else if (host.exact[i])
-        CHECK(host.numbers[i] == device.numbers[i]);
-      else
-        CHECK(device.numbers[i] == Approx(host.numbers[i]).epsilon(1e-9));
+  for (const auto& [scaler, grad_format] : cases)
+    for (const auto& [device_name, held] :
+         {std::pair<std::string, bool>{"cuda", false}, {"cuda", true}, {"cpu", true}}) {
+      INFO("scaler " << scaler.dump() << ", gradients in " << format_name(grad_format) << ", " << device_name
+                     << (held ? " through scale handles" : ""));
+      const Log host = run("cpu", scaler, grad_format);
+      const Log device = run(device_name, scaler, grad_format, held);
+      REQUIRE(host.numbers.size() == device.numbers.size());
+      for (std::size_t i = 0; i < host.numbers.size(); ++i) {
+        INFO("number " << i << ": " << host.labels[i]);
+        if (std::isnan(host.numbers[i]))
+          CHECK(std::isnan(device.numbers[i]));
+        else if (host.exact[i])
+          CHECK(host.numbers[i] == device.numbers[i]);
+        else
+          CHECK(device.numbers[i] == Approx(host.numbers[i]).epsilon(1e-9));
+      }
+      REQUIRE(host.bits.size() == device.bits.size());
+      std::size_t differ = 0;
+      for (std::size_t i = 0; i < host.bits.size(); ++i) differ += host.bits[i] != device.bits[i];
+      CHECK(differ == 0);
     }
-    REQUIRE(host.bits.size() == device.bits.size());
-    std::size_t differ = 0;
-    for (std::size_t i = 0; i < host.bits.size(); ++i) differ += host.bits[i] != device.bits[i];
-    CHECK(differ == 0);
+}
+
+TEST_CASE("cuda external backward: scale handles keep the local scales and join targets on the device",
+          "[cuda]") {
+  test::require_cuda_device();
+  // Controllers whose decisions are device rules: the backward through handles waits once, for S0 (the
+  // adaptive policy's floor reads the loss gradient); through the double forms it also waits for each
+  // decision and for the join's maxima.
+  for (const json& scaler : {json{{"policy", "adaptive"}, {"method", "measured"}},
+                             json{{"policy", "adaptive"}, {"method", "approx_range"}}}) {
+    INFO("scaler " << scaler.dump());
+    std::vector<std::int64_t> held, doubles;
+    run("cuda", scaler, Format::fp8_e5m2, true, &held);
+    run("cuda", scaler, Format::fp8_e5m2, false, &doubles);
+    CHECK(held == std::vector<std::int64_t>(12, 1));
+    for (std::int64_t w : doubles) CHECK(w >= 4);  // S0, the two decisions and the join
   }
 }
 

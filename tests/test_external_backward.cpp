@@ -395,3 +395,21 @@ TEST_CASE("external backward: each gradient step from a source gives the in-plac
     }
   }
 }
+
+TEST_CASE("external backward: a scale handle outside the iteration's table is refused by name",
+          "[external]") {
+  Precision p = testing::fp16();
+  std::vector<LayerInfo> layers = {{0, "fc", "linear", true, 4, {4, 4}}};
+  ExternalBackward eb(layers, p, json("torch"));
+  eb.begin_step();
+  const ScaleHandle h = eb.scale_handle(8.0);
+  CHECK(eb.scale_value(h) == 8.0);
+  CHECK(eb.local_value(h) == 1.0);
+  CHECK_THROWS_WITH(eb.scale_value(ScaleHandle{h.id + 1}),
+                    Catch::Matchers::Contains("scale handle 1 is not in"));
+  CHECK_THROWS_AS(eb.scale_handle(0.0), NumericError);
+  eb.finish_step();
+  CHECK(eb.scale_value(h) == 8.0);  // until the next begin_step
+  eb.begin_step();
+  CHECK_THROWS_WITH(eb.scale_value(h), Catch::Matchers::Contains("is not in this iteration's table"));
+}

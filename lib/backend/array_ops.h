@@ -11,8 +11,16 @@
 #include <functional>
 
 #include "lib/layers/precision_ops.h"
+#include "lib/scaler/scale_rule.h"
 
 namespace gradscale {
+
+// An entry of a device's scale table as the host reads it back (lib/cuda/local_scale.h's DeviceScale):
+// the scale S a gradient carries, and for a decision its s, unbound s and what held s (ScaleLimit).
+struct ScaleEntry {
+  double scale = 1, local = 1, unbound = 1;
+  int limit = 0;
+};
 
 class ArrayOps {
  public:
@@ -67,6 +75,45 @@ class ArrayOps {
   virtual bool queue_weight_gradient(float* /*d*/, std::size_t /*n*/, double /*u_max*/, double /*scale_in*/,
                                      int /*node*/, const Precision& /*p*/, StepMonitor& /*monitor*/,
                                      std::function<void(double)> /*then*/) {
+    return false;
+  }
+  // ---- scales decided where the data lives, without a wait: a device's scale table -----------------
+  // A device keeps a step's scales in a table whose entries (numbered from 0) live until the next
+  // flush(), which brings them to the host with the records. Host memory keeps none (keeps_scales()
+  // false): its caller decides every scale on the host, and the entries below throw Error.
+  virtual bool keeps_scales() const { return false; }
+  // A new entry {value, 1, 1, 0}.
+  virtual int new_scale(double value);
+  // SPEC §5 step 1 by a controller's rule (`rule.reduction` set: K of the layer's GEMM), from the
+  // statistics its formula reads against format f — the moments of `grad` and `weight`, or those of the
+  // fp32 upstream product `upstream` — and S_in = the scale of entry `in`: a new entry {s·S_in, s,
+  // unbound s, limit} (lib/cuda/local_scale.h's decide_local_scale). A pointer the formula does not
+  // read may be null.
+  virtual int decide_scale(const ScaleRule& rule, const float* grad, std::size_t grad_n, const float* weight,
+                           std::size_t weight_n, const float* upstream, std::size_t upstream_n, Format f,
+                           RoundOptions round, int in);
+  // d[i] = src[i]·float(s of `entry`) in fp32 (src may be d): a decided s on the fp32 product before
+  // its one rounding, as round_gradient's multiplier.
+  virtual void multiply_by_local(const float* src, float* d, std::size_t n, int entry);
+  // d[i] = d[i] / float(S of `entry`) in fp32 (SPEC §4's unscale), unless S is outside float32's
+  // normal range (scale_in_float_range): d is then left as it is, for the caller to check S at flush.
+  virtual void divide_by_scale(float* d, std::size_t n, int entry);
+  // How many parts join_scale takes at most (0: none, where keeps_scales() is false).
+  virtual std::size_t max_join_parts() const { return 0; }
+  // SPEC §5's join target (lib/model/join_target.h) for gradient format f from each part's max|g|
+  // (parts[k]: sizes[k] fp32 values) and its scale (entry scales[k]): a new entry {T, 1, 1, 0}.
+  virtual int join_scale(const float* const* parts, const std::size_t* sizes, const int* scales,
+                         std::size_t count, Format f);
+  // sum_scaled_parts with every factor T/S_k read from the table: T from entry `target`, S_k from
+  // entry scales[k].
+  virtual void sum_scaled_parts_at(const float* const* parts, const int* scales, std::size_t count,
+                                   int target, float* out, std::size_t n);
+  // `then(the entry)` at flush(), in order with the queued records.
+  virtual void queue_scale(int entry, std::function<void(const ScaleEntry&)> then);
+  // queue_weight_gradient with S_in the scale of entry `in`.
+  virtual bool queue_weight_gradient_at(float* /*d*/, std::size_t /*n*/, double /*u_max*/, int /*in*/,
+                                        int /*node*/, const Precision& /*p*/, StepMonitor& /*monitor*/,
+                                        std::function<void(double)> /*then*/) {
     return false;
   }
   // Orders this work on the caller's stream (a cudaStream_t as an integer, 0: the backend's own); the

@@ -1,13 +1,50 @@
 // The host's ArrayOps (array_ops.h): the functions gradscale's own CPU layers use, on the caller's arrays.
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 
 #include "lib/backend/array_ops.h"
+#include "lib/core/error.h"
 #include "lib/instrument/finite_scan.h"
 #include "lib/instrument/histogram.h"
 #include "lib/model/join.h"
 
 namespace gradscale {
+
+// ---- the scale table's entries where there is none (keeps_scales() false) ----------------------------
+namespace {
+[[noreturn]] void no_scale_table(const char* call) {
+  GS_CHECK_AS(Error, false,
+              "ArrayOps::" << call
+                           << ": these arrays keep no scale table (keeps_scales() is false: the caller "
+                           << "decides its scales on the host)");
+  std::abort();  // not reached
+}
+}  // namespace
+
+int ArrayOps::new_scale(double) {
+  no_scale_table("new_scale");
+}
+int ArrayOps::decide_scale(const ScaleRule&, const float*, std::size_t, const float*, std::size_t,
+                           const float*, std::size_t, Format, RoundOptions, int) {
+  no_scale_table("decide_scale");
+}
+void ArrayOps::multiply_by_local(const float*, float*, std::size_t, int) {
+  no_scale_table("multiply_by_local");
+}
+void ArrayOps::divide_by_scale(float*, std::size_t, int) {
+  no_scale_table("divide_by_scale");
+}
+int ArrayOps::join_scale(const float* const*, const std::size_t*, const int*, std::size_t, Format) {
+  no_scale_table("join_scale");
+}
+void ArrayOps::sum_scaled_parts_at(const float* const*, const int*, std::size_t, int, float*, std::size_t) {
+  no_scale_table("sum_scaled_parts_at");
+}
+void ArrayOps::queue_scale(int, std::function<void(const ScaleEntry&)>) {
+  no_scale_table("queue_scale");
+}
+
 namespace {
 
 class HostArrayOps final : public ArrayOps {

@@ -10,6 +10,7 @@
 #include "lib/cuda/device_buffer.h"
 #include "lib/cuda/edge_counts.h"
 #include "lib/cuda/elementwise.h"
+#include "lib/cuda/join_scale.h"
 #include "lib/cuda/local_scale.h"
 #include "lib/cuda/quantize.h"
 #include "lib/cuda/stats.h"
@@ -77,7 +78,12 @@ class CudaArrayOps final : public ArrayOps {
   }
 
   void flush() override {
-    if (queued_.empty()) return;
+    if (queued_.empty()) {  // nothing to report: the slots and entries start again (one stream orders them)
+      rounding_count_ = 0;
+      scale_count_ = 0;
+      any_edge_ = false;
+      return;
+    }
     select_device();
     // Every slot used, one copy per chunk, one wait.
     std::vector<DeviceStats> stats(rounding_count_);
@@ -102,6 +108,11 @@ class CudaArrayOps final : public ArrayOps {
     scale_count_ = 0;
     any_edge_ = false;
     for (Queued& e : queued) {
+      if (e.with_entry) {  // queue_scale
+        const DeviceScale& d = scales[e.scale_entry];
+        e.with_entry(ScaleEntry{d.scale, d.local, d.unbound, static_cast<int>(d.limit)});
+        continue;
+      }
       if (e.scale_entry != kNoEntry) {  // a weight gradient's r, decided on the device
         const DeviceScale& r = scales[e.scale_entry];
         if (e.with_r) e.with_r(r.local);
@@ -211,18 +222,22 @@ class CudaArrayOps final : public ArrayOps {
 
   bool queue_weight_gradient(float* d, std::size_t n, double u_max, double scale_in, int node, const Precision& p,
                              StepMonitor& monitor, std::function<void(double)> then) override {
+    return queue_weight_gradient_at(d, n, u_max, new_scale(scale_in), node, p, monitor, std::move(then));
+  }
+
+  bool queue_weight_gradient_at(float* d, std::size_t n, double u_max, int in, int node, const Precision& p,
+                                StepMonitor& monitor, std::function<void(double)> then) override {
     select_device();
     cudaStream_t stream = ctx_.stream();
-    // r from the maximum in d's own statistics (a slot of its own, read by the rule only), S_in in an
-    // entry, r·S_in in the next: CudaBackend::accumulate_weight_grads's device path, in the same order.
+    // r from the maximum in d's own statistics (a slot of its own, read by the rule only), r·S_in in a
+    // new entry: CudaBackend::accumulate_weight_grads's device path, in the same order.
     DeviceStats* max_slot = slot(rounding_count_++);
     tensor_stats(ctx_, d, n, p.gradient_format(), p.round, max_slot);
-    const std::size_t in = scale_count_++, out = scale_count_++;
-    set_scale(scale_entry(in), scale_in, stream);
-    decide_weight_grad_scale(max_slot, 1, u_max, scale_entry(in), scale_entry(out), stream);
+    const std::size_t out = scale_count_++;
+    decide_weight_grad_scale(max_slot, 1, u_max, scale_entry(table_index(in)), scale_entry(out), stream);
     apply_local_scale(d, n, scale_entry(out), stream);
     queue_rounding(d, d, n, 1.0f, GradSite::weight, node, p, monitor, {});
-    divide_by_scale(d, n, scale_entry(out), stream);
+    cuda::divide_by_scale(d, n, scale_entry(out), stream);
     Queued e;  // after the rounding's records: r, and the range of r·S_in
     e.scale_entry = out;
     e.node = node;
@@ -230,6 +245,94 @@ class CudaArrayOps final : public ArrayOps {
     e.with_r = std::move(then);
     queued_.push_back(std::move(e));
     return true;
+  }
+
+  // ---- the scale table ------------------------------------------------------------------------------
+  bool keeps_scales() const override { return true; }
+
+  int new_scale(double value) override {
+    select_device();
+    const std::size_t e = scale_count_++;
+    set_scale(scale_entry(e), value, ctx_.stream());
+    return static_cast<int>(e);
+  }
+
+  int decide_scale(const ScaleRule& rule, const float* grad, std::size_t grad_n, const float* weight,
+                   std::size_t weight_n, const float* upstream, std::size_t upstream_n, Format f,
+                   RoundOptions round, int in) override {
+    select_device();
+    // CudaBackend::decide_on_device's statistics, in its order: the moments of g and W, or the upstream
+    // product's; they stay in their slots until the decision kernel (queued after them) has read them.
+    const bool moments = rule_reads_moments(rule.formula), reads_upstream = rule_reads_upstream(rule.formula);
+    GS_CHECK(!moments || (grad && weight),
+             "CudaArrayOps::decide_scale: the formula reads the moments of g and W");
+    GS_CHECK(!reads_upstream || upstream,
+             "CudaArrayOps::decide_scale: the formula reads the upstream product");
+    std::vector<StatsJob> jobs;
+    if (moments) {
+      jobs.push_back(StatsJob{grad, grad_n, f, round});
+      jobs.push_back(StatsJob{weight, weight_n, f, round});
+    }
+    if (reads_upstream) jobs.push_back(StatsJob{upstream, upstream_n, f, round});
+    DeviceStats* stats = jobs.empty() ? nullptr : slots(jobs.size());
+    if (!jobs.empty()) tensor_stats(ctx_, jobs, stats);
+    const std::size_t out = scale_count_++;
+    decide_local_scale(rule, moments ? stats : nullptr, moments ? stats + 1 : nullptr,
+                       reads_upstream ? stats + (moments ? 2 : 0) : nullptr, scale_entry(table_index(in)),
+                       scale_entry(out), ctx_.stream());
+    return static_cast<int>(out);
+  }
+
+  void multiply_by_local(const float* src, float* d, std::size_t n, int entry) override {
+    select_device();
+    if (src != d && n > 0)
+      GS_CUDA_CHECK(cudaMemcpyAsync(d, src, n * sizeof(float), cudaMemcpyDeviceToDevice, ctx_.stream()));
+    apply_local_scale(d, n, scale_entry(table_index(entry)), ctx_.stream());
+  }
+
+  void divide_by_scale(float* d, std::size_t n, int entry) override {
+    select_device();
+    cuda::divide_by_scale(d, n, scale_entry(table_index(entry)), ctx_.stream());
+  }
+
+  std::size_t max_join_parts() const override { return static_cast<std::size_t>(kMaxJoinParts); }
+
+  int join_scale(const float* const* parts, const std::size_t* sizes, const int* scales, std::size_t count,
+                 Format f) override {
+    select_device();
+    GS_CHECK(count >= 1 && count <= max_join_parts(),
+             "CudaArrayOps::join_scale: " << count << " parts (1 to " << max_join_parts() << ")");
+    // The parts' maxima in statistics slots of one chunk (CudaBackend::join's, against fp32).
+    std::vector<StatsJob> jobs;
+    for (std::size_t k = 0; k < count; ++k) jobs.push_back(StatsJob{parts[k], sizes[k], Format::fp32, {}});
+    DeviceStats* stats = slots(count);
+    tensor_stats(ctx_, jobs, stats);
+    JoinParts table;
+    table.count = static_cast<int>(count);
+    table.limit = format_info(f).max_finite;
+    for (std::size_t k = 0; k < count; ++k) {
+      table.stats[k] = stats + k;
+      table.scales[k] = scale_entry(table_index(scales[k]));
+    }
+    const std::size_t out = scale_count_++;
+    choose_join_scale(table, scale_entry(out), ctx_.stream());
+    return static_cast<int>(out);
+  }
+
+  void sum_scaled_parts_at(const float* const* parts, const int* scales, std::size_t count, int target,
+                           float* out, std::size_t n) override {
+    select_device();
+    cuda::fill(out, n, 0.0f, ctx_.stream());  // from 0, then each term as lib/model/join.cpp's loop
+    for (std::size_t k = 0; k < count; ++k)
+      scale_add_rescaled(parts[k], scale_entry(table_index(target)), scale_entry(table_index(scales[k])), out,
+                         n, ctx_.stream());
+  }
+
+  void queue_scale(int entry, std::function<void(const ScaleEntry&)> then) override {
+    Queued e;
+    e.scale_entry = table_index(entry);
+    e.with_entry = std::move(then);
+    queued_.push_back(std::move(e));
   }
 
   void to_host(const float* d, std::size_t n, float* host) override {
@@ -258,8 +361,9 @@ class CudaArrayOps final : public ArrayOps {
     std::function<void(float)> then;
     std::function<void()> run;
     std::size_t slot = 0;
-    std::size_t scale_entry = kNoEntry;  // queue_weight_gradient's r·S_in entry
+    std::size_t scale_entry = kNoEntry;  // queue_weight_gradient's r·S_in entry, or queue_scale's
     std::function<void(double)> with_r;
+    std::function<void(const ScaleEntry&)> with_entry;
   };
   static constexpr std::size_t kNoEntry = static_cast<std::size_t>(-1);
   // The caller may be another thread than the one that made the context — PyTorch runs backward on
@@ -276,8 +380,25 @@ class CudaArrayOps final : public ArrayOps {
     }
     return stat_chunks_[i / kChunk].data() + i % kChunk;
   }
+  // `count` (at most kChunk) consecutive slots of one chunk, for one tensor_stats call: the next ones,
+  // or the next chunk's first when they would straddle two (the slots skipped are copied, never read).
+  DeviceStats* slots(std::size_t count) {
+    GS_CHECK(count >= 1 && count <= kChunk, "CudaArrayOps: " << count << " statistics at once");
+    if (rounding_count_ / kChunk != (rounding_count_ + count - 1) / kChunk)
+      rounding_count_ = (rounding_count_ / kChunk + 1) * kChunk;
+    DeviceStats* first = slot(rounding_count_);
+    rounding_count_ += count;
+    return first;
+  }
   DeviceEdgeCounts* edge_slot(std::size_t i) { return edge_chunks_[i / kChunk].data() + i % kChunk; }
-  // Scale entry i of the step (queue_weight_gradient's S_in and r·S_in), in chunks that never move.
+  // An entry number from the caller, checked against the step's table.
+  std::size_t table_index(int entry) const {
+    GS_CHECK(entry >= 0 && static_cast<std::size_t>(entry) < scale_count_,
+             "CudaArrayOps: scale entry " << entry << " is not in the table (" << scale_count_
+                                          << " entries since the last flush)");
+    return static_cast<std::size_t>(entry);
+  }
+  // Scale entry i of the step, in chunks that never move.
   DeviceScale* scale_entry(std::size_t i) {
     while (i / kChunk >= scale_chunks_.size()) scale_chunks_.emplace_back(kChunk);
     return scale_chunks_[i / kChunk].data() + i % kChunk;

@@ -9,6 +9,7 @@
 #include <limits>
 #include <memory>
 #include <optional>
+#include <string>
 
 #include "lib/core/json_read.h"
 #include "lib/layers/precision_ops.h"
@@ -92,7 +93,8 @@ void ExternalBackward::check_layer(int layer, bool allow_none, const char* call)
 }
 
 void ExternalBackward::begin_step(bool record_statistics) {
-  ops_->flush();  // what an abandoned pass queued goes to its own records, which the reset clears
+  flush_arrays();  // what an abandoned pass queued goes to its own records, which the reset clears
+  held_.clear();
   monitor_.reset(static_cast<int>(layers_.size()), record_statistics, scaler_->gradient_edge());
   wgrad_seen_.assign(layers_.size(), 0);
   const auto t0 = std::chrono::steady_clock::now();
@@ -181,13 +183,18 @@ double ExternalBackward::upstream(int layer, const float* src, float* upstream, 
         reducer_, scaler_->policy(), monitor_, t0);  // with a reducer: every rank decides on the whole batch's
   }
   send_at_local_scale(monitor_, layer, decision, scale_in, [&](float s) {
-    ops_->queue_rounding(src, upstream, static_cast<std::size_t>(shape_size(upstream_shape)), s, GradSite::upstream,
-                         layer, precision_, monitor_, [this, layer](float m) {
-                           LayerRecord& sent = monitor_.record_of(layer);
-                           if (m > sent.sent_max_abs || std::isnan(m)) sent.sent_max_abs = m;
-                         });
+    round_upstream(layer, src, upstream, static_cast<std::size_t>(shape_size(upstream_shape)), s);
   });
   return decision.s;
+}
+
+void ExternalBackward::round_upstream(int layer, const float* src, float* upstream, std::size_t n,
+                                      float multiplier) {
+  ops_->queue_rounding(src, upstream, n, multiplier, GradSite::upstream, layer, precision_, monitor_,
+                       [this, layer](float m) {
+                         LayerRecord& sent = monitor_.record_of(layer);
+                         if (m > sent.sent_max_abs || std::isnan(m)) sent.sent_max_abs = m;
+                       });
 }
 
 double ExternalBackward::join_target(std::vector<double> max_abs, const std::vector<double>& scales) {
@@ -259,8 +266,222 @@ void ExternalBackward::weight_gradient(int layer, const float* src, float* g, st
   ops_->divide(g, count, static_cast<float>(r * scale));
 }
 
-std::vector<double> ExternalBackward::agreement_buffer() {
+// ---- held scales ----------------------------------------------------------------------------------------
+
+ExternalBackward::HeldScale& ExternalBackward::held(ScaleHandle h, const char* call) {
+  GS_CHECK_CONFIG(h.id >= 0 && static_cast<std::size_t>(h.id) < held_.size(),
+                  "ExternalBackward::" << call << ": scale handle " << h.id
+                                       << " is not in this iteration's table (" << held_.size()
+                                       << " scales; a handle lasts until the next begin_step)");
+  return held_[static_cast<std::size_t>(h.id)];
+}
+
+ScaleHandle ExternalBackward::hold(double scale, double local) {
+  held_.push_back(HeldScale{scale, local, -1});
+  return ScaleHandle{static_cast<int>(held_.size()) - 1};
+}
+
+ScaleHandle ExternalBackward::hold_entry(int entry, std::function<void(const ScaleEntry&)> then) {
+  const double unknown = std::numeric_limits<double>::quiet_NaN();
+  const ScaleHandle h = hold(unknown, unknown);
+  held_.back().entry = entry;
+  // Runs at the flush that brings the entry back, before begin_step clears the table.
+  ops_->queue_scale(entry, [this, h, then = std::move(then)](const ScaleEntry& e) {
+    HeldScale& s = held_[static_cast<std::size_t>(h.id)];
+    s.scale = e.scale;
+    s.local = e.local;
+    if (then) then(e);
+  });
+  return h;
+}
+
+int ExternalBackward::entry_of(ScaleHandle h) {
+  HeldScale& s = held(h, "entry_of");
+  if (s.entry < 0) s.entry = ops_->new_scale(s.scale);  // a scale without an entry has its host value
+  return s.entry;
+}
+
+void ExternalBackward::flush_arrays() {
   ops_->flush();
+  for (HeldScale& s : held_) s.entry = -1;  // the device's table starts again
+}
+
+ScaleHandle ExternalBackward::scale_handle(double value) {
+  check_layer(-1, true, "scale_handle");
+  GS_CHECK_NUMERIC(std::isfinite(value) && value > 0, "ExternalBackward::scale_handle: scale " << value);
+  return hold(value);
+}
+
+double ExternalBackward::scale_value(ScaleHandle h) {
+  if (std::isnan(held(h, "scale_value").scale)) flush_arrays();  // one wait: it comes with the measurements
+  return held(h, "scale_value").scale;
+}
+
+double ExternalBackward::local_value(ScaleHandle h) {
+  if (std::isnan(held(h, "local_value").local)) flush_arrays();
+  return held(h, "local_value").local;
+}
+
+void ExternalBackward::note_layer(int layer, ScaleHandle scale_in) {
+  check_layer(layer, false, "note_layer");
+  const HeldScale& s = held(scale_in, "note_layer");
+  if (!std::isnan(s.scale)) {
+    note_layer(layer, s.scale);
+    return;
+  }
+  LayerRecord& r = monitor_.record_of(layer);
+  if (r.ran) return;  // a layer called twice keeps the S_in of its first backward
+  r.ran = true;
+  ops_->queue_scale(s.entry, [this, layer](const ScaleEntry& e) {  // S_in (and S_out until a decision)
+    LayerRecord& rec = monitor_.record_of(layer);
+    rec.scale_in = rec.scale_out = e.scale;
+  });
+}
+
+ScaleHandle ExternalBackward::upstream(int layer, const float* src, float* upstream,
+                                       const Shape& upstream_shape, const float* grad,
+                                       const Shape& grad_shape, const float* weight,
+                                       const Shape& weight_shape, ScaleHandle scale_in) {
+  check_layer(layer, false, "upstream");
+  const LayerInfo& info = layers_[static_cast<std::size_t>(layer)];
+  const auto n = static_cast<std::size_t>(shape_size(upstream_shape));
+  LayerController* controller = info.parametric ? scaler_->layer_controller() : nullptr;
+  std::optional<ScaleRule> rule;
+  if (controller != nullptr && device_scales()) rule = controller->device_rule(layer);
+  const bool on_host = !std::isnan(held(scale_in, "upstream").scale);
+  if (!rule &&
+      (on_host || controller != nullptr)) {  // the host decides (waiting for S_in if the device has it)
+    const double in = scale_value(scale_in);
+    const double s =
+        this->upstream(layer, src, upstream, upstream_shape, grad, grad_shape, weight, weight_shape, in);
+    return hold(s * in, s);
+  }
+  note_layer(layer, scale_in);
+  if (!rule) {  // s = 1 on a scale only the device knows: the gradient keeps it
+    send_at_local_scale(monitor_, layer, LocalScale{}, std::numeric_limits<double>::quiet_NaN(),
+                        [&](float s) { round_upstream(layer, src, upstream, n, s); });
+    return scale_in;
+  }
+  // The controller's rule on the device (CudaBackend::decide_on_device's steps): no wait.
+  const auto t0 = std::chrono::steady_clock::now();
+  ScaleRule r = *rule;
+  r.reduction = static_cast<double>(info.reduction);
+  const bool moments = rule_reads_moments(r.formula);
+  GS_CHECK_CONFIG(!moments || grad, "ExternalBackward::upstream: the controller needs the gradient layer '"
+                                        << info.name << "' received");
+  GS_CHECK_CONFIG(!moments || weight, "ExternalBackward::upstream: the controller needs the weight of layer '"
+                                          << info.name << "'");
+  const Format f = precision_.gradient_format();
+  const int e = ops_->decide_scale(r, grad, grad ? static_cast<std::size_t>(shape_size(grad_shape)) : 0,
+                                   weight, weight ? static_cast<std::size_t>(shape_size(weight_shape)) : 0,
+                                   src, n, f, precision_.round, entry_of(scale_in));
+  monitor_.record_of(layer).sent_grad = true;
+  const ScaleHandle out =
+      hold_entry(e, [this, layer, controller, policy = std::string(scaler_->policy())](const ScaleEntry& d) {
+        LayerRecord& rec = monitor_.record_of(layer);
+        check_local_scale(d.local, policy, layers_[static_cast<std::size_t>(layer)].name);
+        rec.local_scale = d.local;
+        rec.unbound_scale = d.unbound;
+        rec.scale_limit = d.limit;
+        rec.scale_out = d.scale;
+        controller->accept(layer, LocalScale{d.local, d.unbound, d.limit});
+      });
+  // s multiplies the fp32 product before its one rounding, so s·g itself never overflows.
+  ops_->multiply_by_local(src, upstream, n, e);
+  round_upstream(layer, upstream, upstream, n, 1.0f);
+  monitor_.scaler_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return out;
+}
+
+ScaleHandle ExternalBackward::join(const std::vector<const float*>& parts,
+                                   const std::vector<std::int64_t>& sizes,
+                                   const std::vector<ScaleHandle>& scales) {
+  check_layer(-1, true, "join");
+  GS_CHECK_SHAPE(!parts.empty() && parts.size() == sizes.size() && parts.size() == scales.size(),
+                 "ExternalBackward::join: " << parts.size() << " parts, " << sizes.size() << " sizes, "
+                                            << scales.size() << " scales");
+  std::vector<std::size_t> n;
+  for (std::int64_t size : sizes) {
+    GS_CHECK_SHAPE(size >= 0, "ExternalBackward::join: a part of " << size << " values");
+    n.push_back(static_cast<std::size_t>(size));
+  }
+  if (device_scales() && parts.size() <= ops_->max_join_parts()) {  // T on the device: no wait
+    std::vector<int> entries;
+    for (ScaleHandle h : scales) entries.push_back(entry_of(h));
+    return hold_entry(
+        ops_->join_scale(parts.data(), n.data(), entries.data(), parts.size(), precision_.gradient_format()));
+  }
+  std::vector<float> maxima(parts.size());
+  ops_->max_abs_each(parts.data(), n.data(), parts.size(), maxima.data());  // one wait on a device
+  std::vector<double> values;
+  for (ScaleHandle h : scales) values.push_back(scale_value(h));
+  return hold(join_target(std::vector<double>(maxima.begin(), maxima.end()), values));
+}
+
+void ExternalBackward::sum_scaled_parts(const std::vector<const float*>& parts,
+                                        const std::vector<ScaleHandle>& scales, ScaleHandle target,
+                                        float* out, std::int64_t n) {
+  check_layer(-1, true, "sum_scaled_parts");
+  GS_CHECK_SHAPE(parts.size() == scales.size() && n >= 0,
+                 "ExternalBackward::sum_scaled_parts: " << parts.size() << " parts, " << scales.size()
+                                                        << " scales, n = " << n);
+  bool on_host = !std::isnan(held(target, "sum_scaled_parts").scale);
+  for (ScaleHandle h : scales) on_host = on_host && !std::isnan(held(h, "sum_scaled_parts").scale);
+  if (on_host) {
+    std::vector<double> values;
+    for (ScaleHandle h : scales) values.push_back(held(h, "sum_scaled_parts").scale);
+    ops_->sum_scaled_parts(parts.data(), values.data(), parts.size(), held(target, "sum_scaled_parts").scale,
+                           out, static_cast<std::size_t>(n));
+    return;
+  }
+  std::vector<int> entries;
+  for (ScaleHandle h : scales) entries.push_back(entry_of(h));
+  ops_->sum_scaled_parts_at(parts.data(), entries.data(), parts.size(), entry_of(target), out,
+                            static_cast<std::size_t>(n));
+}
+
+void ExternalBackward::weight_gradient(int layer, const float* src, float* g, std::int64_t n,
+                                       ScaleHandle scale) {
+  check_layer(layer, true, "weight_gradient");
+  if (!std::isnan(held(scale, "weight_gradient").scale)) {
+    weight_gradient(layer, src, g, n, held(scale, "weight_gradient").scale);
+    return;
+  }
+  const auto count = static_cast<std::size_t>(n);
+  LayerController* controller = layer >= 0 ? weight_grad_controller(*scaler_, precision_) : nullptr;
+  if (controller != nullptr) {
+    const std::optional<double> bound = controller->device_weight_grad_bound(layer);
+    const std::size_t l = static_cast<std::size_t>(layer);
+    const bool first = !wgrad_seen_[l];
+    if (!bound) {  // the host chooses r: it waits for S
+      weight_gradient(layer, src, g, n, scale_value(scale));
+      return;
+    }
+    if (src != g) ops_->quantize(src, g, count, Format::fp32, precision_.round);  // the device works in place
+    GS_CHECK(ops_->queue_weight_gradient_at(g, count, *bound, entry_of(scale), layer, precision_, monitor_,
+                                            [this, layer, first](double decided) {
+                                              keep_smallest_weight_grad_scale(monitor_.record_of(layer),
+                                                                              decided, first);
+                                            }),
+             "ExternalBackward::weight_gradient: arrays with a scale table decide r where they are");
+    wgrad_seen_[l] = 1;
+    return;
+  }
+  // r = 1: rounded, then divided by S on the device; S's range is checked when it arrives (as the
+  // double form checks it before dividing).
+  if (layer < 0)
+    round_unrecorded(*ops_, src, g, count, 1.0f, GradSite::weight, precision_, monitor_, -1);
+  else
+    ops_->queue_rounding(src, g, count, 1.0f, GradSite::weight, layer, precision_, monitor_, {});
+  const int e = entry_of(scale);
+  ops_->divide_by_scale(g, count, e);
+  ops_->queue_scale(e, [this, layer](const ScaleEntry& v) {
+    if (!scale_in_float_range(v.scale)) monitor_.note_nonfinite(layer);
+  });
+}
+
+std::vector<double> ExternalBackward::agreement_buffer() {
+  flush_arrays();
   // [found_inf, below edge, above edge, found outside every layer, one slot per layer: named first]
   std::vector<double> b(layers_.size() + 4, 0.0);
   b[0] = monitor_.found_inf ? 1 : 0;
@@ -296,7 +517,7 @@ constexpr std::size_t kOverflowHead = 3, kOverflowPerLayer = 4;  // overflow_buf
 }  // namespace
 
 std::vector<double> ExternalBackward::overflow_buffer() {
-  ops_->flush();
+  flush_arrays();
   // [a stored value not finite, loss overflow, its max; per layer: overflow upstream, weight, join, max]
   std::vector<double> b(kOverflowHead + kOverflowPerLayer * layers_.size(), 0.0);
   b[0] = monitor_.nonfinite_stored ? 1 : 0;
@@ -334,7 +555,7 @@ void ExternalBackward::agree_overflows(const std::vector<double>& summed) {
 
 StepResult ExternalBackward::finish_step(double loss) {
   check_layer(-1, true, "finish_step");
-  ops_->flush();
+  flush_arrays();
   StepResult r;
   r.loss = loss;
   r.loss_scale = loss_scale_;
@@ -345,7 +566,7 @@ StepResult ExternalBackward::finish_step(double loss) {
 }
 
 void ExternalBackward::abandon_step() {
-  ops_->flush();  // what the failed pass queued lands in this iteration's records, not the next one's
+  flush_arrays();  // what the failed pass queued lands in this iteration's records, not the next one's
   in_step_ = false;
   loss_scale_ = std::numeric_limits<double>::quiet_NaN();
 }

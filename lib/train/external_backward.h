@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -22,6 +23,11 @@
 #include "lib/train/scaled_training.h"
 
 namespace gradscale {
+
+// A scale held in an ExternalBackward's table for one iteration (see ExternalBackward::scale_handle).
+struct ScaleHandle {
+  int id = -1;
+};
 
 class ExternalBackward {
  public:
@@ -101,6 +107,35 @@ class ExternalBackward {
   // (true) against the caller's fp32 shadow of the pass (lib/train/shadow.h; the plug-in's
   // Scaler(shadow=True)): into its record, and so into the trace.
   void note_shadow(int layer, bool weight, const ShadowMetrics& metrics);
+  // ---- scales as handles: the same steps without waiting for a device --------------------------------
+  // Every scale a gradient carries in an iteration may be held in the iteration's table and passed as a
+  // handle: S0, s·S_in after a layer, a join's T, or a value the caller brings. Where the arrays are on
+  // a device that keeps a scale table (ArrayOps::keeps_scales) and no reducer is set, a controller that
+  // describes its decision as a rule (LayerController::device_rule) decides there, and so does a join
+  // (up to ArrayOps::max_join_parts parts): their handles hold entries of the device's table, whose
+  // values, the records they fill and the controller's accept() come with the step's measurements
+  // (flush) — the caller never waits for a scale unless it asks for one's value. Elsewhere every
+  // handle holds a host value and the steps are the double forms above, bit for bit. Handles last
+  // until the next begin_step; ConfigError for one that is not in the table.
+  ScaleHandle scale_handle(double value);
+  // S of `h`, and the local s of the decision that made it (1 for every other handle): on a device,
+  // the first read of a scale only the device knows waits for the step's measurements so far.
+  double scale_value(ScaleHandle h);
+  double local_value(ScaleHandle h);
+  // upstream with S_in held: returns the handle of s·S_in.
+  ScaleHandle upstream(int layer, const float* src, float* upstream, const Shape& upstream_shape,
+                       const float* grad, const Shape& grad_shape, const float* weight,
+                       const Shape& weight_shape, ScaleHandle scale_in);
+  // The join target T of parts[k] (sizes[k] fp32 values at scale scales[k]), from their maxima: the
+  // handle of T.
+  ScaleHandle join(const std::vector<const float*>& parts, const std::vector<std::int64_t>& sizes,
+                   const std::vector<ScaleHandle>& scales);
+  // The joined sum where the arrays live: out = Σ parts[k]·float(T/S_k) from 0 (n values each).
+  void sum_scaled_parts(const std::vector<const float*>& parts, const std::vector<ScaleHandle>& scales,
+                        ScaleHandle target, float* out, std::int64_t n);
+  void weight_gradient(int layer, const float* src, float* g, std::int64_t n, ScaleHandle scale);
+  void note_layer(int layer, ScaleHandle scale_in);
+
   // ---- data-parallel: every rank takes the same verdict ---------------------------------------------
   // What the ranks must agree on before finish_step, as a fixed-size buffer (layers + 4 values) to be
   // summed over the ranks: found_inf, the first non-finite layer, popart_als's edge counts. After the
@@ -152,6 +187,21 @@ class ExternalBackward {
 
  private:
   void check_layer(int layer, bool allow_none, const char* call) const;
+  // A held scale: its value on the host (NaN while only the device knows it) and, for a decision, its
+  // s; `entry` its place in the device's table since the last flush (-1: none).
+  struct HeldScale {
+    double scale = 0, local = 1;
+    int entry = -1;
+  };
+  HeldScale& held(ScaleHandle h, const char* call);
+  ScaleHandle hold(double scale, double local = 1);
+  // A device entry: its values (and `then`, for the records) at the next flush.
+  ScaleHandle hold_entry(int entry, std::function<void(const ScaleEntry&)> then = {});
+  int entry_of(ScaleHandle h);  // its entry, made from its host value when it has none
+  bool device_scales() const { return ops_->keeps_scales() && reducer_ == nullptr; }
+  void flush_arrays();  // ops_->flush(): every held scale is then a host value, no entry is left
+  // The rounding of a gradient sent upstream (its maximum into the layer's record).
+  void round_upstream(int layer, const float* src, float* upstream, std::size_t n, float multiplier);
   nlohmann::json layer_names() const;
 
   std::vector<LayerInfo> layers_;
@@ -166,6 +216,7 @@ class ExternalBackward {
   std::int64_t steps_ = 0;
   double loss_scale_;
   bool in_step_ = false;
+  std::vector<HeldScale> held_;  // this iteration's scale table
 };
 
 }  // namespace gradscale

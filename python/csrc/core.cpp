@@ -41,6 +41,13 @@ std::vector<const float*> part_addresses(const std::vector<std::uintptr_t>& part
   return values;
 }
 
+// Scale handles from Python's ints.
+std::vector<ScaleHandle> handles(const std::vector<int>& ids) {
+  std::vector<ScaleHandle> out;
+  for (int id : ids) out.push_back(ScaleHandle{id});
+  return out;
+}
+
 Format format_of(const std::string& name) { return parse_format(name); }
 
 std::vector<LayerInfo> layer_table(const std::vector<py::dict>& rows) {
@@ -319,13 +326,15 @@ PYBIND11_MODULE(GS_CORE_NAME, m) {
         return std::vector<double>(out.begin(), out.end());
       })
       .def("set_stream", [](ExternalBackward& e, std::uintptr_t stream) { e.arrays().set_stream(stream); })
-      // The join's sum where the parts live (ArrayOps::sum_scaled_parts): out = Σ part·float(target/scale).
+      // The join's sum where the parts live: out = Σ part·float(T/S) (scales and T: handles).
       .def("sum_scaled_parts", [](ExternalBackward& e, std::uintptr_t out, std::int64_t n,
-                                  const std::vector<std::uintptr_t>& parts, const std::vector<double>& scales,
-                                  double target) {
-        const std::vector<const float*> values = part_addresses(parts, scales, n);
-        e.arrays().sum_scaled_parts(values.data(), scales.data(), values.size(), target, address(out),
-                                    static_cast<std::size_t>(n));
+                                  const std::vector<std::uintptr_t>& parts, const std::vector<int>& scales,
+                                  int target) {
+        GS_CHECK(n >= 0 && parts.size() == scales.size(),
+                 "sum_scaled_parts: " << parts.size() << " parts, " << scales.size() << " scales, n = " << n);
+        std::vector<const float*> values;
+        for (std::uintptr_t p : parts) values.push_back(address(p));
+        e.sum_scaled_parts(values, handles(scales), ScaleHandle{target}, address(out), n);
       })
       // SPEC §8's trace header as gradscale train writes it (make_trace_header): this backward's formats
       // and scaler, the caller's `config` object, seed and layer table, as JSON text.
@@ -351,15 +360,38 @@ PYBIND11_MODULE(GS_CORE_NAME, m) {
            },
            py::arg("g"), py::arg("n"), py::arg("source") = 0)
       .def_property_readonly("loss_scale", &ExternalBackward::loss_scale)
+      // Scales as handles (ExternalBackward::scale_handle): ints of this iteration's table. On a device
+      // that keeps a scale table the local scales and join targets are decided there, and only
+      // scale_value / local_value wait for one.
+      .def("scale_handle", [](ExternalBackward& e, double value) { return e.scale_handle(value).id; })
+      .def("scale_value", [](ExternalBackward& e, int h) { return e.scale_value(ScaleHandle{h}); })
+      .def("local_value", [](ExternalBackward& e, int h) { return e.local_value(ScaleHandle{h}); })
+      // S_in a handle; returns the handle of s·S_in.
       .def("upstream",
            [](ExternalBackward& e, int layer, std::uintptr_t up, const Shape& up_shape, std::uintptr_t g,
-              const Shape& g_shape, std::uintptr_t w, const Shape& w_shape, double scale_in, std::uintptr_t source) {
-             return e.upstream(layer, address(source ? source : up), address(up), up_shape, address(g), g_shape,
-                               address(w), w_shape, scale_in);
+              const Shape& g_shape, std::uintptr_t w, const Shape& w_shape, int scale_in,
+              std::uintptr_t source) {
+             return e
+                 .upstream(layer, address(source ? source : up), address(up), up_shape, address(g), g_shape,
+                           address(w), w_shape, ScaleHandle{scale_in})
+                 .id;
            },
            py::arg("layer"), py::arg("up"), py::arg("up_shape"), py::arg("g"), py::arg("g_shape"), py::arg("w"),
            py::arg("w_shape"), py::arg("scale_in"), py::arg("source") = 0)
       .def("join_target", &ExternalBackward::join_target)
+      // The join target T of the parts (addresses, sizes, scale handles): its handle.
+      .def("join", [](ExternalBackward& e, const std::vector<std::uintptr_t>& parts,
+                      const std::vector<std::int64_t>& sizes, const std::vector<int>& scales) {
+        GS_CHECK(parts.size() == sizes.size(),
+                 "join: " << parts.size() << " parts, " << sizes.size() << " sizes");
+        std::vector<const float*> arrays;
+        for (std::size_t k = 0; k < parts.size(); ++k) {
+          GS_CHECK(sizes[k] >= 0 && (sizes[k] == 0 || parts[k] != 0),
+                   "join: part " << k << " of " << sizes[k] << " values");
+          arrays.push_back(address(parts[k]));
+        }
+        return e.join(arrays, sizes, handles(scales)).id;
+      })
       .def("round_join", [](ExternalBackward& e, int layer, std::uintptr_t p, std::int64_t n) {
         e.round_join(layer, address(p), n);
       })
@@ -368,12 +400,15 @@ PYBIND11_MODULE(GS_CORE_NAME, m) {
              e.round_received(layer, address(source ? source : p), address(p), n);
            },
            py::arg("layer"), py::arg("p"), py::arg("n"), py::arg("source") = 0)
+      // The part at the scale of handle `scale`.
       .def("weight_gradient",
-           [](ExternalBackward& e, int layer, std::uintptr_t p, std::int64_t n, double scale, std::uintptr_t source) {
-             e.weight_gradient(layer, address(source ? source : p), address(p), n, scale);
+           [](ExternalBackward& e, int layer, std::uintptr_t p, std::int64_t n, int scale,
+              std::uintptr_t source) {
+             e.weight_gradient(layer, address(source ? source : p), address(p), n, ScaleHandle{scale});
            },
            py::arg("layer"), py::arg("p"), py::arg("n"), py::arg("scale"), py::arg("source") = 0)
-      .def("note_layer", &ExternalBackward::note_layer)
+      .def("note_layer",
+           [](ExternalBackward& e, int layer, int scale_in) { e.note_layer(layer, ScaleHandle{scale_in}); })
       .def("note_shadow", [](ExternalBackward& e, int layer, bool weight, double mass, double rel, double cosine) {
         e.note_shadow(layer, weight, ShadowMetrics{mass, rel, cosine});
       })

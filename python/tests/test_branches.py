@@ -353,8 +353,9 @@ def test_a_join_of_parts_at_different_scales_is_the_cpp_rule(monkeypatch, grad_f
     join_parts = _backward_pass.join_parts
 
     def recorded(core, layer, parts, grad_outputs):
-        grads, target = join_parts(core, layer, parts, grad_outputs)
-        joins.append(([(j, g.detach().clone(), s) for j, g, s in parts], target, list(grads)))
+        grads, target = join_parts(core, layer, parts, grad_outputs)  # scales: the core's handles
+        joins.append(([(j, g.detach().clone(), core.scale_value(s)) for j, g, s in parts], core.scale_value(target),
+                      list(grads)))
         return grads, target
 
     monkeypatch.setattr(_backward_pass, "join_parts", recorded)
@@ -387,7 +388,9 @@ def test_the_join_sum_starts_from_zero_in_any_memory_layout(grad_format):
     b[0, 0] = -0.0
     core.begin_step(False)
     try:
-        grads, target = _backward_pass.join_parts(core, -1, [(0, a, 3.0), (0, b, 7.0)], (None,))
+        parts = [(0, a, core.scale_handle(3.0)), (0, b, core.scale_handle(7.0))]  # scales as the core's handles
+        grads, handle = _backward_pass.join_parts(core, -1, parts, (None,))
+        target = core.scale_value(handle)
     finally:
         core.abandon_step()
     assert target == core.join_target([float(a.abs().max()), float(b.abs().max())], [3.0, 7.0]) == 7.0

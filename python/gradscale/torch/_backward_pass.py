@@ -15,7 +15,10 @@ scale its incoming gradient had. So `scaler.scale(loss)` walks the graph of `los
   divides it by that scale, so every leaf receives true gradients.
 
 The scale a node receives is found by following its consumers towards the loss to the nearest node
-that set one (`_sent` for Enter and LossEdge, `_into` for joins), and memoised for the pass.
+that set one (`_sent` for Enter and LossEdge, `_into` for joins), and memoised for the pass. Scales are
+handles of the core's table for the step (`ExternalBackward.scale_handle`): on a GPU the local scales
+and join targets stay on the device, and the pass reads a value only where it computes with one (a
+graph built by create_graph, a reentrant checkpoint's inputs, the shadow's comparison).
 
 Each pass owns its hooks and maps; a hook of another pass (a graph kept with retain_graph) does
 nothing. A pass is *ready* after the walk, *running* from its first LossEdge backward, *done* when
@@ -82,17 +85,17 @@ def _install_backward_wrapper() -> None:
 class BackwardPass:
     """One backward pass: the walk of its graph, its hooks and its scales."""
 
-    def __init__(self, tracker: Tracker, roots: List[object], root_scale: float = 1.0, nested: bool = False):
+    def __init__(self, tracker: Tracker, roots: List[object], root_scale: Optional[int] = None, nested: bool = False):
         self.tracker = tracker
         self.core = tracker.core
         self.state = "ready"
-        self.root_scale = root_scale
+        self.root_scale = root_scale  # a handle; None: 1, held when backward first needs it
         self.nested = nested
         self.reason: Optional[str] = None
         self._consumers: Dict[object, List[object]] = {}
-        self._into: Dict[object, float] = {}
-        self._sent: Dict[object, float] = {}
-        self._parts: Dict[int, List[Tuple[int, torch.Tensor, float]]] = {}
+        self._into: Dict[object, int] = {}  # scale handles
+        self._sent: Dict[object, int] = {}
+        self._parts: Dict[int, List[Tuple[int, torch.Tensor, int]]] = {}
         self._received: Dict[object, torch.Tensor] = {}
         self._checkpoint_inputs: Dict[int, dict] = {}
         # The hooks hold tokens, never nodes: a node holding a hook that holds the node is a cycle
@@ -262,8 +265,8 @@ class BackwardPass:
         return token
 
     # ---- scales ------------------------------------------------------------------------------
-    def into(self, node) -> float:
-        """The scale of the gradient `node` receives (its consumers have all run)."""
+    def into(self, node) -> int:
+        """The scale (a handle) of the gradient `node` receives (its consumers have all run)."""
         path = []
         cur = node
         while True:
@@ -272,6 +275,8 @@ class BackwardPass:
                 break
             consumers = self._consumers.get(cur)
             if not consumers:  # a root: the loss at scale 1, a checkpoint's output at its node's scale
+                if self.root_scale is None:
+                    self.root_scale = self.core.scale_handle(1.0)
                 value = self.root_scale
                 break
             path.append(cur)
@@ -284,11 +289,11 @@ class BackwardPass:
             self._into[n] = value
         return value
 
-    def sent(self, node) -> float:
+    def sent(self, node) -> int:
         return self._sent[node] if node in self._sent else self.into(node)
 
-    def input_scales(self) -> Dict[int, Tuple[torch.Tensor, float]]:
-        """Nested: id(input leaf's variable) -> (variable, scale of the gradient it was given)."""
+    def input_scales(self) -> Dict[int, Tuple[torch.Tensor, int]]:
+        """Nested: id(input leaf's variable) -> (variable, scale handle of the gradient it was given)."""
         return {id(leaf.variable): (leaf.variable, self.into(leaf)) for leaf in self._input_leaves}
 
     # ---- hooks ---------------------------------------------------------------------------------
@@ -320,7 +325,7 @@ class BackwardPass:
                 return None
             grads, target = join_parts(self.core, layer, parts, grad_outputs)
             if len({s for _, _, s in parts}) > 1:
-                self.tracker.joins += 1
+                self.tracker.note_join([s for _, _, s in parts])
             self._into[self._nodes[producer]] = target
             return tuple(grads)
         return hook
@@ -345,26 +350,29 @@ class BackwardPass:
             if not self._active():
                 return None
             # Each input's gradient at the scale the nested pass left it at; one scale for all of them
-            # (the smallest: a power-of-two division, then one rounding of what it moved).
+            # (the smallest: a power-of-two division, then one rounding of what it moved). Their values
+            # are read here (on a GPU, one wait per reentrant checkpoint).
             scales = {id(var.grad): s for var, s in entry["inputs"].values() if var.grad is not None}
             found = [(k, g, scales.get(id(g), entry["scale"])) for k, g in enumerate(grad_inputs) if g is not None]
             if not found:
                 self._sent[self._nodes[token]] = entry["scale"]
                 return None
-            target = min(s for _, _, s in found)
+            value = {h: self.core.scale_value(h) for _, _, h in found}
+            target = min((h for _, _, h in found), key=lambda h: value[h])
             grads = list(grad_inputs)
-            for k, g, s in found:
-                if s != target:
-                    out = owned_copy(g * (target / s))
+            for k, g, h in found:
+                if value[h] != value[target]:
+                    factor = value[target] / value[h]
+                    out = owned_copy(g * factor)
                     self.core.round_join(-1, out.data_ptr(), out.numel())
-                    grads[k] = differentiable(g, out, target / s)
+                    grads[k] = differentiable(g, out, factor)
             self._sent[self._nodes[token]] = target
             return tuple(grads)
         return hook
 
     # ---- what the Functions call ---------------------------------------------------------------
-    def _true_gradient(self, layer: int, g: torch.Tensor, scale: float) -> torch.Tensor:
-        """A gradient part at `scale` rounded (SPEC §4) and divided by it: the true gradient."""
+    def _true_gradient(self, layer: int, g: torch.Tensor, scale: int) -> torch.Tensor:
+        """A gradient part at `scale` (a handle) rounded (SPEC §4) and divided by it: the true gradient."""
         if g.is_sparse:
             g = g.coalesce()
             values = owned_copy(g.values())
@@ -374,12 +382,12 @@ class BackwardPass:
         out, source = rounding_target(g)
         if out.numel():
             self.core.weight_gradient(layer, out.data_ptr(), out.numel(), scale, source=source)
-        return differentiable(g, out, 1.0 / scale)
+        return differentiable(g, out, lambda: 1.0 / self.core.scale_value(scale))
 
     def loss_backward(self, ctx, g: torch.Tensor) -> torch.Tensor:
         out, source = rounding_target(g)
         s0 = self.core.loss_gradient(out.data_ptr(), out.numel(), source=source)
-        self._sent[ctx] = s0
+        self._sent[ctx] = self.core.scale_handle(s0)
         return differentiable(g, out, s0)
 
     def exit_backward(self, ctx, g: torch.Tensor) -> torch.Tensor:
@@ -402,15 +410,15 @@ class BackwardPass:
         if weight is not None:
             weight = weight.detach()
             weight = weight if is_dense(weight) else weight.contiguous()
-        s = self.core.upstream(ctx.layer_id, out.data_ptr(), list(out.shape),
-                               received.data_ptr() if received is not None else 0,
-                               list(received.shape) if received is not None else [],
-                               weight.data_ptr() if weight is not None else 0,
-                               list(weight.shape) if weight is not None else [], scale_in, source=source)
-        self._sent[ctx] = s * scale_in
+        sent = self.core.upstream(ctx.layer_id, out.data_ptr(), list(out.shape),
+                                  received.data_ptr() if received is not None else 0,
+                                  list(received.shape) if received is not None else [],
+                                  weight.data_ptr() if weight is not None else 0,
+                                  list(weight.shape) if weight is not None else [], scale_in, source=source)
+        self._sent[ctx] = sent  # s·S_in
         if self.tracker.shadow is not None:
-            self.tracker.shadow.compare_upstream(ctx.layer_id, ctx.call, g, out, s * scale_in)
-        return differentiable(g, out, s)
+            self.tracker.shadow.compare_upstream(ctx.layer_id, ctx.call, g, out, self.core.scale_value(sent))
+        return differentiable(g, out, lambda: self.core.local_value(sent))
 
     def weight_part(self, ctx, g: torch.Tensor) -> torch.Tensor:
         out = self._true_gradient(ctx.layer_id, g, self.into(ctx))

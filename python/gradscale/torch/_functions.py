@@ -91,10 +91,12 @@ class _StraightThrough(torch.autograd.Function):
         return grad * ctx.factor, None, None
 
 
-def differentiable(g: torch.Tensor, value: torch.Tensor, factor: float) -> torch.Tensor:
-    """`value` as a result of `g` when a graph is being built (create_graph), else `value` itself."""
+def differentiable(g: torch.Tensor, value: torch.Tensor, factor) -> torch.Tensor:
+    """`value` as a result of `g` when a graph is being built (create_graph), else `value` itself.
+    `factor`: a number, or a function giving it (a scale the core may hold on a device: read only when
+    a graph needs it)."""
     if torch.is_grad_enabled() and g.requires_grad and not g.is_sparse:
-        return _StraightThrough.apply(g, [value], factor)
+        return _StraightThrough.apply(g, [value], factor() if callable(factor) else factor)
     return value
 
 

@@ -22,7 +22,8 @@ class Tracker:
         self.layers = layers
         self.format = fmt
         self.current: Optional[BackwardPass] = None
-        self.joins = 0  # joins whose parts arrived at different scales, since the Scaler was made
+        self._joins = 0  # joins whose parts arrived at different scales, since the Scaler was made
+        self._join_scales: List[List[int]] = []  # the scale handles of joins not yet counted
         # The layer graph (LayerInfo::inputs: which layers' outputs each layer reads; the model's input
         # is not listed), gathered from every pass so far; `graph_grew` until the core was given it.
         self.layer_inputs: List[set] = [set() for _ in layers]
@@ -37,6 +38,25 @@ class Tracker:
         # Layer outputs this Scaler rounded to `format` (Exit), while they live: id → (the tensor, weakly;
         # its version then). One read by the next layer untouched needs no second rounding.
         self._rounded: Dict[int, Tuple[weakref.ref, int]] = {}
+
+    # ---- the joins the tests count -------------------------------------------------------------
+    def note_join(self, scales: List[int]) -> None:
+        """A join of parts at these scale handles (counted by `joins` without reading them now: on a
+        device their values may be the device's still)."""
+        self._join_scales.append(scales)
+
+    def count_joins(self) -> None:
+        """Counts the noted joins, while their handles last (before the core's next begin_step)."""
+        noted, self._join_scales = self._join_scales, []
+        for scales in noted:
+            if len({self.core.scale_value(h) for h in scales}) > 1:
+                self._joins += 1
+
+    @property
+    def joins(self) -> int:
+        """Joins whose parts arrived at different scales, since the Scaler was made."""
+        self.count_joins()
+        return self._joins
 
     # ---- forward values ------------------------------------------------------------------------
     def note_rounded(self, t: torch.Tensor) -> torch.Tensor:

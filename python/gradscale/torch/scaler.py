@@ -185,6 +185,7 @@ class Scaler:
             record = self.record_every > 0 and self._core.steps % self.record_every == 0
             if self._trace is not None:
                 record = self._trace.samples(self._core.steps + 1)
+            self._tracker.count_joins()  # the last step's scale handles end here
             self._core.begin_step(record)
             self._step_open = True
             self._tracker.shadow = None
