@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <exception>
 #include <limits>
 
 #include "lib/cuda/device_buffer.h"
@@ -107,33 +108,41 @@ class CudaArrayOps final : public ArrayOps {
     rounding_count_ = 0;
     scale_count_ = 0;
     any_edge_ = false;
+    // Every item runs, whatever one of them throws (a decision's check): the first error is rethrown
+    // after the last, so no record of the step is lost.
+    std::exception_ptr first_error;
     for (Queued& e : queued) {
-      if (e.with_entry) {  // queue_scale
-        const DeviceScale& d = scales[e.scale_entry];
-        e.with_entry(ScaleEntry{d.scale, d.local, d.unbound, static_cast<int>(d.limit)});
-        continue;
+      try {
+        if (e.with_entry) {  // queue_scale
+          const DeviceScale& d = scales[e.scale_entry];
+          e.with_entry(ScaleEntry{d.scale, d.local, d.unbound, static_cast<int>(d.limit)});
+          continue;
+        }
+        if (e.scale_entry != kNoEntry) {  // a weight gradient's r, decided on the device
+          const DeviceScale& r = scales[e.scale_entry];
+          if (e.with_r) e.with_r(r.local);
+          if (!scale_in_float_range(r.scale)) e.monitor->note_nonfinite(e.node);
+          continue;
+        }
+        if (!e.rounding) {
+          e.run();
+          continue;
+        }
+        const TensorStats s = to_tensor_stats(stats[e.slot]);
+        StepMonitor& monitor = *e.monitor;
+        if (monitor.record) store_gradient_statistics(monitor, e.site, e.node, s);
+        if (e.edge) {
+          monitor.grad_below_edge += edges[e.slot].below;
+          monitor.grad_above_edge += edges[e.slot].above;
+        }
+        const float m = max_of(s);
+        check_rounded_max(monitor, e.site, e.node, m, e.quantized, e.precision);
+        if (e.then) e.then(m);
+      } catch (...) {
+        if (!first_error) first_error = std::current_exception();
       }
-      if (e.scale_entry != kNoEntry) {  // a weight gradient's r, decided on the device
-        const DeviceScale& r = scales[e.scale_entry];
-        if (e.with_r) e.with_r(r.local);
-        if (!scale_in_float_range(r.scale)) e.monitor->note_nonfinite(e.node);
-        continue;
-      }
-      if (!e.rounding) {
-        e.run();
-        continue;
-      }
-      const TensorStats s = to_tensor_stats(stats[e.slot]);
-      StepMonitor& monitor = *e.monitor;
-      if (monitor.record) store_gradient_statistics(monitor, e.site, e.node, s);
-      if (e.edge) {
-        monitor.grad_below_edge += edges[e.slot].below;
-        monitor.grad_above_edge += edges[e.slot].above;
-      }
-      const float m = max_of(s);
-      check_rounded_max(monitor, e.site, e.node, m, e.quantized, e.precision);
-      if (e.then) e.then(m);
     }
+    if (first_error) std::rethrow_exception(first_error);
   }
 
   float max_abs(const float* d, std::size_t n) override {  // the maximum alone: no statistics pass
@@ -329,6 +338,7 @@ class CudaArrayOps final : public ArrayOps {
   }
 
   void queue_scale(int entry, std::function<void(const ScaleEntry&)> then) override {
+    GS_CHECK(then, "CudaArrayOps::queue_scale: no function to call with the entry");
     Queued e;
     e.scale_entry = table_index(entry);
     e.with_entry = std::move(then);

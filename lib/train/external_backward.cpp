@@ -302,8 +302,15 @@ int ExternalBackward::entry_of(ScaleHandle h) {
 }
 
 void ExternalBackward::flush_arrays() {
+  // The device's table starts again, even when a record's check throws (ArrayOps::flush runs every
+  // queued item first): no held scale keeps an entry of the old table.
+  struct ClearEntries {
+    std::vector<HeldScale>& held;
+    ~ClearEntries() {
+      for (HeldScale& s : held) s.entry = -1;
+    }
+  } clear{held_};
   ops_->flush();
-  for (HeldScale& s : held_) s.entry = -1;  // the device's table starts again
 }
 
 ScaleHandle ExternalBackward::scale_handle(double value) {
@@ -332,9 +339,11 @@ void ExternalBackward::note_layer(int layer, ScaleHandle scale_in) {
   LayerRecord& r = monitor_.record_of(layer);
   if (r.ran) return;  // a layer called twice keeps the S_in of its first backward
   r.ran = true;
-  ops_->queue_scale(s.entry, [this, layer](const ScaleEntry& e) {  // S_in (and S_out until a decision)
+  r.scale_in = r.scale_out = std::numeric_limits<double>::quiet_NaN();  // until the device's value arrives
+  ops_->queue_scale(s.entry, [this, layer](const ScaleEntry& e) {
     LayerRecord& rec = monitor_.record_of(layer);
-    rec.scale_in = rec.scale_out = e.scale;
+    rec.scale_in = e.scale;
+    if (std::isnan(rec.scale_out)) rec.scale_out = e.scale;  // S_out: S_in, unless a later call set it
   });
 }
 
@@ -357,10 +366,17 @@ ScaleHandle ExternalBackward::upstream(int layer, const float* src, float* upstr
     return hold(s * in, s);
   }
   note_layer(layer, scale_in);
-  if (!rule) {  // s = 1 on a scale only the device knows: the gradient keeps it
+  if (!rule) {  // s = 1 on a scale only the device knows: the gradient keeps it, S_out = S_in
     send_at_local_scale(monitor_, layer, LocalScale{}, std::numeric_limits<double>::quiet_NaN(),
                         [&](float s) { round_upstream(layer, src, upstream, n, s); });
-    return scale_in;
+    const int e = entry_of(scale_in);
+    held_.push_back(HeldScale{std::numeric_limits<double>::quiet_NaN(), 1.0, e});
+    const ScaleHandle out{static_cast<int>(held_.size()) - 1};
+    ops_->queue_scale(e, [this, out, layer](const ScaleEntry& v) {
+      held_[static_cast<std::size_t>(out.id)].scale = v.scale;
+      monitor_.record_of(layer).scale_out = v.scale;  // this call's, as the double form leaves it
+    });
+    return out;
   }
   // The controller's rule on the device (CudaBackend::decide_on_device's steps): no wait.
   const auto t0 = std::chrono::steady_clock::now();

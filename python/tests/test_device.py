@@ -319,3 +319,58 @@ def test_a_join_costs_no_wait_on_the_cuda_path():
         scaler = Scaler(model, scaler={"policy": "adaptive", "method": "measured"}, _cpu_target=True)
         waits[k] = _waits_per_step(model, scaler)[-1]
     assert waits == {1: 2, 2: 2, 3: 2}, waits
+
+
+@needs_cpu_target
+def test_a_gradient_penalty_on_the_cuda_path_reads_each_scale_decided_on_the_device():
+    """create_graph differentiates each rounding as the identity times its scale factor: on the CUDA path
+    those factors are read from the device's decisions — a LayerNorm after a Linear passes its gradient
+    on at s = 1 (the Linear's s stays the Linear's) — and the penalised gradients are PyTorch's fp32
+    ones, bit for bit, under power-of-two scales."""
+    policy = {"policy": "adaptive", "method": "fixed", "fixed_scale": 4, "init_scale": 8}
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.LayerNorm(8), nn.ReLU(), nn.Linear(8, 8), nn.LayerNorm(8),
+                          nn.Linear(8, 3))
+    ref = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(3)
+    x, y = torch.randn(8, 6, generator=g), torch.randint(0, 3, (8,), generator=g)
+
+    def penalised(net, scale):
+        xin = x.clone().requires_grad_()
+        out = net(xin)
+        grad, = torch.autograd.grad(scale(F.cross_entropy(out, y)), xin, create_graph=True)
+        return F.cross_entropy(out, y) + grad.pow(2).sum()
+
+    penalised(ref, lambda loss: loss).backward()
+    scaler = Scaler(model, scaler=policy, format="fp32", _cpu_target=True)
+    scaler.scale(penalised(model, scaler.scale)).backward()
+    for (n, p), (_, q) in zip(model.named_parameters(), ref.named_parameters()):
+        assert torch.equal(p.grad, q.grad), n
+    assert scaler.step(torch.optim.SGD(model.parameters(), lr=0.1))
+    scaler.update()
+
+
+@needs_cpu_target
+def test_a_layer_called_twice_keeps_the_host_paths_records_on_the_cuda_path():
+    """A LayerNorm called twice, each time after a Linear whose scale is decided on the device: its row
+    keeps the first call's S_in and the last call's S_out, as on the host."""
+    class Twice(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b, self.head = nn.Linear(6, 8), nn.Linear(8, 8), nn.Linear(8, 3)
+            self.norm = nn.LayerNorm(8)
+
+        def forward(self, x):
+            return self.head(self.norm(self.b(self.norm(self.a(x)))))
+
+    policy = {"policy": "adaptive", "method": "fixed", "fixed_scale": 4, "init_scale": 8}
+    g = torch.Generator().manual_seed(3)
+    x, y = torch.randn(8, 6, generator=g), torch.randint(0, 3, (8,), generator=g)
+    torch.manual_seed(0)
+    model = Twice()
+    twin = copy.deepcopy(model)
+    host = _train(model, Scaler(model, scaler=policy, format="fp16", record_every=1), x, y, None, 2)
+    cuda = _train(twin, Scaler(twin, scaler=policy, format="fp16", record_every=1, _cpu_target=True), x, y, None, 2)
+    assert cuda == host
+    norm = [r for r in host[-1][2] if r["name"] == "norm"][0]
+    assert norm["S_in"] != norm["S_out"]  # the two calls received different scales
