@@ -374,3 +374,29 @@ def test_a_layer_called_twice_keeps_the_host_paths_records_on_the_cuda_path():
     assert cuda == host
     norm = [r for r in host[-1][2] if r["name"] == "norm"][0]
     assert norm["S_in"] != norm["S_out"]  # the two calls received different scales
+
+
+@pytest.mark.parametrize("policy", POLICIES, ids=lambda p: p if isinstance(p, str) else p["method"])
+def test_scale_and_backward_read_no_tensor_value(monkeypatch, policy):
+    """On a GPU, reading a tensor's value (float(), .item()) waits for the device: scale() and backward
+    read none — the loss's value comes with the verdict, in step() — and the step reports that loss."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 10))
+    scaler = Scaler(model, scaler=policy, format="fp16", grad_format="fp8_e5m2")
+    g = torch.Generator().manual_seed(3)
+    x, y = torch.randn(8, 16, generator=g), torch.randint(0, 10, (8,), generator=g)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(2):
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        reads = []
+        with monkeypatch.context() as patch:
+            for name in ("__float__", "item", "tolist"):
+                original = getattr(torch.Tensor, name)
+                patch.setattr(torch.Tensor, name,
+                              lambda t, *a, _name=name, _original=original: reads.append(_name) or _original(t, *a))
+            scaler.scale(loss).backward()
+        assert reads == []
+        scaler.step(opt)
+        scaler.update()
+        assert scaler.last_step["loss"] == loss.item()

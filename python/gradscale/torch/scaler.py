@@ -149,7 +149,8 @@ class Scaler:
     def scale(self, outputs: torch.Tensor) -> torch.Tensor:
         """Opens the step (or adds a backward pass to it) and prepares the autograd graph of `outputs`
         (the scalar loss) for per-layer scaling. Returns `outputs` unchanged: S0 is applied to the loss
-        gradient where it enters the model. Reads the loss's value (a host wait on a GPU)."""
+        gradient where it enters the model. The loss's value is read with the step's verdict (on a GPU,
+        not a wait of its own)."""
         if not isinstance(outputs, torch.Tensor):
             raise TypeError(f"gradscale.torch: scale() takes the loss tensor, got {type(outputs).__name__}")
         if outputs.numel() != 1:
@@ -167,7 +168,7 @@ class Scaler:
             raise ValueError("gradscale.torch: the loss does not depend on the model's outputs "
                              f"({type(self._model).__name__} returned nothing this loss reads)")
         if not hasattr(run, "loss_value"):
-            run.loss_value = float(outputs.detach())
+            run.loss_value = outputs.detach().clone()  # a tensor: read with the verdict
             group = _distributed.group_of(self._process_group) if self._agree_scales else None
             if group is not None:
                 try:
@@ -388,13 +389,19 @@ class Scaler:
         self._verdict: Optional[dict] = None
         self._stepped: Dict[int, bool] = {}
         self._unscaled: set = set()
-        self._loss_value = 0.0
+        self._losses: List[torch.Tensor] = []  # the losses of the step's passes, read with the verdict
 
     def _layer_shapes(self) -> Dict[str, list]:
         return {l.name: [list(p.shape) for p in l.current_params()] for l in self._layers}
 
     def _pass_started(self, run: BackwardPass) -> None:
-        self._loss_value += getattr(run, "loss_value", 0.0)
+        if hasattr(run, "loss_value"):
+            self._losses.append(run.loss_value)
+
+    def _loss_value(self) -> float:
+        """The step's loss (the sum of its passes' losses), read now: on a GPU after its backward, which
+        the verdict waits for anyway."""
+        return float(sum(float(loss) for loss in self._losses))
 
     def _pass_done(self, run: BackwardPass) -> None:
         self._passes_done += 1
@@ -420,7 +427,7 @@ class Scaler:
         if self._failure is not None:
             s0 = self._core.loss_scale
             self._core.abandon_step()
-            result = {"step": int(self._core.steps), "loss": self._loss_value, "loss_scale": s0, "found_inf": False,
+            result = {"step": int(self._core.steps), "loss": self._loss_value(), "loss_scale": s0, "found_inf": False,
                       "first_nonfinite_layer": None, "skipped": True, "reason": self._failure, "phi": None,
                       "next_scale": float(self._core.current_scale()), "scaler_seconds": 0.0,
                       "state": self._core.state()}
@@ -429,7 +436,7 @@ class Scaler:
             if group is not None:
                 _distributed.agree(self._core, group)
             self._shadow_rows = take_shadow(self._tracker, self._core, len(self._layers))
-            result = self._core.finish_step(self._loss_value)
+            result = self._core.finish_step(self._loss_value())
             result["reason"] = "overflow" if result["skipped"] else None
             self._scaler_seconds += result["scaler_seconds"]
             if self._trace is not None:
