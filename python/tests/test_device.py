@@ -378,8 +378,9 @@ def test_a_layer_called_twice_keeps_the_host_paths_records_on_the_cuda_path():
 
 @pytest.mark.parametrize("policy", POLICIES, ids=lambda p: p if isinstance(p, str) else p["method"])
 def test_scale_and_backward_read_no_tensor_value(monkeypatch, policy):
-    """On a GPU, reading a tensor's value (float(), .item()) waits for the device: scale() and backward
-    read none — the loss's value comes with the verdict, in step() — and the step reports that loss."""
+    """On a GPU, reading a tensor's value (float(), .item(), bool(), a copy to the host) waits for the
+    device: the forward, scale() and backward read none — the loss's value comes with the verdict, in
+    step() — and the step reports that loss."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 10))
     scaler = Scaler(model, scaler=policy, format="fp16", grad_format="fp8_e5m2")
@@ -388,13 +389,13 @@ def test_scale_and_backward_read_no_tensor_value(monkeypatch, policy):
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     for _ in range(2):
         opt.zero_grad()
-        loss = F.cross_entropy(model(x), y)
         reads = []
         with monkeypatch.context() as patch:
-            for name in ("__float__", "item", "tolist"):
+            for name in ("__float__", "__bool__", "__int__", "item", "tolist", "cpu", "numpy"):
                 original = getattr(torch.Tensor, name)
                 patch.setattr(torch.Tensor, name,
                               lambda t, *a, _name=name, _original=original: reads.append(_name) or _original(t, *a))
+            loss = F.cross_entropy(model(x), y)
             scaler.scale(loss).backward()
         assert reads == []
         scaler.step(opt)
