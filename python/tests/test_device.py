@@ -401,3 +401,37 @@ def test_scale_and_backward_read_no_tensor_value(monkeypatch, policy):
         scaler.step(opt)
         scaler.update()
         assert scaler.last_step["loss"] == loss.item()
+
+
+@needs_cpu_target
+def test_a_join_of_more_parts_than_the_device_takes_is_the_hosts_on_the_cuda_path():
+    """A join of more than 32 parts (lib/cuda's choose_join_scale takes 32) is chosen on the host: the
+    parts' maxima and their scales, decided on the device, are read then (two waits), and the layers after
+    it decide on the device again from new entries — the bits, scales and records are the host path's."""
+    class Heads(nn.Module):
+        def __init__(self, k):
+            super().__init__()
+            self.stem, self.trunk = nn.Linear(16, 16), nn.Linear(16, 16)
+            self.heads = nn.ModuleList(nn.Linear(16, 10) for _ in range(k))
+
+        def forward(self, x):
+            h = torch.relu(self.trunk(torch.relu(self.stem(x))))  # read by every head: a join of k parts
+            return sum(head(h) for head in self.heads)
+
+    g = torch.Generator().manual_seed(3)
+    x, y = torch.randn(8, 16, generator=g) * 0.05, torch.randint(0, 10, (8,), generator=g)
+    policy = {"policy": "adaptive", "method": "measured"}
+    waits = {}
+    for k in (32, 33):
+        torch.manual_seed(0)
+        model = Heads(k)
+        twin = copy.deepcopy(model)
+        host = _train(model, Scaler(model, scaler=policy, format="fp16", grad_format="fp8_e5m2", record_every=1),
+                      x, y, None, 3)
+        scaler = Scaler(twin, scaler=policy, format="fp16", grad_format="fp8_e5m2", record_every=1, _cpu_target=True)
+        cuda = _train(twin, scaler, x, y, None, 3)
+        assert cuda == host, k
+        for p, q in zip(model.parameters(), twin.parameters()):
+            assert torch.equal(p, q), k
+        waits[k] = _waits_per_step(twin, scaler)[-1]
+    assert waits == {32: 2, 33: 4}, waits
