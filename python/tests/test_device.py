@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from gradscale import _core
 from gradscale.torch import Scaler
 from test_branches import Block, ConvResidual, Tied, _inputs
+from training_patterns_common import penalised_loss
 
 try:
     from gradscale import _core_cpu_target  # noqa: F401
@@ -335,15 +336,9 @@ def test_a_gradient_penalty_on_the_cuda_path_reads_each_scale_decided_on_the_dev
     g = torch.Generator().manual_seed(3)
     x, y = torch.randn(8, 6, generator=g), torch.randint(0, 3, (8,), generator=g)
 
-    def penalised(net, scale):
-        xin = x.clone().requires_grad_()
-        out = net(xin)
-        grad, = torch.autograd.grad(scale(F.cross_entropy(out, y)), xin, create_graph=True)
-        return F.cross_entropy(out, y) + grad.pow(2).sum()
-
-    penalised(ref, lambda loss: loss).backward()
+    penalised_loss(ref, lambda loss: loss, x, y).backward()
     scaler = Scaler(model, scaler=policy, format="fp32", _cpu_target=True)
-    scaler.scale(penalised(model, scaler.scale)).backward()
+    scaler.scale(penalised_loss(model, scaler.scale, x, y)).backward()
     for (n, p), (_, q) in zip(model.named_parameters(), ref.named_parameters()):
         assert torch.equal(p.grad, q.grad), n
     assert scaler.step(torch.optim.SGD(model.parameters(), lr=0.1))

@@ -3,6 +3,7 @@
 per-layer scales under which every scaled gradient is exact."""
 import torch
 from torch import nn
+import torch.nn.functional as F
 
 # Every GEMM layer multiplies its upstream gradient by 4, S0 = 8 (as in test_branches).
 FIXED = {"policy": "adaptive", "method": "fixed", "fixed_scale": 4, "init_scale": 8,
@@ -26,3 +27,12 @@ def params_of(model):
 
 def same(a, b):
     return all(torch.equal(a[n], b[n]) for n in a)
+
+
+def penalised_loss(net, scale, x, y):
+    """Cross-entropy plus a gradient penalty: the squared norm of d(scale(loss))/dx, its graph kept
+    (create_graph). `scale` is scaler.scale, or the identity for PyTorch's own reference."""
+    xin = x.clone().requires_grad_()
+    out = net(xin)
+    grad, = torch.autograd.grad(scale(F.cross_entropy(out, y)), xin, create_graph=True)
+    return F.cross_entropy(out, y) + grad.pow(2).sum()
