@@ -39,8 +39,9 @@ def join_parts(core, layer: int, parts: List[Part], grad_outputs) -> Tuple[list,
 
 def _core_sum(core, group: List[Tuple[torch.Tensor, int]], target: int) -> Optional[torch.Tensor]:
     """Σ g · float(T/S) by the core where the parts live (`core.sum_scaled_parts`: lib/model/join's loop
-    on the host, lib/cuda's fill and scale_add on a GPU), in a new tensor, for float32 strided parts of
-    one shape on one device; None for others (sparse parts: torch's sum)."""
+    on the host, lib/cuda's fill and scale_add — scale_add_rescaled for scales held there — on a GPU), in a
+    new tensor, for float32 strided parts of one shape on one device; None for others (sparse parts:
+    torch's sum)."""
     first = group[0][0]
     if not all(g.device == first.device and g.dtype == torch.float32 and g.layout == torch.strided and
                g.shape == first.shape for g, _ in group):
