@@ -55,7 +55,7 @@ OutDirLock::OutDirLock(const std::string& dir, bool create, const Shard& shard) 
   std::error_code ec;
   const bool exists = fs::exists(d, ec);
   GS_CHECK_CONFIG(!exists || fs::is_directory(d, ec), "--out '" << dir << "' is not a directory");
-  const bool marked = exists && fs::is_regular_file(marker, ec);
+  bool marked = exists && fs::is_regular_file(marker, ec);
   if (!create) {
     // --table-only reads the runs and replaces only the tables (atomically): it may run beside the
     // ablation that holds the lock, which is what it is for (a table while a long ablation goes on).
@@ -63,11 +63,15 @@ OutDirLock::OutDirLock(const std::string& dir, bool create, const Shard& shard) 
                                               << " in it; nothing has run there)");
     return;
   }
-  if (exists && !marked) {
-    GS_CHECK_CONFIG(empty_but_ours(d), "--out '" << dir << "' is a directory that gradscale ablate did not "
-                                                 << "create (no " << kMarkerFile
-                                                 << " in it) and is not empty: refusing to write into it; "
-                                                    "give a new or empty directory");
+  if (exists && !marked && !empty_but_ours(d)) {
+    // Another gradscale ablate (a second shard started at the same moment) may have claimed the directory
+    // since `marked` was read: it writes the marker before anything that is not its own lock or marker
+    // file, so the marker read after the listing settles it.
+    marked = fs::is_regular_file(marker, ec);
+    GS_CHECK_CONFIG(marked, "--out '" << dir << "' is a directory that gradscale ablate did not "
+                                      << "create (no " << kMarkerFile
+                                      << " in it) and is not empty: refusing to write into it; "
+                                         "give a new or empty directory");
   }
   check_output_dir(dir, "--out");
   const std::string lock = (d / kLockFile).string();
