@@ -63,20 +63,8 @@ class ArrayOps {
   virtual void to_host(const float* d, std::size_t n, float* host) = 0;
   // SPEC §5's join sum, lib/model/join.h's sum_scaled_parts where the arrays live: out[i] = Σ_k
   // parts[k][i]·float(target/scales[k]), from 0, one fp32 product and one fp32 sum per term, in order.
-  virtual void sum_scaled_parts(const float* const* parts, const double* scales, std::size_t count, double target,
-                                float* out, std::size_t n) = 0;
-  // SPEC §6.5 decided where the data lives, without a wait: r = weight_grad_range_scale(max|d|, u_max,
-  // S_in = scale_in) (lib/scaler/scale_rule.h, the rule LayerController::device_weight_grad_bound
-  // describes) from d's own statistics; d·r rounded as queue_rounding(site weight, `node`) rounds and
-  // records it; then d divided by r·S_in in fp32, unless r·S_in is outside float32's range (then, after
-  // that rounding's records, `monitor` notes a non-finite value at `node`, as the host path does). `then(r)`
-  // runs with the rounding's records, at flush(). Returns false and does nothing where the arrays are in
-  // host memory: the caller decides r on the host.
-  virtual bool queue_weight_gradient(float* /*d*/, std::size_t /*n*/, double /*u_max*/, double /*scale_in*/,
-                                     int /*node*/, const Precision& /*p*/, StepMonitor& /*monitor*/,
-                                     std::function<void(double)> /*then*/) {
-    return false;
-  }
+  virtual void sum_scaled_parts(const float* const* parts, const double* scales, std::size_t count,
+                                double target, float* out, std::size_t n) = 0;
   // ---- scales decided where the data lives, without a wait: a device's scale table -----------------
   // A device keeps a step's scales in a table whose entries (numbered from 0) live until the next
   // flush(), which brings them to the host with the records. Host memory keeps none (keeps_scales()
@@ -110,12 +98,17 @@ class ArrayOps {
                                    int target, float* out, std::size_t n);
   // `then(the entry)` at flush(), in order with the queued records.
   virtual void queue_scale(int entry, std::function<void(const ScaleEntry&)> then);
-  // queue_weight_gradient with S_in the scale of entry `in`.
-  virtual bool queue_weight_gradient_at(float* /*d*/, std::size_t /*n*/, double /*u_max*/, int /*in*/,
-                                        int /*node*/, const Precision& /*p*/, StepMonitor& /*monitor*/,
-                                        std::function<void(double)> /*then*/) {
-    return false;
-  }
+  // SPEC §6.5 decided where the data lives, without a wait, for the n fp32 values of a weight-gradient
+  // part at `src` (src may be d; src is left as it is) at S_in = the scale of entry `in`: r =
+  // weight_grad_range_scale(max|src|, u_max, S_in) (lib/scaler/scale_rule.h, the rule
+  // LayerController::device_weight_grad_bound describes) from src's own statistics; d = r·src rounded as
+  // queue_rounding(site weight, `node`) rounds and records it; then d divided by r·S_in in fp32, unless
+  // r·S_in is outside float32's range (then, after that rounding's records, `monitor` notes a
+  // non-finite value at `node`, as the host path does). `then(r)` runs with the rounding's records, at
+  // flush().
+  virtual void queue_weight_gradient(const float* src, float* d, std::size_t n, double u_max, int in,
+                                     int node, const Precision& p, StepMonitor& monitor,
+                                     std::function<void(double)> then);
   // Orders this work on the caller's stream (a cudaStream_t as an integer, 0: the backend's own); the
   // host has none. An entry that returns something measured waits for it; the others are queued.
   virtual void set_stream(std::uintptr_t /*stream*/) {}

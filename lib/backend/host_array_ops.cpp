@@ -44,6 +44,10 @@ void ArrayOps::sum_scaled_parts_at(const float* const*, const int*, std::size_t,
 void ArrayOps::queue_scale(int, std::function<void(const ScaleEntry&)>) {
   no_scale_table("queue_scale");
 }
+void ArrayOps::queue_weight_gradient(const float*, float*, std::size_t, double, int, int, const Precision&,
+                                     StepMonitor&, std::function<void(double)>) {
+  no_scale_table("queue_weight_gradient");
+}
 
 namespace {
 

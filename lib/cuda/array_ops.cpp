@@ -229,22 +229,18 @@ class CudaArrayOps final : public ArrayOps {
       cuda::scale_add(parts[k], static_cast<float>(target / scales[k]), out, n, ctx_.stream());
   }
 
-  bool queue_weight_gradient(float* d, std::size_t n, double u_max, double scale_in, int node, const Precision& p,
-                             StepMonitor& monitor, std::function<void(double)> then) override {
-    return queue_weight_gradient_at(d, n, u_max, new_scale(scale_in), node, p, monitor, std::move(then));
-  }
-
-  bool queue_weight_gradient_at(float* d, std::size_t n, double u_max, int in, int node, const Precision& p,
-                                StepMonitor& monitor, std::function<void(double)> then) override {
+  void queue_weight_gradient(const float* src, float* d, std::size_t n, double u_max, int in, int node,
+                             const Precision& p, StepMonitor& monitor,
+                             std::function<void(double)> then) override {
     select_device();
     cudaStream_t stream = ctx_.stream();
-    // r from the maximum in d's own statistics (a slot of its own, read by the rule only), r·S_in in a
+    // r from the maximum in src's own statistics (a slot of its own, read by the rule only), r·S_in in a
     // new entry: CudaBackend::accumulate_weight_grads's device path, in the same order.
     DeviceStats* max_slot = slot(rounding_count_++);
-    tensor_stats(ctx_, d, n, p.gradient_format(), p.round, max_slot);
+    tensor_stats(ctx_, src, n, p.gradient_format(), p.round, max_slot);
     const std::size_t out = scale_count_++;
     decide_weight_grad_scale(max_slot, 1, u_max, scale_entry(table_index(in)), scale_entry(out), stream);
-    apply_local_scale(d, n, scale_entry(out), stream);
+    apply_local_scale(src, d, n, scale_entry(out), stream);  // d = r·src, one pass
     queue_rounding(d, d, n, 1.0f, GradSite::weight, node, p, monitor, {});
     cuda::divide_by_scale(d, n, scale_entry(out), stream);
     Queued e;  // after the rounding's records: r, and the range of r·S_in
@@ -253,7 +249,6 @@ class CudaArrayOps final : public ArrayOps {
     e.monitor = &monitor;
     e.with_r = std::move(then);
     queued_.push_back(std::move(e));
-    return true;
   }
 
   // ---- the scale table ------------------------------------------------------------------------------
@@ -294,9 +289,7 @@ class CudaArrayOps final : public ArrayOps {
 
   void multiply_by_local(const float* src, float* d, std::size_t n, int entry) override {
     select_device();
-    if (src != d && n > 0)
-      GS_CUDA_CHECK(cudaMemcpyAsync(d, src, n * sizeof(float), cudaMemcpyDeviceToDevice, ctx_.stream()));
-    apply_local_scale(d, n, scale_entry(table_index(entry)), ctx_.stream());
+    apply_local_scale(src, d, n, scale_entry(table_index(entry)), ctx_.stream());  // one pass
   }
 
   void divide_by_scale(float* d, std::size_t n, int entry) override {

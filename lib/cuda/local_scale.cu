@@ -41,12 +41,12 @@ __global__ void weight_grad_kernel(const DeviceStats* stats, int count, double u
   *out = DeviceScale{r * in->scale, r, r};
 }
 
-__global__ void apply_kernel(float* d, std::size_t n, const DeviceScale* entry) {
+__global__ void apply_kernel(const float* src, float* d, std::size_t n, const DeviceScale* entry) {
   const float s = static_cast<float>(entry->local);
-  if (s == 1.0f) return;  // as cuda::quantize's multiplier: 1 leaves every value as it is
+  if (s == 1.0f && src == d) return;  // as cuda::quantize's multiplier: 1 leaves every value as it is
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
   for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
-    d[i] = d[i] * s;
+    d[i] = s == 1.0f ? src[i] : src[i] * s;
 }
 
 __global__ void divide_kernel(float* d, std::size_t n, const DeviceScale* entry) {
@@ -93,10 +93,12 @@ void decide_weight_grad_scale(const DeviceStats* stats, int count, double u_max,
   GS_CUDA_CHECK_LAUNCH();
 }
 
-void apply_local_scale(float* d, std::size_t n, const DeviceScale* entry, cudaStream_t stream) {
+void apply_local_scale(const float* src, float* d, std::size_t n, const DeviceScale* entry,
+                       cudaStream_t stream) {
   if (n == 0) return;
-  GS_CHECK(d != nullptr && entry != nullptr, "cuda::apply_local_scale of " << n << " elements got a null pointer");
-  apply_kernel<<<grid_for(n, 4), kBlock, 0, stream>>>(d, n, entry);
+  GS_CHECK(src != nullptr && d != nullptr && entry != nullptr,
+           "cuda::apply_local_scale of " << n << " elements got a null pointer");
+  apply_kernel<<<grid_for(n, 4), kBlock, 0, stream>>>(src, d, n, entry);
   GS_CUDA_CHECK_LAUNCH();
 }
 

@@ -48,8 +48,13 @@ void decide_weight_grad_scale(const DeviceStats* stats, int count, double u_max,
 // unscale_accumulate). Queued on `stream`.
 void divide_by_scale(float* d, std::size_t n, const DeviceScale* entry, cudaStream_t stream);
 
-// d[i] ← d[i]·float(entry->local) for i < n: the decided s on the fp32 upstream product, before its one
-// rounding (the CPU's round_gradient multiplier). Queued on `stream`.
-void apply_local_scale(float* d, std::size_t n, const DeviceScale* entry, cudaStream_t stream);
+// d[i] ← src[i]·float(entry->local) for i < n (src may be d; s = 1 copies): the decided s on the fp32
+// upstream product, before its one rounding (the CPU's round_gradient multiplier), in one pass. Queued
+// on `stream`.
+void apply_local_scale(const float* src, float* d, std::size_t n, const DeviceScale* entry,
+                       cudaStream_t stream);
+inline void apply_local_scale(float* d, std::size_t n, const DeviceScale* entry, cudaStream_t stream) {
+  apply_local_scale(d, d, n, entry, stream);
+}
 
 }  // namespace gradscale::cuda

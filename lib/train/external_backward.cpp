@@ -223,20 +223,11 @@ void ExternalBackward::weight_gradient(int layer, const float* src, float* g, st
   // SPEC §6.5: a per-layer policy stores the part at its own factor r, chosen from its fp32 maximum.
   double r = 1.0;
   LayerController* controller = weight_grad_controller(*scaler_, precision_);
-  if (layer >= 0 && controller != nullptr && reducer_ == nullptr) {
+  if (layer >= 0 && controller != nullptr && device_scales()) {
     // On a device, r from the controller's rule where the data is: no wait (one process; data-parallel
     // ranks reduce their maxima on the host below).
-    const std::optional<double> bound = controller->device_weight_grad_bound(layer);
-    const std::size_t l = static_cast<std::size_t>(layer);
-    const bool first = !wgrad_seen_[l];
-    // The device's path works in place: the part is first copied where it is to be written.
-    if (bound && !ops_->host_memory() && src != g) ops_->quantize(src, g, count, Format::fp32, precision_.round);
-    if (bound && ops_->queue_weight_gradient(g, count, *bound, scale, layer, precision_, monitor_,
-                                             [this, layer, first](double decided) {
-                                               keep_smallest_weight_grad_scale(monitor_.record_of(layer),
-                                                                               decided, first);
-                                             })) {
-      wgrad_seen_[l] = 1;
+    if (const std::optional<double> bound = controller->device_weight_grad_bound(layer)) {
+      queue_device_weight_gradient(layer, src, g, count, *bound, ops_->new_scale(scale));
       return;
     }
   }
@@ -467,20 +458,11 @@ void ExternalBackward::weight_gradient(int layer, const float* src, float* g, st
   LayerController* controller = layer >= 0 ? weight_grad_controller(*scaler_, precision_) : nullptr;
   if (controller != nullptr) {
     const std::optional<double> bound = controller->device_weight_grad_bound(layer);
-    const std::size_t l = static_cast<std::size_t>(layer);
-    const bool first = !wgrad_seen_[l];
     if (!bound) {  // the host chooses r: it waits for S
       weight_gradient(layer, src, g, n, scale_value(scale));
       return;
     }
-    if (src != g) ops_->quantize(src, g, count, Format::fp32, precision_.round);  // the device works in place
-    GS_CHECK(ops_->queue_weight_gradient_at(g, count, *bound, entry_of(scale), layer, precision_, monitor_,
-                                            [this, layer, first](double decided) {
-                                              keep_smallest_weight_grad_scale(monitor_.record_of(layer),
-                                                                              decided, first);
-                                            }),
-             "ExternalBackward::weight_gradient: arrays with a scale table decide r where they are");
-    wgrad_seen_[l] = 1;
+    queue_device_weight_gradient(layer, src, g, count, *bound, entry_of(scale));
     return;
   }
   // r = 1: rounded, then divided by S on the device; S's range is checked when it arrives (as the
@@ -494,6 +476,17 @@ void ExternalBackward::weight_gradient(int layer, const float* src, float* g, st
   ops_->queue_scale(e, [this, layer](const ScaleEntry& v) {
     if (!scale_in_float_range(v.scale)) monitor_.note_nonfinite(layer);
   });
+}
+
+void ExternalBackward::queue_device_weight_gradient(int layer, const float* src, float* g, std::size_t n,
+                                                    double bound, int scale_entry) {
+  const auto l = static_cast<std::size_t>(layer);
+  const bool first = !wgrad_seen_[l];
+  ops_->queue_weight_gradient(src, g, n, bound, scale_entry, layer, precision_, monitor_,
+                              [this, layer, first](double decided) {
+                                keep_smallest_weight_grad_scale(monitor_.record_of(layer), decided, first);
+                              });
+  wgrad_seen_[l] = 1;
 }
 
 std::vector<double> ExternalBackward::agreement_buffer() {

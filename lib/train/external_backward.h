@@ -200,6 +200,10 @@ class ExternalBackward {
   int entry_of(ScaleHandle h);  // its entry, made from its host value when it has none
   bool device_scales() const { return ops_->keeps_scales() && reducer_ == nullptr; }
   void flush_arrays();  // ops_->flush(): every held scale is then a host value, no entry is left
+  // SPEC §6.5 on the device for a weight-gradient part of `layer` at S_in = `scale_entry` (the
+  // controller's rule, bound u_max = `bound`): ArrayOps::queue_weight_gradient, r into the record.
+  void queue_device_weight_gradient(int layer, const float* src, float* g, std::size_t n, double bound,
+                                    int scale_entry);
   // The rounding of a gradient sent upstream (its maximum into the layer's record).
   void round_upstream(int layer, const float* src, float* upstream, std::size_t n, float multiplier);
   nlohmann::json layer_names() const;
