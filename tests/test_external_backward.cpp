@@ -413,3 +413,22 @@ TEST_CASE("external backward: a scale handle outside the iteration's table is re
   eb.begin_step();
   CHECK_THROWS_WITH(eb.scale_value(h), Catch::Matchers::Contains("is not in this iteration's table"));
 }
+
+TEST_CASE("external backward: host arrays keep no scale table, and say so by name", "[external]") {
+  ArrayOps& host = host_array_ops();
+  CHECK_FALSE(host.keeps_scales());
+  CHECK(host.max_join_parts() == 0);
+  CHECK_THROWS_WITH(host.new_scale(2.0), Contains("ArrayOps::new_scale: these arrays keep no scale table"));
+  float v[2] = {1.0f, 2.0f};
+  CHECK_THROWS_WITH(host.divide_by_scale(v, 2, 0), Contains("ArrayOps::divide_by_scale"));
+  CHECK_THROWS_WITH(host.queue_scale(0, [](const ScaleEntry&) {}), Contains("ArrayOps::queue_scale"));
+  CHECK(v[1] == 2.0f);
+  // ExternalBackward on the host never asks for one: its handles hold host values.
+  std::vector<LayerInfo> layers = {{0, "fc", "linear", true, 2, {2, 2}}};
+  ExternalBackward eb(layers, fp16(), json{{"policy", "adaptive"}, {"method", "measured"}});
+  eb.begin_step();
+  float g[4] = {0.5f, -0.25f, 0.125f, 1.0f};
+  const ScaleHandle sent = eb.upstream(0, g, g, {2, 2}, nullptr, {}, nullptr, {}, eb.scale_handle(8.0));
+  CHECK(eb.scale_value(sent) == 8.0 * eb.local_value(sent));
+  CHECK(eb.host_waits() == 0);
+}
