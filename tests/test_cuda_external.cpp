@@ -291,6 +291,21 @@ TEST_CASE("cuda external backward: scale handles keep the local scales and join 
   }
 }
 
+TEST_CASE("cuda external backward: naming the stream in use again waits for nothing", "[cuda]") {
+  test::require_cuda_device();
+  // The plug-in names PyTorch's current stream before every forward; its default is the legacy
+  // default stream, handle 0. Moving onto it waits once (for the context's own stream); naming it
+  // again must not, nor may it move the work back to the context's own stream.
+  Precision p = testing::fp16();
+  std::vector<LayerInfo> layers = {{0, "fc", "linear", true, 4, {4, 4}}};
+  ExternalBackward eb(layers, p, json("torch"), "cuda");
+  const std::int64_t start = eb.host_waits();
+  eb.arrays().set_stream(0);
+  CHECK(eb.host_waits() == start + 1);
+  for (int i = 0; i < 3; ++i) eb.arrays().set_stream(0);
+  CHECK(eb.host_waits() == start + 1);
+}
+
 TEST_CASE("cuda external backward: a device name the program cannot serve is refused by name", "[cuda]") {
   test::require_cuda_device();
   Precision p = testing::fp16();

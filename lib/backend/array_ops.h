@@ -109,8 +109,9 @@ class ArrayOps {
   virtual void queue_weight_gradient(const float* src, float* d, std::size_t n, double u_max, int in,
                                      int node, const Precision& p, StepMonitor& monitor,
                                      std::function<void(double)> then);
-  // Orders this work on the caller's stream (a cudaStream_t as an integer, 0: the backend's own); the
-  // host has none. An entry that returns something measured waits for it; the others are queued.
+  // Orders this work on the caller's stream (a cudaStream_t as an integer, 0: the legacy default
+  // stream); the host has none. Naming the stream in use again waits for nothing. An entry that returns
+  // something measured waits for it; the others are queued.
   virtual void set_stream(std::uintptr_t /*stream*/) {}
   // Whether the arrays live in host memory (their addresses may be read by the caller directly).
   virtual bool host_memory() const = 0;

@@ -61,9 +61,10 @@ void* CudaContext::scratch(std::size_t bytes) {
 }
 
 void CudaContext::set_stream(cudaStream_t s) {
-  if (s == stream()) return;
+  if (has_external_ ? s == external_ : s == stream_.get()) return;
   synchronize();
   external_ = s;
+  has_external_ = true;
   GS_CUBLAS_CHECK(cublasSetStream(cublas_.get(), stream()));
 }
 

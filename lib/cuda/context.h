@@ -38,9 +38,11 @@ class CudaContext {
   int device() const { return device_; }
   // A blocking stream (it orders with the legacy default stream): kernels of the backend run here —
   // or on the caller's stream after set_stream (another library's: PyTorch's current stream).
-  cudaStream_t stream() const { return external_ != nullptr ? external_ : stream_.get(); }
-  // Queues the context's work (kernels, copies, cuBLAS) on `s`, which the caller keeps alive; null: the
-  // context's own stream again. Waits for the stream left first, so no queued work is left unordered.
+  cudaStream_t stream() const { return has_external_ ? external_ : stream_.get(); }
+  // Queues the context's work (kernels, copies, cuBLAS) on `s`, which the caller keeps alive; null is
+  // the legacy default stream (PyTorch's default current stream), not the context's own. Waits for the
+  // stream left first, so no queued work is left unordered; naming the stream in use again waits for
+  // nothing (the plug-in names PyTorch's current stream before every forward).
   void set_stream(cudaStream_t s);
   // cuBLAS on stream(), default math (no TF32) with reductions kept in the compute type (gemm.h).
   cublasHandle_t cublas() const { return cublas_.get(); }
@@ -78,7 +80,8 @@ class CudaContext {
   int device_;
   std::unique_ptr<CUstream_st, StreamDeleter> stream_;  // destroyed after the handle that uses it
   std::unique_ptr<cublasContext, CublasDeleter> cublas_;
-  cudaStream_t external_ = nullptr;  // set_stream's (not owned)
+  cudaStream_t external_ = nullptr;  // set_stream's (not owned; null: the legacy default stream)
+  bool has_external_ = false;
   DeviceBuffer<unsigned char> scratch_;
   struct EventDeleter {
     void operator()(cudaEvent_t e) const noexcept { (void)cudaEventDestroy(e); }
