@@ -104,6 +104,65 @@ TEST_CASE("ablate resume: a finished run is skipped, a half-written one runs aga
   CHECK(contains(changed.lines[0], "'lr'"));
 }
 
+TEST_CASE("ablate --reuse: another ablation's finished runs of equal config are copied, not run",
+          "[ablate][cli]") {
+  TempDir tmp;
+  const std::string small = tmp / "small.json", big = tmp / "big.json", other = tmp / "other.json";
+  const std::string from = tmp / "from", out = tmp / "out", out2 = tmp / "out2";
+  const std::string base = kTinyBase;
+  write_text(small, std::string("{") + base + R"(, "axes": {"scaler": ["none", "torch"]}})");
+  write_text(big, std::string("{") + base + R"(, "axes": {"scaler": ["none", "torch", "static:8"]}})");
+  // The same runs with another learning rate: equal names, other configs.
+  write_text(other,
+             "{" + base.substr(0, base.size() - 1) + R"(, "lr": 0.01}, "axes": {"scaler": ["none"]}})");
+  REQUIRE(gradscale::test::run_cli("ablate '" + small + "' --out '" + from + "' --no-plots").status == 0);
+  const RunPaths none_from = run_paths(from, "none_seed0");
+  write_text(none_from.log, "the log of the run in 'from'\n");  // marks what was copied rather than run
+
+  const auto r =
+      gradscale::test::run_cli("ablate '" + big + "' --out '" + out + "' --no-plots --reuse '" + from + "'");
+  INFO(joined(r.lines));
+  REQUIRE(r.status == 0);
+  const std::string log = joined(r.lines);
+  CHECK(contains(log, "reused 2 finished runs of '" + from + "'"));
+  CHECK(contains(log, "2 already finished, 1 to run"));
+  for (const std::string name : {"none_seed0", "torch_seed0"}) {
+    const RunPaths p = run_paths(out, name), q = run_paths(from, name);
+    CHECK(run_state(p) == RunState::done);
+    CHECK(read_text(p.result) == read_text(q.result));
+    CHECK(fs::exists(p.trace + ".json"));
+  }
+  CHECK(read_text(run_paths(out, "none_seed0").log) == "the log of the run in 'from'\n");
+  CHECK(run_state(run_paths(out, "static-8_seed0")) == RunState::done);
+  CHECK(contains(read_text(out + "/table.md"), "static"));
+  CHECK(run_state(none_from) == RunState::done);  // the source is left as it was
+  for (const fs::directory_entry& e : fs::directory_iterator(out + "/runs"))
+    CHECK(e.path().filename().string()[0] != '.');  // no partial copy left
+
+  // Another config under the same run name is not taken; what is not an ablation directory is refused.
+  const auto o = gradscale::test::run_cli("ablate '" + other + "' --out '" + out2 + "' --no-plots --reuse '" +
+                                          from + "'");
+  INFO(joined(o.lines));
+  REQUIRE(o.status == 0);
+  CHECK(contains(joined(o.lines), "reused 0 finished runs"));
+  CHECK(read_text(run_paths(out2, "none_seed0").log) != "the log of the run in 'from'\n");
+  const std::string plain = tmp / "plain";
+  fs::create_directories(plain + "/runs");
+  const auto bad =
+      gradscale::test::run_cli("ablate '" + big + "' --out '" + out + "' --reuse '" + plain + "'");
+  CHECK(bad.status == 2);
+  REQUIRE(!bad.lines.empty());
+  CHECK(contains(bad.lines[0], "not an ablation directory"));
+  const auto self =
+      gradscale::test::run_cli("ablate '" + big + "' --out '" + out + "' --reuse '" + out + "'");
+  CHECK(self.status == 2);
+  REQUIRE(!self.lines.empty());
+  CHECK(contains(self.lines[0], "the --out directory itself"));
+  const auto table = gradscale::test::run_cli("ablate '" + big + "' --out '" + out +
+                                              "' --table-only --reuse '" + from + "'");
+  CHECK(table.status == 2);
+}
+
 TEST_CASE("ablate --shard: K/N parsed and checked, the shards partition the runs", "[ablate][shard]") {
   CHECK(parse_shard("2/8").index == 2);
   CHECK(parse_shard("2/8").count == 8);

@@ -211,8 +211,53 @@ void check_existing_runs(const Ablation& ablation, const std::string& out_dir) {
   }
 }
 
+int reuse_finished_runs(const Ablation& ablation, const RunnerOptions& options, std::ostream& log) {
+  int copied = 0;
+  for (const std::string& from : options.reuse) {
+    std::error_code ec;
+    GS_CHECK_CONFIG(fs::is_regular_file(fs::path(from) / kMarkerFile, ec),
+                    "--reuse: '" << from << "' is not an ablation directory (no " << kMarkerFile
+                                 << "): name another ablation's --out");
+    GS_CHECK_CONFIG(!fs::equivalent(from, options.out_dir, ec),
+                    "--reuse: '" << from << "' is the --out directory itself");
+    // The finished runs of `from`, by their config (the first of equal configs).
+    std::map<std::string, std::string> finished;
+    for (const fs::directory_entry& e : fs::directory_iterator(fs::path(from) / "runs", ec)) {
+      const std::string name = e.path().filename().string();
+      if (name.empty() || name[0] == '.' || !e.is_directory(ec)) continue;
+      const RunPaths q = run_paths(from, name);
+      const RunState state = run_state(q);
+      if (state != RunState::done && state != RunState::diverged) continue;
+      const json config = read_json_or_null(q.config);
+      if (config.is_object()) finished.emplace(config.dump(), q.dir);
+    }
+    int here = 0;
+    for (std::size_t i = 0; i < ablation.runs.size(); ++i) {
+      if (!options.shard.holds(i)) continue;
+      const AblationRun& r = ablation.runs[i];
+      const RunPaths p = run_paths(options.out_dir, r.name);
+      if (run_state(p) != RunState::pending) continue;
+      const auto hit = finished.find(r.config.dump());
+      if (hit == finished.end()) continue;
+      const fs::path dest(p.dir), part = dest.parent_path() / ("." + r.name + ".reuse");
+      fs::create_directories(dest.parent_path());
+      fs::remove_all(part);
+      fs::copy(hit->second, part, fs::copy_options::recursive);
+      fs::remove(dest, ec);  // an empty directory (pending) may stand there
+      fs::rename(part, dest);
+      ++here;
+    }
+    log << "ablate: reused " << here << " finished run" << (here == 1 ? "" : "s") << " of '" << from << "' ("
+        << finished.size() << " there; the configs equal)" << std::endl;
+    copied += here;
+  }
+  return copied;
+}
+
 RunnerSummary run_ablation(const Ablation& ablation, const RunnerOptions& options, std::ostream& log) {
   GS_CHECK_CONFIG(options.jobs >= 1, "--jobs must be >= 1, got " << options.jobs);
+  fs::create_directories(fs::path(options.out_dir) / "runs");
+  reuse_finished_runs(ablation, options, log);
   check_existing_runs(ablation, options.out_dir);
   fs::create_directories(fs::path(options.out_dir) / "runs");
   {

@@ -10,6 +10,7 @@
 
 #include <iosfwd>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -49,6 +50,9 @@ struct RunnerOptions {
   std::string executable = "/proc/self/exe";  // the gradscale binary each run executes
   std::string python;  // the interpreter PyTorch runs execute (torch_runs.h); "": default_python()
   Shard shard;  // only the runs of this shard (shard.h); every run by default
+  // Other ablations' --out directories whose finished runs are taken where their config equals a run
+  // of this one that has not run here (reuse_finished_runs).
+  std::vector<std::string> reuse;
 };
 
 // Threads per run: options.threads, else max(1, hardware threads / jobs).
@@ -59,6 +63,14 @@ int threads_per_run(const RunnerOptions& options);
 // their data files now hold other content (the result's data_checksum; the data is loaded once per
 // data spec; synthetic data is identified by its config).
 void check_existing_runs(const Ablation& ablation, const std::string& out_dir);
+
+// Copies into options.out_dir, for each run of options.shard that has nothing there yet, a finished
+// run (done or diverged) of one of options.reuse whose config.json equals the run's config, under the
+// run's own name (the copy is made beside it and renamed into place, so an interrupted copy leaves
+// no run). The copies are then checked as resumed runs are (check_existing_runs: the config and the
+// data's checksum). Refuses (ConfigError) a directory that is not an ablation directory (no marker) or
+// is --out itself. Returns how many runs were copied; logs one line per directory.
+int reuse_finished_runs(const Ablation& ablation, const RunnerOptions& options, std::ostream& log);
 
 struct RunnerSummary {
   // skipped: finished before (or by another process meanwhile); elsewhere: left to another process that

@@ -62,6 +62,9 @@ int run_ablate(const std::vector<std::string>& args) {
       "threads per run when the config has no \"threads\" (0: the machine's threads / --jobs)")(
       "dry-run", po::bool_switch(), "list the runs (and their state in --out) and stop")(
       "retry-failed", po::bool_switch(), "run again the runs that failed (exit status other than 0 and 3)")(
+      "reuse", po::value<std::vector<std::string>>()->composing(),
+      "DIR (repeatable): another ablation's --out; its finished runs whose config equals a run of this "
+      "file that has not run in --out are copied there instead of run")(
       "table-only", po::bool_switch(),
       "run nothing: write the tables (and plots) from the runs found in --out")(
       "no-plots", po::bool_switch(), "make no plots")("no-trace-plots", po::bool_switch(),
@@ -94,6 +97,8 @@ int run_ablate(const std::vector<std::string>& args) {
   GS_CHECK_CONFIG(!vm.count("out") || !out_dir.empty(), "--out: the path is empty: give the ablation's directory");
   if (!out_dir.empty()) check_input_outside(file, out_dir);
   const Shard shard = vm.count("shard") ? parse_shard(vm["shard"].as<std::string>()) : Shard{};
+  GS_CHECK_CONFIG(!vm.count("reuse") || !vm["table-only"].as<bool>(),
+                  "--reuse and --table-only together: --table-only runs and copies nothing");
   GS_CHECK_CONFIG(!vm.count("shard") || !vm["table-only"].as<bool>(),
                   "--shard and --table-only together: the tables are made over every run; run --table-only "
                   "without --shard once all the shards have ended");
@@ -120,6 +125,7 @@ int run_ablate(const std::vector<std::string>& args) {
   options.progress_seconds = progress_seconds;
   options.shard = shard;
   options.python = python;
+  if (vm.count("reuse")) options.reuse = vm["reuse"].as<std::vector<std::string>>();
   RunnerSummary s;
   if (!vm["table-only"].as<bool>()) {
     s = run_ablation(ab, options, std::cerr);
