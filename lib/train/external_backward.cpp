@@ -272,15 +272,16 @@ ScaleHandle ExternalBackward::hold(double scale, double local) {
   return ScaleHandle{static_cast<int>(held_.size()) - 1};
 }
 
-ScaleHandle ExternalBackward::hold_entry(int entry, std::function<void(const ScaleEntry&)> then) {
-  const double unknown = std::numeric_limits<double>::quiet_NaN();
-  const ScaleHandle h = hold(unknown, unknown);
+ScaleHandle ExternalBackward::hold_entry(int entry, std::function<void(const ScaleEntry&)> then,
+                                         double local) {
+  const bool own_local = std::isnan(local);
+  const ScaleHandle h = hold(std::numeric_limits<double>::quiet_NaN(), local);
   held_.back().entry = entry;
   // Runs at the flush that brings the entry back, before begin_step clears the table.
-  ops_->queue_scale(entry, [this, h, then = std::move(then)](const ScaleEntry& e) {
+  ops_->queue_scale(entry, [this, h, own_local, then = std::move(then)](const ScaleEntry& e) {
     HeldScale& s = held_[static_cast<std::size_t>(h.id)];
     s.scale = e.scale;
-    s.local = e.local;
+    if (own_local) s.local = e.local;
     if (then) then(e);
   });
   return h;
@@ -360,14 +361,12 @@ ScaleHandle ExternalBackward::upstream(int layer, const float* src, float* upstr
   if (!rule) {  // s = 1 on a scale only the device knows: the gradient keeps it, S_out = S_in
     send_at_local_scale(monitor_, layer, LocalScale{}, std::numeric_limits<double>::quiet_NaN(),
                         [&](float s) { round_upstream(layer, src, upstream, n, s); });
-    const int e = entry_of(scale_in);
-    held_.push_back(HeldScale{std::numeric_limits<double>::quiet_NaN(), 1.0, e});
-    const ScaleHandle out{static_cast<int>(held_.size()) - 1};
-    ops_->queue_scale(e, [this, out, layer](const ScaleEntry& v) {
-      held_[static_cast<std::size_t>(out.id)].scale = v.scale;
-      monitor_.record_of(layer).scale_out = v.scale;  // this call's, as the double form leaves it
-    });
-    return out;
+    return hold_entry(
+        entry_of(scale_in),
+        [this, layer](const ScaleEntry& v) {
+          monitor_.record_of(layer).scale_out = v.scale;  // this call's, as the double form leaves it
+        },
+        1.0);
   }
   // The controller's rule on the device (CudaBackend::decide_on_device's steps): no wait.
   const auto t0 = std::chrono::steady_clock::now();

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -195,8 +196,10 @@ class ExternalBackward {
   };
   HeldScale& held(ScaleHandle h, const char* call);
   ScaleHandle hold(double scale, double local = 1);
-  // A device entry: its values (and `then`, for the records) at the next flush.
-  ScaleHandle hold_entry(int entry, std::function<void(const ScaleEntry&)> then = {});
+  // A device entry: its values (and `then`, for the records) at the next flush. `local`: the handle's
+  // local scale when it is not the entry's own (a layer with s = 1 passes S_in's entry on), else NaN.
+  ScaleHandle hold_entry(int entry, std::function<void(const ScaleEntry&)> then = {},
+                         double local = std::numeric_limits<double>::quiet_NaN());
   int entry_of(ScaleHandle h);  // its entry, made from its host value when it has none
   bool device_scales() const { return ops_->keeps_scales() && reducer_ == nullptr; }
   void flush_arrays();  // ops_->flush(): every held scale is then a host value, no entry is left
