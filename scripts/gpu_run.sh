@@ -53,7 +53,8 @@ start=$(date +%s)
 phase() { echo "[$(( $(date +%s) - start )) s] $*"; }
 python_args=()
 command -v python3 >/dev/null 2>&1 && python_args=(-DPython3_EXECUTABLE="$(command -v python3)")
-cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DGRADSCALE_CUDA=ON \
+# -g: symbols for a backtrace (below), the same optimised code.
+cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS=-g -DGRADSCALE_CUDA=ON \
   -DCMAKE_CUDA_ARCHITECTURES="$arch" -DCMAKE_PREFIX_PATH="$prefix" -DGRADSCALE_CUDA_ON_CPU=OFF \
   -DGRADSCALE_FUZZ=OFF -DGRADSCALE_WERROR=OFF "${python_args[@]}" 2>&1 | tee -a "$logs/configure.txt"
 targets=(gradscale gradscale_tests)
@@ -91,6 +92,15 @@ fi
 status=0
 (cd "$build" && ctest --output-on-failure --timeout 120 -j 4 "${filter[@]}") 2>&1 | tee "$logs/tests.txt" || status=1
 phase "tests done"
+# A test process that died (Python's "Fatal Python error", a signal): that one test again under the
+# debugger, and its native backtrace appended to tests.txt (the Python stack names the test).
+crashed=$(grep -A40 "Fatal Python error" "$logs/tests.txt" | sed -n 's/^ *File "\(.*\/tests\/test_[a-z0-9_]*\.py\)", line [0-9]* in \(test_[A-Za-z0-9_]*\)$/\1::\2/p' | head -1)
+debugger=$(command -v gdb || command -v cuda-gdb || true)
+if [ -n "$crashed" ] && [ -n "$debugger" ]; then
+  echo "== $crashed crashed: its native backtrace ($debugger)" | tee -a "$logs/tests.txt"
+  (cd python && timeout 120 "$debugger" -q -batch -ex run -ex bt --args python3 -m pytest -q -p no:cacheprovider "$crashed") 2>&1 |
+    grep -v "^\[New Thread\|^\[Thread\|^\[Detaching\|Cuda Driver error" | tail -60 | tee -a "$logs/tests.txt" || true
+fi
 
 # Data-parallel on the GPU (docs/distributed.md, "On GPUs"): 2 ranks against one process, the same
 # decisions expected at every step. `host` collectives (one GPU takes both ranks); NCCL too when the
