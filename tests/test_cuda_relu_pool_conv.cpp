@@ -292,4 +292,15 @@ TEST_CASE(
                  {d_grad_w.data(), cuda::DeviceType::f32, 0});
     CHECK(bit_mismatches(test::to_host(d_grad_w, ctx), values(weight.grad)).empty());
   }
+  // Geometry the kernels cannot index, or a kernel larger than the padded input: refused by name,
+  // before anything is launched.
+  float none = 0;
+  const cuda::ConvGeometry huge{1, 1, std::int64_t{1} << 31, 1, 1, 1, 0};
+  CHECK_THROWS_WITH(cuda::im2col(&none, huge, &none, ctx.stream()),
+                    Catch::Matchers::Contains("32-bit indices"));
+  CHECK_THROWS_WITH(cuda::col2im(&none, huge, &none, ctx.stream()),
+                    Catch::Matchers::Contains("32-bit indices"));
+  const cuda::ConvGeometry misfit{1, 1, 2, 2, 5, 1, 0};
+  CHECK_THROWS_WITH(cuda::im2col(&none, misfit, &none, ctx.stream()),
+                    Catch::Matchers::Contains("do not fit input"));
 }

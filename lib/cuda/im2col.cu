@@ -1,7 +1,13 @@
-// im2col / col2im on the GPU (see im2col.h): one thread per column entry for im2col, storing fp32 or
-// the 16-bit bits of a GEMM operand; for col2im one thread per input element gathers its k·k possible
-// entries (no atomics, a fixed order).
+// im2col / col2im on the GPU (see im2col.h): for im2col a block row per (sample, column row) pair and
+// one thread per entry of the pair's Ho·Wo plane, storing fp32 or the 16-bit bits of a GEMM operand; for
+// col2im a block row per (sample, channel) plane and one thread per input element, which gathers its
+// k·k possible entries (no atomics, a fixed order). Only a pair's or plane's own index is divided in
+// 64 bits; an element's position in its plane is 32-bit arithmetic (check_geometry: a plane fits in
+// an int). Dividing every element's flat 64-bit index, as an earlier version did, made these passes
+// bound by the index arithmetic, not by memory.
 #include "lib/cuda/im2col.h"
+
+#include <algorithm>
 
 #include "lib/core/error.h"
 #include "lib/cuda/check.h"
@@ -36,43 +42,63 @@ struct StoreBF16 {
 };
 
 template <class Store>
-__global__ void im2col_kernel(const float* x, ConvGeometry g, std::int64_t ho, std::int64_t wo,
-                              ColumnStrides cs, Store cols) {
-  const std::int64_t k = g.kernel, plane = ho * wo, rows = g.channels * k * k;
-  const std::int64_t total = g.n * rows * plane;
+__global__ void im2col_kernel(const float* x, ConvGeometry g, int ho, int wo, ColumnStrides cs, Store cols) {
+  const int k = static_cast<int>(g.kernel), stride = static_cast<int>(g.stride),
+            pad = static_cast<int>(g.pad);
+  const int h = static_cast<int>(g.h), w = static_cast<int>(g.w), plane = ho * wo;
+  const std::int64_t rows = g.channels * k * k, pairs = g.n * rows;
   const std::int64_t step = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
-  for (std::int64_t t = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; t < total;
-       t += step) {
-    const std::int64_t col = t % plane, row = (t / plane) % rows, b = t / (plane * rows);
-    const std::int64_t kj = row % k, ki = (row / k) % k, c = row / (k * k);
-    const std::int64_t ih = (col / wo) * g.stride - g.pad + ki, iw = (col % wo) * g.stride - g.pad + kj;
-    const bool inside = ih >= 0 && ih < g.h && iw >= 0 && iw < g.w;
-    cols(b * cs.sample + row * cs.row + col, inside ? x[((b * g.channels + c) * g.h + ih) * g.w + iw] : 0.0f);
+  for (std::int64_t pair = blockIdx.y; pair < pairs; pair += gridDim.y) {
+    const std::int64_t b = pair / rows, row = pair - b * rows, c = row / (k * k);
+    const int r = static_cast<int>(row - c * k * k), ki = r / k, kj = r - ki * k;
+    const float* xc = x + (b * g.channels + c) * g.h * g.w;
+    const std::int64_t out = b * cs.sample + row * cs.row;
+    for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < plane;
+         i += step) {
+      const int col = static_cast<int>(i), oh = col / wo, ow = col - oh * wo;
+      const int ih = oh * stride - pad + ki, iw = ow * stride - pad + kj;
+      const bool inside = ih >= 0 && ih < h && iw >= 0 && iw < w;
+      cols(out + col, inside ? xc[ih * w + iw] : 0.0f);
+    }
   }
 }
 
-__global__ void col2im_kernel(const float* cols, ConvGeometry g, std::int64_t ho, std::int64_t wo,
-                              ColumnStrides cs, float* gx) {
-  const std::int64_t k = g.kernel;
-  const std::int64_t total = g.n * g.channels * g.h * g.w;
+__global__ void col2im_kernel(const float* cols, ConvGeometry g, int ho, int wo, ColumnStrides cs,
+                              float* gx) {
+  const int k = static_cast<int>(g.kernel), stride = static_cast<int>(g.stride),
+            pad = static_cast<int>(g.pad);
+  const int w = static_cast<int>(g.w), plane = static_cast<int>(g.h) * w;
+  const std::int64_t planes = g.n * g.channels;
   const std::int64_t step = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
-  for (std::int64_t t = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; t < total;
-       t += step) {
-    const std::int64_t iw = t % g.w, ih = (t / g.w) % g.h, c = (t / (g.w * g.h)) % g.channels;
-    const std::int64_t b = t / (g.w * g.h * g.channels);
+  for (std::int64_t p = blockIdx.y; p < planes; p += gridDim.y) {
+    const std::int64_t b = p / g.channels, c = p - b * g.channels;
     const float* sample = cols + b * cs.sample;
-    float sum = 0.0f;
-    for (std::int64_t ki = 0; ki < k; ++ki) {
-      const std::int64_t th = ih + g.pad - ki;  // = oh·stride
-      if (th < 0 || th % g.stride != 0 || th / g.stride >= ho) continue;
-      for (std::int64_t kj = 0; kj < k; ++kj) {
-        const std::int64_t tw = iw + g.pad - kj;  // = ow·stride
-        if (tw < 0 || tw % g.stride != 0 || tw / g.stride >= wo) continue;
-        sum += sample[((c * k + ki) * k + kj) * cs.row + (th / g.stride) * wo + tw / g.stride];
+    float* out = gx + p * plane;
+    for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < plane;
+         i += step) {
+      const int t = static_cast<int>(i), ih = t / w, iw = t - ih * w;
+      float sum = 0.0f;
+      for (int ki = 0; ki < k; ++ki) {
+        const int th = ih + pad - ki;  // = oh·stride
+        if (th < 0 || th % stride != 0 || th / stride >= ho) continue;
+        for (int kj = 0; kj < k; ++kj) {
+          const int tw = iw + pad - kj;  // = ow·stride
+          if (tw < 0 || tw % stride != 0 || tw / stride >= wo) continue;
+          sum += sample[((c * k + ki) * k + kj) * cs.row + (th / stride) * wo + tw / stride];
+        }
       }
+      out[t] = sum;
     }
-    gx[t] = sum;
   }
+}
+
+// Blocks over x for `per_row` elements of a row, and rows over y: as many threads in all as a flat
+// launch of rows·per_row elements, 4 a thread, would have (a row is looped over when there are more).
+dim3 grid_2d(std::int64_t per_row, std::int64_t rows) {
+  const unsigned x = grid_for(static_cast<std::size_t>(per_row));
+  const std::size_t flat = grid_for(static_cast<std::size_t>(per_row * rows), 4);
+  const std::size_t y = std::clamp<std::size_t>(flat / x, 1, std::min<std::int64_t>(rows, 65535));
+  return dim3(x, static_cast<unsigned>(y));
 }
 
 void check_geometry(const ConvGeometry& g, const char* what) {
@@ -81,19 +107,24 @@ void check_geometry(const ConvGeometry& g, const char* what) {
                  "cuda::" << what << ": kernel " << g.kernel << ", stride " << g.stride << ", padding "
                           << g.pad << " do not fit input [" << g.n << ", " << g.channels << ", " << g.h
                           << ", " << g.w << "]");
+  constexpr std::int64_t kInt = 2147483647;
+  GS_CHECK_SHAPE(g.h <= kInt && g.w <= kInt && g.stride <= kInt && g.pad <= kInt && g.h + 2 * g.pad <= kInt &&
+                     g.w + 2 * g.pad <= kInt && g.h * g.w <= kInt && g.ho() * g.wo() <= kInt &&
+                     g.kernel * g.kernel <= kInt,
+                 "cuda::" << what << ": a plane of " << g.h << "x" << g.w << " values (or its kernel "
+                          << g.kernel << ", padding " << g.pad << ") does not fit in 32-bit indices");
 }
 
 template <class Store>
 void launch_im2col(const float* x, const ConvGeometry& g, Store cols, cudaStream_t stream, ColumnLayout layout) {
-  const auto total = static_cast<std::size_t>(g.n * g.col_rows() * g.col_cols());
-  im2col_kernel<Store><<<grid_for(total, 4), kBlock, 0, stream>>>(x, g, g.ho(), g.wo(), column_strides(g, layout),
-                                                                   cols);
+  im2col_kernel<Store><<<grid_2d(g.col_cols(), g.n * g.col_rows()), kBlock, 0, stream>>>(
+      x, g, static_cast<int>(g.ho()), static_cast<int>(g.wo()), column_strides(g, layout), cols);
   GS_CUDA_CHECK_LAUNCH();
 }
 
 void launch_col2im(const float* cols, const ConvGeometry& g, float* gx, cudaStream_t stream, ColumnLayout layout) {
-  const auto total = static_cast<std::size_t>(g.n * g.channels * g.h * g.w);
-  col2im_kernel<<<grid_for(total, 4), kBlock, 0, stream>>>(cols, g, g.ho(), g.wo(), column_strides(g, layout), gx);
+  col2im_kernel<<<grid_2d(g.h * g.w, g.n * g.channels), kBlock, 0, stream>>>(
+      cols, g, static_cast<int>(g.ho()), static_cast<int>(g.wo()), column_strides(g, layout), gx);
   GS_CUDA_CHECK_LAUNCH();
 }
 
