@@ -94,7 +94,7 @@ status=0
 phase "tests done"
 # A test process that died (Python's "Fatal Python error", a signal): that one test again under the
 # debugger, and its native backtrace appended to tests.txt (the Python stack names the test).
-crashed=$(grep -A40 "Fatal Python error" "$logs/tests.txt" | sed -n 's/^ *File "\(.*\/tests\/test_[a-z0-9_]*\.py\)", line [0-9]* in \(test_[A-Za-z0-9_]*\)$/\1::\2/p' | head -1)
+crashed=$(grep -A40 "Fatal Python error" "$logs/tests.txt" | sed -n 's/^ *File "\(.*\/tests\/test_[a-z0-9_]*\.py\)", line [0-9]* in \(test_[A-Za-z0-9_]*\)$/\1::\2/p' | head -1 || true)
 debugger=$(command -v gdb || command -v cuda-gdb || true)
 if [ -n "$crashed" ] && [ -n "$debugger" ]; then
   echo "== $crashed crashed: its native backtrace ($debugger)" | tee -a "$logs/tests.txt"

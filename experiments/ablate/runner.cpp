@@ -259,7 +259,6 @@ RunnerSummary run_ablation(const Ablation& ablation, const RunnerOptions& option
   fs::create_directories(fs::path(options.out_dir) / "runs");
   reuse_finished_runs(ablation, options, log);
   check_existing_runs(ablation, options.out_dir);
-  fs::create_directories(fs::path(options.out_dir) / "runs");
   {
     json runs = json::array();
     for (const AblationRun& r : ablation.runs)
