@@ -112,3 +112,91 @@ def test_a_layer_of_the_users_that_writes_its_input_gets_a_copy():
     nn.functional.cross_entropy(ref(x), y).backward()
     # fp32 with power-of-two scales: PyTorch's own gradients, bit for bit.
     assert all(torch.equal(a, p.grad) for a, p in zip(grads, ref.parameters()))
+
+
+
+class SeenLinear(nn.Linear):
+    """nn.Linear noting the address of the weight it computes with (the Scaler's working copy)."""
+
+    def forward(self, x):
+        self.seen.append(self.weight.data_ptr())
+        return super().forward(x)
+
+
+def seeing(model):
+    for name in ("fc1", "fc2"):
+        old = getattr(model, name)
+        new = SeenLinear(old.in_features, old.out_features)
+        new.load_state_dict(old.state_dict())
+        new.seen = []
+        setattr(model, name, new)
+    return model
+
+
+def test_a_parameters_working_copy_is_written_into_the_same_buffer_every_step():
+    x, y = torch.randn(5, 6) * 3, torch.randint(0, 3, (5,))
+    model = seeing(Stack())
+    scaler = Scaler(model, scaler=FIXED, format="fp16")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(3):
+        opt.zero_grad()
+        step(model, scaler, x, y)
+        scaler.step(opt)
+        scaler.update()
+    with torch.no_grad():  # eval too
+        model(x)
+    # One address for every call: the steps (and their optimizer updates) allocate no working copy.
+    assert len(set(model.fc1.seen)) == 1 and len(set(model.fc2.seen)) == 1
+    assert model.fc1.seen[0] != model.fc1.weight.data_ptr()  # a copy, not the master
+    # The buffers hold this step's masters rounded: the same forward as a fresh Scaler's.
+    fresh = Stack()
+    fresh.load_state_dict(model.state_dict())
+    Scaler(fresh, scaler=FIXED, format="fp16")
+    with torch.no_grad():
+        assert torch.equal(model(x), fresh(x))
+
+
+def test_a_working_copy_a_live_graph_holds_is_never_overwritten():
+    """A graph kept alive across a change of the masters keeps computing with the weights of its own
+    forward: the second forward gets a new copy, not the first one's buffer written over."""
+    x = torch.randn(5, 6) * 3
+    y = torch.randint(0, 3, (5,))
+
+    def first_pass_input_gradient(second_forward):
+        torch.manual_seed(0)
+        model = seeing(Stack())
+        scaler = Scaler(model, scaler=FIXED, format="fp16")
+        xi = x.clone().requires_grad_()
+        out = model(xi)  # its graph holds this forward's working copies
+        if second_forward:
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.add_(0.25)  # as an optimizer step would
+            kept = model(x)  # a second graph, alive with the first  # noqa: F841
+            assert model.fc1.seen[0] != model.fc1.seen[1]
+        scaler.scale(nn.functional.cross_entropy(out, y)).backward()
+        return xi.grad, [p.grad for p in model.parameters()]
+
+    alone = first_pass_input_gradient(False)
+    both = first_pass_input_gradient(True)
+    assert torch.equal(both[0], alone[0])
+    assert all(torch.equal(a, b) for a, b in zip(both[1], alone[1]))
+
+
+def test_a_gradient_kept_from_an_earlier_step_is_never_written_again():
+    """`.grad` set to None between steps (torch 2's zero_grad default): a `.grad.detach()` the user
+    keeps holds that step's gradient, whatever the plug-in reuses for the next one."""
+    gen = torch.Generator().manual_seed(3)
+    batches = [(torch.randn(5, 6, generator=gen) * 3, torch.randint(0, 3, (5,), generator=gen)) for _ in range(3)]
+    model = Stack()
+    scaler = Scaler(model, scaler=FIXED, format="fp16")
+    kept, copies = [], []
+    for x, y in batches:
+        for p in model.parameters():
+            p.grad = None
+        step(model, scaler, x, y)
+        kept.append([p.grad.detach() for p in model.parameters()])
+        copies.append([p.grad.clone() for p in model.parameters()])
+    for k, c in zip(kept, copies):
+        assert all(torch.equal(a, b) for a, b in zip(k, c))
+    assert not torch.equal(kept[0][0], kept[1][0])  # the batches' gradients differ

@@ -101,6 +101,10 @@ class BackwardPass:
         # The hooks hold tokens, never nodes: a node holding a hook that holds the node is a cycle
         # through C++ that Python's collector cannot see. The pass holds its nodes until it closes.
         self._nodes: Dict[int, object] = {}
+        # Weight gradients in a parameter's kept buffers (`_tracker.Buffers`), held until the pass ends
+        # so that PyTorch's gradient accumulation adds or copies them into `.grad` and never makes the
+        # buffer itself `.grad` (a `.grad.detach()` the user keeps would see the next step's values).
+        self._held: List[torch.Tensor] = []
         self._loss_edges: set = set()
         self._input_leaves: List[object] = []  # nested: the leaves that are no parameter (its inputs)
         self._roots = list(roots)
@@ -136,6 +140,7 @@ class BackwardPass:
         self._parts.clear()
         self._received.clear()
         self._checkpoint_inputs.clear()
+        self._held.clear()
         self._nodes.clear()
         self._roots = []
         self._input_leaves = []
@@ -371,15 +376,16 @@ class BackwardPass:
         return hook
 
     # ---- what the Functions call ---------------------------------------------------------------
-    def _true_gradient(self, layer: int, g: torch.Tensor, scale: int) -> torch.Tensor:
-        """A gradient part at `scale` (a handle) rounded (SPEC §4) and divided by it: the true gradient."""
+    def _true_gradient(self, layer: int, g: torch.Tensor, scale: int, buffers=None) -> torch.Tensor:
+        """A gradient part at `scale` (a handle) rounded (SPEC §4) and divided by it: the true gradient
+        (in one of `buffers`, the parameter's kept weight-gradient buffers, when given)."""
         if g.is_sparse:
             g = g.coalesce()
             values = owned_copy(g.values())
             if values.numel():
                 self.core.weight_gradient(layer, values.data_ptr(), values.numel(), scale)
             return torch.sparse_coo_tensor(g.indices(), values, g.shape, device=g.device)
-        out, source = rounding_target(g)
+        out, source = rounding_target(g, buffers)
         if out.numel():
             self.core.weight_gradient(layer, out.data_ptr(), out.numel(), scale, source=source)
         return differentiable(g, out, lambda: 1.0 / self.core.scale_value(scale))
@@ -421,7 +427,10 @@ class BackwardPass:
         return differentiable(g, out, lambda: self.core.local_value(sent))
 
     def weight_part(self, ctx, g: torch.Tensor) -> torch.Tensor:
-        out = self._true_gradient(ctx.layer_id, g, self.into(ctx))
+        buffers = getattr(ctx, "buffers", None)
+        out = self._true_gradient(ctx.layer_id, g, self.into(ctx), buffers[1] if buffers is not None else None)
+        if buffers is not None:
+            self._held.append(out)
         if self.tracker.shadow is not None:
             self.tracker.shadow.compare_weight(ctx.layer_id, ctx, g, out)
         return out

@@ -47,15 +47,18 @@ def owned_copy(g: torch.Tensor) -> torch.Tensor:
     return g.clone() if is_dense(g) else g.clone(memory_format=torch.contiguous_format)
 
 
-def rounding_target(g: torch.Tensor):
+def rounding_target(g: torch.Tensor, buffers=None):
     """Where the core writes the rounding of a gradient `g` (it may be shared with other edges:
-    AddBackward passes one tensor to both inputs, so it is never written): a new tensor in g's layout and
-    g's address for the core to read from (one pass: the rounding writes the new tensor), for a dense g;
-    for another, a contiguous private copy rounded in place (address 0)."""
+    AddBackward passes one tensor to both inputs, so it is never written): a tensor in g's layout —
+    new, or from `buffers` (a `_tracker.Buffers`) — and g's address for the core to read from (one
+    pass: the rounding writes the target), for a dense g; for another, a contiguous private copy
+    rounded in place (address 0)."""
     if g.dtype != torch.float32:
         raise TypeError(f"gradscale.torch: gradients must be float32, got {g.dtype} on {g.device}")
     g = g.detach()
     if is_dense(g) and g.numel():
+        if buffers is not None:
+            return buffers.take(g), g.data_ptr()
         return torch.empty_strided(g.shape, g.stride(), dtype=g.dtype, device=g.device), g.data_ptr()
     return g.clone(memory_format=torch.contiguous_format), 0
 
@@ -147,7 +150,8 @@ class WorkingWeight(torch.autograd.Function):
     def forward(ctx, master, tracker, layer_id):  # type: ignore[override]
         ctx.tracker = tracker
         ctx.layer_id = layer_id
-        return round_forward(master, tracker.format, tracker.core)
+        ctx.buffers = tracker.buffers(master)  # where the weight gradient is rounded into, on the CPU
+        return tracker.working_copy(master, ctx.buffers)
 
     @staticmethod
     def backward(ctx, g):  # type: ignore[override]

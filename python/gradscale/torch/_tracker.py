@@ -10,7 +10,44 @@ from typing import Dict, List, Optional, Tuple
 import torch
 
 from ._backward_pass import BackwardPass
+from ._functions import is_dense, round_forward
 from ._layers import Layer
+
+
+class Buffers:
+    """Tensors of one shape kept for reuse (a parameter's working copies, or its weight gradients) on
+    the CPU. glibc gives freed memory at the top of its heap back to the system once it exceeds a
+    threshold that adapts to the sizes freed; a copy of the model's size taken and freed every step
+    crosses it, and the pages are faulted in again the next step (thousands a step, milliseconds).
+    Each buffer is handed out as an alias, a tensor of its own on the buffer's memory, and written
+    again only when that alias is gone: no graph, hook, `.grad` or user holds it any more."""
+
+    LIMIT = 4  # buffers at most (a layer called several times a step, a graph kept alive, a stolen .grad)
+
+    def __init__(self):
+        self._slots: List[list] = []  # [buffer, the alias last handed out (weakly) or None]
+
+    def take(self, like: torch.Tensor) -> torch.Tensor:
+        """An alias of a free buffer with `like`'s sizes, strides, dtype and device (contents
+        undefined): a kept one when one is free, else a new one, kept while fewer than LIMIT are."""
+        shape, stride = like.shape, like.stride()
+        free = None
+        for slot in self._slots:
+            if slot[1] is not None and slot[1]() is not None:
+                continue  # in use
+            buf = slot[0]
+            if buf.shape == shape and buf.stride() == stride and buf.dtype == like.dtype and buf.device == like.device:
+                alias = buf.detach()
+                slot[1] = weakref.ref(alias)
+                return alias
+            free = slot  # another shape (a parameter resized): replaced when no slot fits
+        buf = torch.empty_strided(shape, stride, dtype=like.dtype, device=like.device)
+        alias = buf.detach()
+        if free is not None:
+            free[:] = [buf, weakref.ref(alias)]
+        elif len(self._slots) < self.LIMIT:
+            self._slots.append([buf, weakref.ref(alias)])
+        return alias
 
 
 class Tracker:
@@ -38,6 +75,9 @@ class Tracker:
         # Layer outputs this Scaler rounded to `format` (Exit), while they live: id → (the tensor, weakly;
         # its version then). One read by the next layer untouched needs no second rounding.
         self._rounded: Dict[int, Tuple[weakref.ref, int]] = {}
+        # Each parameter's kept buffers on the CPU (Buffers, for its working copies and for its weight
+        # gradients), while the parameter lives: id(master) → (the master, weakly; the two Buffers).
+        self._buffers: Dict[int, tuple] = {}
 
     # ---- the joins the tests count -------------------------------------------------------------
     def note_join(self, scales: List[int]) -> None:
@@ -71,6 +111,40 @@ class Tracker:
         (its values are values of `format`: rounding them again is the identity)."""
         entry = self._rounded.get(id(t))
         return entry is not None and entry[0]() is t and entry[1] == t._version
+
+    def buffers(self, master: torch.Tensor) -> Optional[Tuple["Buffers", "Buffers"]]:
+        """The kept buffers of a parameter's working copies and weight gradients; None off the CPU
+        (CUDA's caching allocator keeps freed memory: nothing to gain) and for a master that is not
+        dense."""
+        if master.device.type != "cpu" or not is_dense(master):
+            return None
+        key = id(master)
+        entry = self._buffers.get(key)
+        if entry is None or entry[0]() is not master:
+            kept = self._buffers
+            entry = (weakref.ref(master, lambda _, key=key: kept.pop(key, None)), Buffers(), Buffers())
+            kept[key] = entry
+        return entry[1], entry[2]
+
+    def working_copy(self, master: torch.Tensor, buffers=None) -> torch.Tensor:
+        """`master` rounded to `format`: the copy a layer call computes with, in one of the parameter's
+        kept buffers on the CPU (`buffers(master)`), else in a new tensor. The same values either way."""
+        if buffers is None:
+            buffers = self.buffers(master)
+        if buffers is None:
+            return round_forward(master, self.format, self.core)
+        copy = buffers[0].take(master)
+        if self.format == "fp32":
+            with torch.no_grad():
+                copy.copy_(master)
+        elif copy.numel():
+            # The same sizes and strides: numel() values in the same order from both addresses.
+            self.core.quantize_into(master.data_ptr(), copy.data_ptr(), copy.numel(), self.format)
+        return copy
+
+    def release_buffers(self) -> None:
+        """Lets go of the kept buffers (Scaler.remove())."""
+        self._buffers.clear()
 
     # ---- what the Functions call ---------------------------------------------------------------
     def running(self) -> Optional[BackwardPass]:

@@ -344,6 +344,7 @@ class Scaler:
         """Detaches the scaler from the model (its hooks and forwards); ends the trace."""
         self.close()
         self._tracker.stale()
+        self._tracker.release_buffers()
         detach(self, self._model, self._wrappers, self._fast_paths)
         self._wrappers = []
         self._fast_paths = []
