@@ -316,3 +316,25 @@ TEST_CASE("ablate: a labelled empty set is a column that does not apply (bounds 
   CHECK(contains(expand_error(R"({"axes": {"scaler": ["none"], "b": [{"set": {}}]}})"),
                  "\"set\" must be a non-empty object of config keys (an empty one only with a \"label\")"));
 }
+
+TEST_CASE("ablate: every ablation file the project ships expands and validates", "[ablate]") {
+  // What `gradscale ablate FILE --dry-run` checks before anything runs, for each file under
+  // experiments/ablations/: a file that no longer expands (a renamed key, a model or scaler the
+  // library refuses) fails here, not hours into an evidence run.
+  const fs::path dir = fs::path(GRADSCALE_SOURCE_DIR) / "experiments" / "ablations";
+  std::vector<fs::path> files;
+  for (const fs::directory_entry& e : fs::directory_iterator(dir))
+    if (e.is_regular_file() && e.path().extension() == ".json") files.push_back(e.path());
+  std::sort(files.begin(), files.end());
+  REQUIRE(files.size() >= 10);
+  for (const fs::path& file : files) {
+    INFO(file.filename().string());
+    Ablation a;
+    REQUIRE_NOTHROW(a = load_ablation(file.string()));
+    CHECK_FALSE(a.description.empty());
+    CHECK_FALSE(a.runs.empty());
+    std::set<std::string> names;
+    for (const AblationRun& r : a.runs) names.insert(r.name);
+    CHECK(names.size() == a.runs.size());
+  }
+}
