@@ -321,6 +321,15 @@ TEST_CASE("ablate: every ablation file the project ships expands and validates",
   // What `gradscale ablate FILE --dry-run` checks before anything runs, for each file under
   // experiments/ablations/: a file that no longer expands (a renamed key, a model or scaler the
   // library refuses) fails here, not hours into an evidence run.
+  // Their paths (a PyTorch model's file) are relative to the repository's root, where they run.
+  struct InDirectory {
+    fs::path before;
+    explicit InDirectory(const fs::path& dir) : before(fs::current_path()) { fs::current_path(dir); }
+    ~InDirectory() {
+      std::error_code ec;
+      fs::current_path(before, ec);
+    }
+  } at_root(GRADSCALE_SOURCE_DIR);
   const fs::path dir = fs::path(GRADSCALE_SOURCE_DIR) / "experiments" / "ablations";
   std::vector<fs::path> files;
   for (const fs::directory_entry& e : fs::directory_iterator(dir))

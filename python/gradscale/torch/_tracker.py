@@ -15,17 +15,17 @@ from ._layers import Layer
 
 
 class Buffers:
-    """Tensors of one shape kept for reuse (a parameter's working copies, or its weight gradients) on
-    the CPU. glibc gives freed memory at the top of its heap back to the system once it exceeds a
-    threshold that adapts to the sizes freed; a copy of the model's size taken and freed every step
-    crosses it, and the pages are faulted in again the next step (thousands a step, milliseconds).
+    """Tensors kept for reuse on the CPU: a parameter's working copies, or its weight gradients.
+    glibc gives freed memory at the top of its heap back to the system once it exceeds a threshold
+    that adapts to the sizes freed; a copy of the model's size taken and freed every step crosses it,
+    and the pages are faulted in again the next step (thousands a step, milliseconds).
     Each buffer is handed out as an alias, a tensor of its own on the buffer's memory, and written
     again only when that alias is gone: no graph, hook, `.grad` or user holds it any more."""
 
-    LIMIT = 4  # buffers at most (a layer called several times a step, a graph kept alive, a stolen .grad)
+    LIMIT = 4  # buffers at most (a layer called several times a step, a graph kept alive)
 
     def __init__(self):
-        self._slots: List[list] = []  # [buffer, the alias last handed out (weakly) or None]
+        self._slots: List[list] = []  # [buffer, the alias last handed out, weakly]
 
     def take(self, like: torch.Tensor) -> torch.Tensor:
         """An alias of a free buffer with `like`'s sizes, strides, dtype and device (contents
@@ -33,7 +33,7 @@ class Buffers:
         shape, stride = like.shape, like.stride()
         free = None
         for slot in self._slots:
-            if slot[1] is not None and slot[1]() is not None:
+            if slot[1]() is not None:
                 continue  # in use
             buf = slot[0]
             if buf.shape == shape and buf.stride() == stride and buf.dtype == like.dtype and buf.device == like.device:
