@@ -246,7 +246,7 @@ class CallWrapper:
                         working = p
                     else:
                         working = (WorkingWeight.apply(p, tracker, self.layer_id) if grad and p.requires_grad
-                                   else tracker.working_copy(p))
+                                   else tracker.working_copy(p, tracker.buffers(p)))
                         _set_param(module, name, working)
                         swapped.append((module, name, p))
                     if call is not None and module is self.module and name == self.weight_name:

@@ -126,11 +126,10 @@ class Tracker:
             kept[key] = entry
         return entry[1], entry[2]
 
-    def working_copy(self, master: torch.Tensor, buffers=None) -> torch.Tensor:
-        """`master` rounded to `format`: the copy a layer call computes with, in one of the parameter's
-        kept buffers on the CPU (`buffers(master)`), else in a new tensor. The same values either way."""
-        if buffers is None:
-            buffers = self.buffers(master)
+    def working_copy(self, master: torch.Tensor, buffers: Optional[Tuple["Buffers", "Buffers"]]) -> torch.Tensor:
+        """`master` rounded to `format`: the copy a layer call computes with, in one of `buffers` (the
+        parameter's kept buffers, `buffers(master)`) when given, else in a new tensor. The same values
+        either way."""
         if buffers is None:
             return round_forward(master, self.format, self.core)
         copy = buffers[0].take(master)
