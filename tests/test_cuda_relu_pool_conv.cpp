@@ -164,11 +164,9 @@ TEST_CASE(
   struct Case {
     std::int64_t n, c, h, w, o, kernel, stride, pad;
   };
-  const std::vector<Case> cases = {{2, 3, 7, 6, 4, 3, 1, 1},
-                                   {2, 2, 9, 9, 3, 3, 2, 0},
-                                   {1, 3, 8, 5, 2, 2, 2, 1},
-                                   {3, 1, 5, 5, 2, 1, 1, 0},
-                                   {1, 2, 6, 7, 5, 5, 1, 2}};
+  const std::vector<Case> cases = {
+      {2, 3, 7, 6, 4, 3, 1, 1}, {2, 2, 9, 9, 3, 3, 2, 0},  {1, 3, 8, 5, 2, 2, 2, 1}, {3, 1, 5, 5, 2, 1, 1, 0},
+      {1, 2, 6, 7, 5, 5, 1, 2}, {2, 2, 11, 10, 3, 5, 3, 2}};  // taps overlap at a stride > 1
   Rng rng(4);
   for (const Case& k : cases) {
     INFO("input [" << k.n << ", " << k.c << ", " << k.h << ", " << k.w << "], " << k.o << " filters "

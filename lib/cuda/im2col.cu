@@ -1,10 +1,11 @@
-// im2col / col2im on the GPU (see im2col.h): for im2col a block row per (sample, column row) pair and
-// one thread per entry of the pair's Ho·Wo plane, storing fp32 or the 16-bit bits of a GEMM operand; for
-// col2im a block row per (sample, channel) plane and one thread per input element, which gathers its
-// k·k possible entries (no atomics, a fixed order). Only a pair's or plane's own index is divided in
-// 64 bits; an element's position in its plane is 32-bit arithmetic (check_geometry: a plane fits in
-// an int). Dividing every element's flat 64-bit index, as an earlier version did, made these passes
-// bound by the index arithmetic, not by memory.
+// im2col / col2im on the GPU (see im2col.h). Both run a block row per (sample, channel) plane: im2col
+// one thread per output position (oh, ow), which writes that position's k·k column rows (one division
+// for k·k entries; the threads of a warp write k·k coalesced runs); col2im one thread per input element,
+// which gathers its entries in (ki, kj) order, no atomics (a stride of 1 needs no division at all, any
+// other stride one per axis). A plane's own index is divided in 64 bits once per plane; a position in
+// it is 32-bit arithmetic (check_geometry: a plane fits in an int). An earlier version ran one thread
+// per column entry, with divisions for every entry (for col2im up to four per kernel tap), and was
+// bound by that arithmetic, not by memory.
 #include "lib/cuda/im2col.h"
 
 #include <algorithm>
@@ -46,46 +47,57 @@ __global__ void im2col_kernel(const float* x, ConvGeometry g, int ho, int wo, Co
   const int k = static_cast<int>(g.kernel), stride = static_cast<int>(g.stride),
             pad = static_cast<int>(g.pad);
   const int h = static_cast<int>(g.h), w = static_cast<int>(g.w), plane = ho * wo;
-  const std::int64_t rows = g.channels * k * k, pairs = g.n * rows;
-  const std::int64_t step = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
-  for (std::int64_t pair = blockIdx.y; pair < pairs; pair += gridDim.y) {
-    const std::int64_t b = pair / rows, row = pair - b * rows, c = row / (k * k);
-    const int r = static_cast<int>(row - c * k * k), ki = r / k, kj = r - ki * k;
-    const float* xc = x + (b * g.channels + c) * g.h * g.w;
-    const std::int64_t out = b * cs.sample + row * cs.row;
-    for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < plane;
-         i += step) {
-      const int col = static_cast<int>(i), oh = col / wo, ow = col - oh * wo;
-      const int ih = oh * stride - pad + ki, iw = ow * stride - pad + kj;
-      const bool inside = ih >= 0 && ih < h && iw >= 0 && iw < w;
-      cols(out + col, inside ? xc[ih * w + iw] : 0.0f);
+  const std::int64_t planes = g.n * g.channels;
+  const int first = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x),
+            step = static_cast<int>(gridDim.x * blockDim.x);
+  for (std::int64_t p = blockIdx.y; p < planes; p += gridDim.y) {
+    const std::int64_t b = p / g.channels, c = p - b * g.channels;
+    const float* xc = x + p * g.h * g.w;
+    // Row (c·k + ki)·k + kj of sample b's columns; kj and then ki advance it by one row.
+    const std::int64_t rows = b * cs.sample + c * k * k * cs.row;
+    for (int col = first; col < plane; col += step) {
+      const int oh = col / wo, ow = col - oh * wo;
+      const int ih0 = oh * stride - pad, iw0 = ow * stride - pad;
+      std::int64_t at = rows + col;
+      for (int ki = 0; ki < k; ++ki) {
+        const int ih = ih0 + ki;
+        const bool row_inside = ih >= 0 && ih < h;
+        for (int kj = 0; kj < k; ++kj, at += cs.row) {
+          const int iw = iw0 + kj;
+          cols(at, row_inside && iw >= 0 && iw < w ? xc[ih * w + iw] : 0.0f);
+        }
+      }
     }
   }
 }
 
+// Input element (ih, iw) receives the entry (ki, kj, oh, ow) where oh·stride + ki = ih + pad (and the
+// same across): for each ki ≡ ih + pad (mod stride), ascending, oh falls by one. UnitStride: every ki.
+template <bool UnitStride>
 __global__ void col2im_kernel(const float* cols, ConvGeometry g, int ho, int wo, ColumnStrides cs,
                               float* gx) {
-  const int k = static_cast<int>(g.kernel), stride = static_cast<int>(g.stride),
+  const int k = static_cast<int>(g.kernel), stride = UnitStride ? 1 : static_cast<int>(g.stride),
             pad = static_cast<int>(g.pad);
   const int w = static_cast<int>(g.w), plane = static_cast<int>(g.h) * w;
   const std::int64_t planes = g.n * g.channels;
-  const std::int64_t step = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  const int first = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x),
+            step = static_cast<int>(gridDim.x * blockDim.x);
   for (std::int64_t p = blockIdx.y; p < planes; p += gridDim.y) {
     const std::int64_t b = p / g.channels, c = p - b * g.channels;
-    const float* sample = cols + b * cs.sample;
+    const float* rows = cols + b * cs.sample + c * k * k * cs.row;
     float* out = gx + p * plane;
-    for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < plane;
-         i += step) {
-      const int t = static_cast<int>(i), ih = t / w, iw = t - ih * w;
+    for (int t = first; t < plane; t += step) {
+      const int ih = t / w, iw = t - ih * w;
+      const int th = ih + pad, tw = iw + pad;  // = oh·stride + ki, ow·stride + kj
+      const int ki0 = UnitStride ? 0 : th % stride, kj0 = UnitStride ? 0 : tw % stride;
+      const int oh0 = UnitStride ? th : th / stride, ow0 = UnitStride ? tw : tw / stride;
       float sum = 0.0f;
-      for (int ki = 0; ki < k; ++ki) {
-        const int th = ih + pad - ki;  // = oh·stride
-        if (th < 0 || th % stride != 0 || th / stride >= ho) continue;
-        for (int kj = 0; kj < k; ++kj) {
-          const int tw = iw + pad - kj;  // = ow·stride
-          if (tw < 0 || tw % stride != 0 || tw / stride >= wo) continue;
-          sum += sample[((c * k + ki) * k + kj) * cs.row + (th / stride) * wo + tw / stride];
-        }
+      for (int ki = ki0, oh = oh0; ki < k && oh >= 0; ki += stride, --oh) {
+        if (oh >= ho) continue;
+        const float* row =
+            rows + static_cast<std::int64_t>(ki * k) * cs.row + static_cast<std::int64_t>(oh) * wo;
+        for (int kj = kj0, ow = ow0; kj < k && ow >= 0; kj += stride, --ow)
+          if (ow < wo) sum += row[kj * cs.row + ow];
       }
       out[t] = sum;
     }
@@ -117,14 +129,18 @@ void check_geometry(const ConvGeometry& g, const char* what) {
 
 template <class Store>
 void launch_im2col(const float* x, const ConvGeometry& g, Store cols, cudaStream_t stream, ColumnLayout layout) {
-  im2col_kernel<Store><<<grid_2d(g.col_cols(), g.n * g.col_rows()), kBlock, 0, stream>>>(
+  im2col_kernel<Store><<<grid_2d(g.col_cols(), g.n * g.channels), kBlock, 0, stream>>>(
       x, g, static_cast<int>(g.ho()), static_cast<int>(g.wo()), column_strides(g, layout), cols);
   GS_CUDA_CHECK_LAUNCH();
 }
 
 void launch_col2im(const float* cols, const ConvGeometry& g, float* gx, cudaStream_t stream, ColumnLayout layout) {
-  col2im_kernel<<<grid_2d(g.h * g.w, g.n * g.channels), kBlock, 0, stream>>>(
-      cols, g, static_cast<int>(g.ho()), static_cast<int>(g.wo()), column_strides(g, layout), gx);
+  const dim3 grid = grid_2d(g.h * g.w, g.n * g.channels);
+  const int ho = static_cast<int>(g.ho()), wo = static_cast<int>(g.wo());
+  if (g.stride == 1)
+    col2im_kernel<true><<<grid, kBlock, 0, stream>>>(cols, g, ho, wo, column_strides(g, layout), gx);
+  else
+    col2im_kernel<false><<<grid, kBlock, 0, stream>>>(cols, g, ho, wo, column_strides(g, layout), gx);
   GS_CUDA_CHECK_LAUNCH();
 }
 
