@@ -101,6 +101,8 @@ void TraceWriter::write_line(const nlohmann::json& j) {
   GS_CHECK_DATA(out_, "writing the trace file '" << jsonl_path_ << "' failed");
 }
 
+TraceWriter::~TraceWriter() = default;
+
 bool TraceWriter::write_step(const TraceStep& s, const StepMonitor& m) {
   last_step_ = std::max(last_step_, s.step);
   std::vector<std::string> why;

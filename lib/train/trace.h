@@ -31,6 +31,13 @@ class TraceWriter {
   // the step lines up to that step (later ones belong to iterations that will be run again).
   TraceWriter(std::string base, nlohmann::json header, std::int64_t every, bool histograms,
               std::int64_t resume_steps = -1);
+  // Out of line, like the constructor: the stream is destroyed by the library that made it. Inlined into
+  // another module that carries its own static libstdc++ (the plug-in's _core where the compiler links
+  // it so), the stream's locale would be released by the other copy, which frees the first copy's
+  // static classic locale: `free(): invalid pointer`.
+  ~TraceWriter();
+  TraceWriter(const TraceWriter&) = delete;
+  TraceWriter& operator=(const TraceWriter&) = delete;
 
   // Whether iteration `step` (1-based) takes full statistics: every `every`-th iteration.
   bool samples(std::int64_t step) const { return step % every_ == 0; }
