@@ -70,10 +70,12 @@ if ! cmake --build "$build" -j "$(nproc)" "${target_args[@]}" >"$logs/build.txt"
 fi
 phase "built: $(grep -c "Building" "$logs/build.txt") sources, $(grep -c "warning" "$logs/build.txt") warning lines"
 # The plug-in's pytest runs on the package as pip installs it (editable, from this build directory);
-# pip needs scikit-build-core on the machine (no index there: carry its wheel, docs/gpu.md).
+# pip needs scikit-build-core on the machine (no index there: carry its wheel, docs/gpu.md). Unstripped,
+# so that a backtrace below names the core's functions.
 if [ "$plugin" -eq 1 ]; then
   if python3 -c 'import scikit_build_core' 2>/dev/null &&
      python3 -m pip install -q --no-build-isolation --no-deps -e . --config-settings=build-dir="$build" \
+       --config-settings=install.strip=false \
        >>"$logs/build.txt" 2>&1; then
     phase "the Python package installed (editable)"
   else
