@@ -1,10 +1,11 @@
-// SPEC §3 statistics on the GPU (see stats.h). Two kernels per launch of up to 32 tensors:
-//  1. stats_partial_kernel: grid (blocks, tensors); each thread walks its tensor with a grid-stride loop
-//     and counts how many of the thresholds |v| reaches (the class of a value is that number, exactly as
-//     histogram.cpp's class_index), adds the moments, and counts the binade of every non-zero finite
-//     value in its warp's shared histogram. A block writes one partial record and adds its histogram to
-//     the output's bins (integer atomics: exact in any order).
-//  2. stats_finalize_kernel: one block per tensor combines the partial records in a fixed order.
+// SPEC §3 statistics on the GPU (see stats.h). One kernel per launch of up to 32 tensors,
+// stats_partial_kernel, grid (blocks, tensors): each thread walks its tensor with a grid-stride loop and
+// counts how many of the thresholds |v| reaches (the class of a value is that number, exactly as
+// histogram.cpp's class_index), adds the moments, and counts the binade of every non-zero finite value
+// in its warp's shared histogram. A block writes one partial record, adds its histogram to the output's
+// bins (integer atomics: exact in any order) and counts itself in; the tensor's last block to arrive
+// combines the partial records in a fixed order (the same sums whichever block is last), so no second
+// kernel waits on the first.
 #include "lib/cuda/stats.h"
 
 #include <cstring>
@@ -49,6 +50,55 @@ __device__ __forceinline__ int bin_of(std::uint32_t a) {
   return min(max(e, kBinadeMin), kBinadeMax) - kBinadeMin;
 }
 
+// Another block's record, read past this SM's L1 (which may hold none of it, but is not coherent).
+__device__ BlockPartial load_partial(const BlockPartial* at) {
+  const volatile BlockPartial* v = at;
+  BlockPartial p;
+  for (int k = 0; k < 5; ++k) p.reached[k] = v->reached[k];
+  p.sum = v->sum;
+  p.sum_squares = v->sum_squares;
+  p.lo = v->lo;
+  p.hi = v->hi;
+  p.nonzero_m1 = v->nonzero_m1;
+  return p;
+}
+
+// The last block of tensor `job`: its `blocks` records `part` combined in a fixed order (each thread a
+// fixed subset, then block_reduce), and the output written.
+__device__ void finalize(const StatsTable& table, int job, const BlockPartial* part, unsigned blocks) {
+  unsigned long long reached[5] = {0, 0, 0, 0, 0};
+  double sum = 0, sum_squares = 0;
+  float lo = __uint_as_float(kInf), hi = -__uint_as_float(kInf);
+  unsigned nonzero_m1 = 0xFFFFFFFFu;
+  for (unsigned b = threadIdx.x; b < blocks; b += blockDim.x) {
+    const BlockPartial p = load_partial(part + b);
+    for (int k = 0; k < 5; ++k) reached[k] += p.reached[k];
+    sum += p.sum;
+    sum_squares += p.sum_squares;
+    lo = fminf(lo, p.lo);
+    hi = fmaxf(hi, p.hi);
+    nonzero_m1 = min(nonzero_m1, p.nonzero_m1);
+  }
+  for (int k = 0; k < 5; ++k) reached[k] = device::block_reduce(reached[k], device::Sum());
+  sum = device::block_reduce(sum, device::Sum());
+  sum_squares = device::block_reduce(sum_squares, device::Sum());
+  lo = device::block_reduce(lo, device::MinFloat());
+  hi = device::block_reduce(hi, device::MaxFloat());
+  nonzero_m1 = device::block_reduce(nonzero_m1, device::MinUnsigned());
+  if (threadIdx.x != 0) return;
+
+  const unsigned long long n = table.n[job];
+  DeviceStats& s = table.out[job];
+  set_class_counts(s, n, reached);
+  s.sum = sum;
+  s.sum_squares = sum_squares;
+  s.min = s.count > 0 ? lo : 0.0;
+  s.max = s.count > 0 ? hi : 0.0;
+  s.max_abs = s.count > 0 ? fmax(-s.min, s.max) : 0.0;
+  s.min_nonzero_abs =
+      (nonzero_m1 + 1u < kInf && nonzero_m1 != 0xFFFFFFFFu) ? __uint_as_float(nonzero_m1 + 1u) : 0.0;
+}
+
 __global__ void __launch_bounds__(kBlock) stats_partial_kernel(StatsTable table, BlockPartial* partials) {
   __shared__ unsigned hist[kWarps][kBinadeCount];
   for (unsigned i = threadIdx.x; i < kWarps * kBinadeCount; i += blockDim.x) (&hist[0][0])[i] = 0;
@@ -91,51 +141,23 @@ __global__ void __launch_bounds__(kBlock) stats_partial_kernel(StatsTable table,
   p.lo = device::block_reduce(lo, device::MinFloat());
   p.hi = device::block_reduce(hi, device::MaxFloat());
   p.nonzero_m1 = device::block_reduce(nonzero_m1, device::MinUnsigned());
-  if (threadIdx.x == 0) partials[static_cast<std::size_t>(job) * gridDim.x + blockIdx.x] = p;
+  BlockPartial* part = partials + static_cast<std::size_t>(job) * gridDim.x;
+  if (threadIdx.x == 0) part[blockIdx.x] = p;
   // block_reduce synchronised the block: every count of the shared histogram is in.
-  unsigned long long* bins = table.out[job].binades;
+  DeviceStats& out = table.out[job];
   for (unsigned b = threadIdx.x; b < kBinadeCount; b += blockDim.x) {
     unsigned total = 0;
     for (unsigned w = 0; w < kWarps; ++w) total += hist[w][b];
-    if (total != 0) atomicAdd(&bins[b], static_cast<unsigned long long>(total));
+    if (total != 0) atomicAdd(&out.binades[b], static_cast<unsigned long long>(total));
   }
-}
-
-__global__ void __launch_bounds__(kBlock)
-    stats_finalize_kernel(StatsTable table, const BlockPartial* partials, unsigned blocks) {
-  const int job = static_cast<int>(blockIdx.x);
-  const BlockPartial* part = partials + static_cast<std::size_t>(job) * blocks;
-  unsigned long long reached[5] = {0, 0, 0, 0, 0};
-  double sum = 0, sum_squares = 0;
-  float lo = __uint_as_float(kInf), hi = -__uint_as_float(kInf);
-  unsigned nonzero_m1 = 0xFFFFFFFFu;
-  for (unsigned b = threadIdx.x; b < blocks; b += blockDim.x) {
-    const BlockPartial& p = part[b];
-    for (int k = 0; k < 5; ++k) reached[k] += p.reached[k];
-    sum += p.sum;
-    sum_squares += p.sum_squares;
-    lo = fminf(lo, p.lo);
-    hi = fmaxf(hi, p.hi);
-    nonzero_m1 = min(nonzero_m1, p.nonzero_m1);
-  }
-  for (int k = 0; k < 5; ++k) reached[k] = device::block_reduce(reached[k], device::Sum());
-  sum = device::block_reduce(sum, device::Sum());
-  sum_squares = device::block_reduce(sum_squares, device::Sum());
-  lo = device::block_reduce(lo, device::MinFloat());
-  hi = device::block_reduce(hi, device::MaxFloat());
-  nonzero_m1 = device::block_reduce(nonzero_m1, device::MinUnsigned());
-  if (threadIdx.x != 0) return;
-
-  const unsigned long long n = table.n[job];
-  DeviceStats& s = table.out[job];
-  set_class_counts(s, n, reached);
-  s.sum = sum;
-  s.sum_squares = sum_squares;
-  s.min = s.count > 0 ? lo : 0.0;
-  s.max = s.count > 0 ? hi : 0.0;
-  s.max_abs = s.count > 0 ? fmax(-s.min, s.max) : 0.0;
-  s.min_nonzero_abs =
-      (nonzero_m1 + 1u < kInf && nonzero_m1 != 0xFFFFFFFFu) ? __uint_as_float(nonzero_m1 + 1u) : 0.0;
+  // Arrival: out.count (zeroed with the output, and written last by set_class_counts) counts the blocks
+  // done. The fence puts this block's record before its arrival for every other block.
+  __threadfence();
+  bool last = false;
+  if (threadIdx.x == 0) last = atomicAdd(&out.count, 1ull) == gridDim.x - 1;
+  if (!__syncthreads_or(last)) return;
+  __threadfence();
+  finalize(table, job, part, gridDim.x);
 }
 
 // max over the grid of (bits & kAbs): each block reduces its threads', then one atomicMax (exact).
@@ -152,8 +174,6 @@ void launch_stats(const StatsTable& table, unsigned blocks, BlockPartial* partia
   stats_partial_kernel<<<dim3(blocks, static_cast<unsigned>(table.count)), kBlock, 0, stream>>>(table,
                                                                                                 partials);
   GS_CUDA_CHECK_LAUNCH();
-  stats_finalize_kernel<<<static_cast<unsigned>(table.count), kBlock, 0, stream>>>(table, partials, blocks);
-  GS_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace
@@ -168,7 +188,8 @@ void tensor_stats(CudaContext& ctx, const StatsJob* jobs, std::size_t count, Dev
     GS_CHECK(jobs[i].n <= kMaxElements,
              "cuda::tensor_stats: tensor " << i << " has " << jobs[i].n << " elements, more than 2^40");
   }
-  GS_CUDA_CHECK(cudaMemsetAsync(out, 0, count * sizeof(DeviceStats), ctx.stream()));  // the bins add up
+  // The bins add up, and `count` counts the blocks arrived until the last one sets it.
+  GS_CUDA_CHECK(cudaMemsetAsync(out, 0, count * sizeof(DeviceStats), ctx.stream()));
   for (std::size_t first = 0; first < count; first += kJobsPerLaunch) {
     StatsTable table{};
     table.count = static_cast<int>(std::min<std::size_t>(kJobsPerLaunch, count - first));

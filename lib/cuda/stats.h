@@ -41,7 +41,7 @@ inline StatsJob job_of(const float* data, std::int64_t n, Format f, RoundOptions
 }
 
 // out[i] ← the statistics of jobs[i] for i < count (`jobs` on the host, `out` in device memory),
-// queued on ctx.stream(); uses ctx.scratch(). Two kernel launches per 32 tensors. Throws Error for a
+// queued on ctx.stream(); uses ctx.scratch(). One kernel launch per 32 tensors. Throws Error for a
 // null pointer with n > 0 or more than 2^40 elements in one tensor, CudaError when a launch fails.
 void tensor_stats(CudaContext& ctx, const StatsJob* jobs, std::size_t count, DeviceStats* out);
 inline void tensor_stats(CudaContext& ctx, const std::vector<StatsJob>& jobs, DeviceStats* out) {

@@ -1,5 +1,5 @@
 // The round-to-F class counts of SPEC §3 from threshold crossings, one definition for the host pass
-// (histogram.cpp: stats_pass) and the GPU's (lib/cuda/stats.cu: stats_finalize_kernel).
+// (histogram.cpp: stats_pass) and the GPU's (lib/cuda/stats.cu: finalize).
 #pragma once
 
 #include "lib/core/host_device.h"

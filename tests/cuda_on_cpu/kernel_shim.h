@@ -58,6 +58,9 @@ inline int __syncthreads_and(int predicate) {
 inline int __syncthreads_count(int predicate) {
   return ::gs_emu::block_barrier(::gs_emu::BarrierOp::count, predicate != 0);
 }
+// A memory fence orders one thread's writes as every other block sees them; the blocks of a launch
+// run one after the other here, so each sees all of an earlier block's writes already.
+inline void __threadfence() {}
 
 template <class T>
 T gs_emu_shuffle(::gs_emu::ShuffleOp op, unsigned mask, T v, int arg, int width) {
