@@ -48,14 +48,17 @@ __global__ void im2col_kernel(const float* x, ConvGeometry g, int ho, int wo, Co
             pad = static_cast<int>(g.pad);
   const int h = static_cast<int>(g.h), w = static_cast<int>(g.w), plane = ho * wo;
   const std::int64_t planes = g.n * g.channels;
-  const int first = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x),
-            step = static_cast<int>(gridDim.x * blockDim.x);
+  // The position loop counts in 64 bits: a plane may hold up to 2^31 - 1 values, and one step more
+  // than the last position must not overflow.
+  const std::int64_t first = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x,
+                     step = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
   for (std::int64_t p = blockIdx.y; p < planes; p += gridDim.y) {
     const std::int64_t b = p / g.channels, c = p - b * g.channels;
     const float* xc = x + p * g.h * g.w;
     // Row (c·k + ki)·k + kj of sample b's columns; kj and then ki advance it by one row.
     const std::int64_t rows = b * cs.sample + c * k * k * cs.row;
-    for (int col = first; col < plane; col += step) {
+    for (std::int64_t i = first; i < plane; i += step) {
+      const int col = static_cast<int>(i);
       const int oh = col / wo, ow = col - oh * wo;
       const int ih0 = oh * stride - pad, iw0 = ow * stride - pad;
       std::int64_t at = rows + col;
@@ -80,13 +83,14 @@ __global__ void col2im_kernel(const float* cols, ConvGeometry g, int ho, int wo,
             pad = static_cast<int>(g.pad);
   const int w = static_cast<int>(g.w), plane = static_cast<int>(g.h) * w;
   const std::int64_t planes = g.n * g.channels;
-  const int first = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x),
-            step = static_cast<int>(gridDim.x * blockDim.x);
+  const std::int64_t first = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x,
+                     step = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
   for (std::int64_t p = blockIdx.y; p < planes; p += gridDim.y) {
     const std::int64_t b = p / g.channels, c = p - b * g.channels;
     const float* rows = cols + b * cs.sample + c * k * k * cs.row;
     float* out = gx + p * plane;
-    for (int t = first; t < plane; t += step) {
+    for (std::int64_t i = first; i < plane; i += step) {
+      const int t = static_cast<int>(i);
       const int ih = t / w, iw = t - ih * w;
       const int th = ih + pad, tw = iw + pad;  // = oh·stride + ki, ow·stride + kj
       const int ki0 = UnitStride ? 0 : th % stride, kj0 = UnitStride ? 0 : tw % stride;
