@@ -15,20 +15,30 @@ set(GS_UNITY_SEPARATE
     lib/optim/sgd.cpp                    # kWeightDecayRange, as adam.cpp
     experiments/cli/cmd_replay.cpp       # kUsage, as cmd_inspect.cpp
     experiments/cli/trace_schema.cpp)    # shown, as cmd_train.cpp
-list(TRANSFORM GS_UNITY_SEPARATE PREPEND "${PROJECT_SOURCE_DIR}/")
-foreach(target gradscale_lib gradscale_experiments gradscale)
-  if(NOT TARGET ${target})
-    continue()
-  endif()
-  set_target_properties(${target} PROPERTIES UNITY_BUILD_MODE GROUP)
+# gs_unity_by_folder(target root): target's sources (under root) compiled one folder at a
+# time, but for those in GS_UNITY_SEPARATE. Used by the main build under CMAKE_UNITY_BUILD (below) and,
+# always, by the fuzz build (tests/fuzz), whose sanitized copy of the library only replays corpora.
+function(gs_unity_by_folder target root)
+  set(separate ${GS_UNITY_SEPARATE})
+  list(TRANSFORM separate PREPEND "${root}/")
+  set_target_properties(${target} PROPERTIES UNITY_BUILD ON UNITY_BUILD_MODE GROUP)
   get_target_property(sources ${target} SOURCES)
   foreach(source IN LISTS sources)
-    if(source IN_LIST GS_UNITY_SEPARATE)
+    get_filename_component(source "${source}" ABSOLUTE BASE_DIR "${CMAKE_CURRENT_SOURCE_DIR}")
+    if(source IN_LIST separate)
       continue()  # no group: compiled on its own
     endif()
     get_filename_component(folder "${source}" DIRECTORY)
-    file(RELATIVE_PATH folder "${PROJECT_SOURCE_DIR}" "${folder}")
+    file(RELATIVE_PATH folder "${root}" "${folder}")
     string(REPLACE "/" "_" folder "${folder}")
     set_source_files_properties("${source}" PROPERTIES UNITY_GROUP "${folder}")
   endforeach()
-endforeach()
+endfunction()
+
+if(CMAKE_UNITY_BUILD)
+  foreach(target gradscale_lib gradscale_experiments gradscale)
+    if(TARGET ${target})
+      gs_unity_by_folder(${target} "${PROJECT_SOURCE_DIR}")
+    endif()
+  endforeach()
+endif()

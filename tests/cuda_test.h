@@ -22,29 +22,25 @@ inline void require_cuda_device() {
   if (cuda::device_count() == 0) skip_test("no CUDA device: " + cuda::no_device_reason());
 }
 
+// Whether this test binary runs lib/cuda on its CPU execution target (tests/cuda_on_cpu) rather than as
+// nvcc built it. The test_cuda*.cpp objects are compiled once and linked into both binaries; each binary
+// links one definition of this (tests/cuda_target_gpu.cpp, tests/cuda_on_cpu/cuda_target_cpu.cpp).
+bool on_cpu_execution_target() noexcept;
+
 // First statement of a case that only a real GPU can answer (speed, the real cuBLAS, a program other
-// than this test binary): on the CPU execution target of lib/cuda (tests/cuda_on_cpu, which builds these
-// same sources with GRADSCALE_CUDA_ON_CPU) the case is reported as Skipped with `why`.
+// than this test binary): on the CPU execution target of lib/cuda the case is reported as Skipped with
+// `why`.
 inline void require_gpu_hardware(const std::string& why) {
-#ifdef GRADSCALE_CUDA_ON_CPU
-  skip_test("lib/cuda runs on the CPU execution target here, which cannot answer this: " + why);
-#else
-  (void)why;
-#endif
+  if (on_cpu_execution_target())
+    skip_test("lib/cuda runs on the CPU execution target here, which cannot answer this: " + why);
 }
 
 // The size a case uses: `on_gpu` on a GPU, `on_cpu_target` on the CPU execution target, where each CUDA
 // thread is a fiber and every barrier or shuffle it crosses costs tens of nanoseconds. Only for a case
 // whose point holds at the smaller size (docs/gpu.md, "The CPU execution target").
 template <class T>
-constexpr T gpu_or_cpu_target(T on_gpu, T on_cpu_target) {
-#ifdef GRADSCALE_CUDA_ON_CPU
-  (void)on_gpu;
-  return on_cpu_target;
-#else
-  (void)on_cpu_target;
-  return on_gpu;
-#endif
+T gpu_or_cpu_target(T on_gpu, T on_cpu_target) {
+  return on_cpu_execution_target() ? on_cpu_target : on_gpu;
 }
 
 inline std::uint32_t bits_of(float x) {

@@ -1,0 +1,6 @@
+// gradscale_tests runs the lib/cuda cases on lib/cuda as nvcc built it (tests/cuda_test.h).
+#include "tests/cuda_test.h"
+
+bool gradscale::test::on_cpu_execution_target() noexcept {
+  return false;
+}
