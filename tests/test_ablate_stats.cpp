@@ -223,6 +223,47 @@ TEST_CASE("ablate table: steps to target, paired differences, the headroom note,
       contains(table_markdown(f), "- steps to target: the first evaluated step with test accuracy >= 0.7."));
 }
 
+TEST_CASE("ablate table: with an all-fp32 row and an fp32-gradient row, a row's fp32 row has its format",
+          "[ablate]") {
+  // accuracy.json's rows: both fp32 rows share as many labels with `torch` (none but the model's); the
+  // one with torch's forward format (fp16) is its reference, for the target and the headroom.
+  TempDir tmp;
+  const std::string out = tmp / "out";
+  const Ablation ab = expand_ablation(ojson::parse(R"j({
+      "base": {"model": "mlp", "data": "synthetic:64", "format": "fp16"},
+      "axes": {"scaler": ["torch"]},
+      "extra_rows": [{"scaler": {"label": "fp32 (reference)", "set": {"format": "fp32", "scaler": "none"}}},
+                     {"scaler": {"label": "fp32 gradients", "set": {"grad_format": "fp32", "scaler": "none"}}}],
+      "seeds": [0, 1]})j"),
+                                      "t");
+  for (int s = 0; s < 2; ++s) {
+    const std::string seed = "_seed" + std::to_string(s);
+    write_finished_run(out, "fp32-reference" + seed, 0.90, json::array());
+    write_finished_run(out, "fp32-gradients" + seed, 0.80, json::array());
+    write_finished_run(out, "torch" + seed, 0.79, json::array({{{"steps", 100}, {"test_accuracy", 0.77}}}));
+  }
+  const Table t = build_table(ab, out);
+  REQUIRE(t.rows.size() == 3);
+  CHECK(t.rows[0].labels == std::vector<std::string>{"torch"});
+  CHECK(t.rows[1].labels == std::vector<std::string>{"fp32 (reference)"});
+  CHECK(t.rows[2].labels == std::vector<std::string>{"fp32 gradients"});
+  CHECK(t.rows[0].format == "fp16");
+  CHECK(t.rows[1].format == "fp32");
+  CHECK(t.rows[0].fp32_row == 2);  // not ambiguous: the fp32-gradient row in fp16
+  CHECK(t.rows[1].fp32_row == 1);  // each fp32 row is its own
+  CHECK(t.rows[2].fp32_row == 2);
+  CHECK(t.rows[0].steps_to_target.target == Approx(0.95 * 0.80));
+  CHECK(t.rows[0].steps_to_target.reached == 2);
+  CHECK(t.rows[0].headroom.reference == 2);
+  const std::string md = table_markdown(t);
+  INFO(md);
+  CHECK_FALSE(contains(md, "several fp32 rows"));
+  // torch − fp32 gradients = −0.01 at both seeds: std 0, the interval [−0.01, −0.01] excludes 0.
+  CHECK(contains(md,
+                 "- headroom of torch against the fp32 row fp32 gradients: final accuracy difference "
+                 "-0.0100 [-0.0100, -0.0100] over 2 seeds excludes 0"));
+}
+
 TEST_CASE("ablate table: without an fp32 row the steps to target are empty and the table says why",
           "[ablate]") {
   TempDir tmp;

@@ -46,6 +46,7 @@ struct TableRow {
   MeanStd final_accuracy, best_accuracy, skipped_steps, mean_underflow, max_underflow, ms_per_step,
       scaler_percent, shadow_rel_error, shadow_underflow_mass;
   bool fp32 = false;   // gradient format fp32 and scaler none: a reference for targets and headroom
+  std::string format;  // the forward format its runs train with (the engines' default: fp32)
   bool torch = false;  // the scaler is the global "torch" policy
   int fp32_row = -1;   // the row's fp32 reference row (index in Table::rows); -1: none
   StepsToTarget steps_to_target;
