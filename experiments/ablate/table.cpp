@@ -14,16 +14,16 @@ namespace {
 
 using json = nlohmann::json;
 
-// The gradient format and scaler policy a config trains with (both engines' defaults: fp32, none).
-std::string grad_format_of(const json& config) {
-  if (config.contains("grad_format") && config["grad_format"].is_string()) return config["grad_format"];
+// The forward format, gradient format and scaler policy a config trains with (both engines' defaults:
+// fp32, the forward format, none).
+std::string format_of(const json& config) {
   if (config.contains("format") && config["format"].is_string()) return config["format"];
   return "fp32";
 }
 
-std::string format_of(const json& config) {
-  if (config.contains("format") && config["format"].is_string()) return config["format"];
-  return "fp32";
+std::string grad_format_of(const json& config) {
+  if (config.contains("grad_format") && config["grad_format"].is_string()) return config["grad_format"];
+  return format_of(config);
 }
 
 std::string scaler_policy_of(const json& config) {
