@@ -152,39 +152,53 @@ class BackwardPass:
     def _walk(self, roots: List[object]) -> int:
         """Walks the graph from `roots` and installs the join and leaf hooks. Returns the number of
         model nodes seen (0: the loss does not depend on the model's outputs)."""
+        # One pass over the graph: each node's producers (its next_functions, read once: each read
+        # builds new tuples) and each producer's uses (consumer, the consumer's input slot k, the
+        # producer's output slot j).
         edges: Dict[object, List[Tuple[object, int, int]]] = {}
+        producers_of: Dict[object, List[object]] = {}
         seen = set(roots)
         stack = list(roots)
         while stack:
             node = stack.pop()
+            found = []
             for k, (producer, j) in enumerate(node.next_functions):
                 if producer is None:
                     continue
-                edges.setdefault(producer, []).append((node, k, j))
+                found.append(producer)
+                uses = edges.get(producer)
+                if uses is None:
+                    edges[producer] = [(node, k, j)]
+                else:
+                    uses.append((node, k, j))
                 if producer not in seen:
                     seen.add(producer)
                     stack.append(producer)
+            producers_of[node] = found
         if self.nested:  # a checkpointed segment: all of it is inside the model
-            in_model = set(seen)
+            in_model = seen
         else:  # everything upstream of a LossEdge (the loss's own graph stays in fp32 at 1)
             in_model = set()
             stack = [n for n in seen if isinstance(n, _LOSS)]
             for n in stack:
                 self._loss_edges.add(self._token(n))
             while stack:
-                node = stack.pop()
-                for producer, _ in node.next_functions:
-                    if producer is not None and producer not in in_model:
+                for producer in producers_of[stack.pop()]:
+                    if producer not in in_model:
                         in_model.add(producer)
                         stack.append(producer)
         params = self._layer_params()
         leaf_slots: Dict[object, List[Tuple[int, int]]] = {}
         join_slots: Dict[object, List[Tuple[int, int, int]]] = {}
+        consumers = self._consumers
         for producer, uses in edges.items():
-            distinct = list({id(consumer): consumer for consumer, _, _ in uses}.values())  # in order, once each
-            self._consumers[producer] = distinct
-            inside = [(c, k, j) for c, k, j in uses if c in in_model or isinstance(c, _LOSS)]
+            if len(uses) == 1:
+                distinct = [uses[0][0]]
+            else:
+                distinct = list({id(consumer): consumer for consumer, _, _ in uses}.values())  # in order, once each
+            consumers[producer] = distinct
             if _is_leaf_node(producer):
+                inside = [(c, k, j) for c, k, j in uses if c in in_model or isinstance(c, _LOSS)]
                 layer = params.get(id(producer.variable))
                 if self.nested and layer is None:
                     # An input of the checkpointed segment: its gradient leaves at its scale (the
@@ -197,7 +211,7 @@ class BackwardPass:
                 for consumer, k, _ in inside:
                     if not isinstance(consumer, _WEIGHT):  # WorkingWeight unscales its own part
                         leaf_slots.setdefault(consumer, []).append((k, -1 if layer is None else layer))
-            elif producer in in_model and len(distinct) >= 2:
+            elif len(distinct) >= 2 and producer in in_model:
                 self._add_join(producer, uses, join_slots)
         for consumer in set(leaf_slots) | set(join_slots):
             consumer.register_hook(self._post_hook(self._token(consumer), leaf_slots.get(consumer, []),

@@ -70,12 +70,23 @@ def map_tensors(value, device: torch.device, fn):
     return value
 
 
+def _autocast_query():
+    """torch.is_autocast_enabled(device_type) where torch has it (>= 2.4), else its per-device forms:
+    chosen once, not by an exception at every layer call."""
+    try:
+        torch.is_autocast_enabled("cpu")
+        return torch.is_autocast_enabled
+    except TypeError:
+        return lambda device_type: (torch.is_autocast_cpu_enabled() if device_type == "cpu"
+                                    else torch.is_autocast_enabled())
+
+
+_autocast_enabled = _autocast_query()
+
+
 def autocast_off(device: torch.device):
     """A context without autocast on `device` when autocast is on there (else nothing)."""
-    try:
-        on = torch.is_autocast_enabled(device.type)  # torch >= 2.4
-    except TypeError:
-        on = torch.is_autocast_cpu_enabled() if device.type == "cpu" else torch.is_autocast_enabled()
+    on = _autocast_enabled(device.type)
     return torch.autocast(device.type, enabled=False) if on else contextlib.nullcontext()
 
 
