@@ -5,7 +5,7 @@ the same turns for comparison.
 
     .venv/bin/python python/examples/bench_overhead.py [--steps 30] [--threads 1] [--device cuda]
 
---threads N sets torch's threads and OpenBLAS's (the script runs itself again with OPENBLAS_NUM_THREADS=N).
+--threads N sets torch's threads and OpenBLAS's (gradscale._blas).
 
 Prints one Markdown row per model: milliseconds per step of each configuration (median of --steps
 after 3 warm-up steps; the configurations take turns step by step; on a GPU each step ends with a
@@ -29,6 +29,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.dirname(__file__))
+from gradscale._blas import blas_threads, set_blas_threads  # noqa: E402
 from gradscale.torch import Scaler  # noqa: E402
 from train_compare import CharLM, ResNetMini  # noqa: E402
 
@@ -102,30 +103,17 @@ def time_configs(make, data, configs, steps, device):
     return [statistics.median(r.times) * 1e3 for r in runs], [statistics.median(r.faults) for r in runs]
 
 
-def os_threads() -> str:
-    """The process's threads as the OS counts them (a BLAS pool's too), where /proc tells."""
-    try:
-        return str(len(os.listdir("/proc/self/task")))
-    except OSError:
-        return "?"
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--device", default="cpu", help="cpu, or cuda (adds PyTorch AMP to the comparison)")
     args = ap.parse_args()
-    # torch.set_num_threads does not reach a BLAS with a thread pool of its own: Debian's torch calls
-    # OpenBLAS's pthread build, which starts one thread per core and reads OPENBLAS_NUM_THREADS once,
-    # when it loads. So the script runs itself again with it set, and --threads 1 is one thread.
-    if os.environ.get("OPENBLAS_NUM_THREADS") != str(args.threads):
-        os.environ["OPENBLAS_NUM_THREADS"] = str(args.threads)
-        os.execv(sys.executable, [sys.executable] + sys.argv)
     torch.set_num_threads(args.threads)
+    set_blas_threads(args.threads)  # OpenBLAS's pool, which torch's setting does not reach
     gpu = args.device.startswith("cuda")
     where = (torch.cuda.get_device_name(torch.device(args.device)) if gpu else
-             f"cpu, threads {args.threads} (torch and OpenBLAS; the process runs {os_threads()} threads)")
+             f"cpu, threads {args.threads} (torch's; OpenBLAS's: {blas_threads()})")
     print(f"{where}, torch {torch.__version__}")
     configs = [None, "torch", {"policy": "adaptive", "method": "measured"}] + (["amp"] if gpu else [])
     amp_header = " PyTorch AMP (autocast fp16 + GradScaler) | measured / AMP |" if gpu else ""

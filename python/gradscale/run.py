@@ -29,6 +29,7 @@ import time
 import traceback
 from typing import Any, Dict, List, Optional, Tuple
 
+from ._blas import blas_threads, set_blas_threads
 from ._run_config import check_schedule, make_optimizer, resolve_config, schedule_lr
 from ._run_load import ConfigProblem, one_line
 
@@ -49,6 +50,7 @@ def set_deterministic(cfg: dict):
     torch.use_deterministic_algorithms(True, warn_only=True)
     if cfg["threads"] > 0:
         torch.set_num_threads(cfg["threads"])
+        set_blas_threads(cfg["threads"])  # OpenBLAS's pool, which torch's setting does not reach
     torch.manual_seed(cfg["seed"])
 
 
@@ -306,7 +308,7 @@ def train(cfg: dict, result_path: str, quiet: bool) -> int:
                         "torchvision": _torchvision_version(),
                         "deterministic": "torch.use_deterministic_algorithms(True, warn_only=True); TF32 off, "
                                          "cuDNN deterministic on CUDA; seeded init and data order",
-                        "device": str(device), "threads": torch.get_num_threads()}
+                        "device": str(device), "threads": torch.get_num_threads(), "blas_threads": blas_threads()}
     result["config"] = cfg
     if result_path:
         write_atomic(result_path, json.dumps(result, indent=2, allow_nan=False) + "\n")

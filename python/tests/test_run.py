@@ -127,6 +127,21 @@ def test_trains_and_writes_the_result_schema(tmp_path, factory):
     assert t["summary"]["test_accuracy"] == r["test_accuracy"]
 
 
+def test_threads_reach_openblas(tmp_path, factory):
+    """`threads` sets OpenBLAS's pool as well as torch's (torch.set_num_threads does not reach it, so a
+    one-thread run ran its GEMMs on every core), and the result says what it was."""
+    from gradscale import _blas
+    if _blas.blas_threads() is None:
+        pytest.skip("torch calls no OpenBLAS in this process")
+    _blas.set_blas_threads(2)
+    result = tmp_path / "result.json"
+    assert run.main([write(tmp_path, base(factory, threads=1)), "--result", str(result), "--quiet"]) == 0
+    assert json.loads(result.read_text())["engine"]["blas_threads"] == 1
+    assert _blas.blas_threads() == 1
+    with pytest.raises(ValueError, match="set_blas_threads"):
+        _blas.set_blas_threads(0)
+
+
 def test_same_seed_same_result(tmp_path, factory):
     out = []
     for k in range(2):
