@@ -96,6 +96,76 @@ def test_fused_inference_paths_are_off_while_attached():
     assert model.enc.layers[0].activation_relu_or_gelu  # the fast path's flag is back
 
 
+def _products(out):
+    """The matrix products on out's autograd graph, by node type."""
+    found, seen, stack = {}, set(), [out.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        name = type(node).__name__
+        if "mm" in name.lower():
+            found[name] = found.get(name, 0) + 1
+        stack.extend(n for n, _ in node.next_functions)
+    return found
+
+
+@pytest.mark.parametrize("batch_first", [True, False])
+def test_attention_makes_the_products_pytorch_makes_and_no_more(batch_first):
+    # The attention's output reaches out_proj as it is: no product by an identity in its place.
+    torch.manual_seed(0)
+    attn = nn.MultiheadAttention(16, 2, batch_first=batch_first)
+    x = torch.randn(3, 5, 16, requires_grad=True)
+    mask = torch.triu(torch.ones(5 if batch_first else 3, 5 if batch_first else 3, dtype=torch.bool), 1)
+    plain = _products(attn(x, x, x, attn_mask=mask, need_weights=False)[0])
+    Scaler(attn, scaler="static:8", format="fp16")
+    assert _products(attn(x, x, x, attn_mask=mask, need_weights=False)[0]) == plain
+    assert sum(plain.values()) >= 3  # in-projection, the two attention products, out_proj
+
+
+def test_torchs_linear_is_back_after_an_attention_call():
+    torch_linear = F.linear
+    model = Encoder()
+    Scaler(model, scaler="static:8", format="fp16")
+    idx, _ = tokens()
+    model(idx)
+    assert F.linear is torch_linear
+    attn = model.enc.layers[0].self_attn
+    with pytest.raises(RuntimeError):
+        attn(torch.randn(3, 6, 16), torch.randn(3, 6, 16), torch.randn(3, 6, 16), attn_mask=torch.ones(2, 2))
+    assert F.linear is torch_linear
+
+
+def test_attention_calls_in_threads_give_their_own_results():
+    import threading
+    torch_linear = F.linear
+    models = [Encoder(), Encoder()]
+    for m in models:
+        Scaler(m, scaler="static:8", format="fp16")
+    idx, _ = tokens()
+    with torch.no_grad():
+        alone = [m(idx) for m in models]
+    results, errors = [[], []], []
+
+    def work(i):
+        try:
+            with torch.no_grad():
+                for _ in range(20):
+                    results[i].append(models[i](idx))
+        except BaseException as e:  # noqa: BLE001 (reported below)
+            errors.append(e)
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    for i in range(2):
+        assert all(torch.equal(r, alone[i]) for r in results[i])
+    assert F.linear is torch_linear
+
+
 # ---- memory layout -------------------------------------------------------------------------------
 class Convs(nn.Module):
     def __init__(self):

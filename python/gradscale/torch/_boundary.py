@@ -14,9 +14,11 @@ Under torch.autograd's no_grad the same boundaries round, without nodes.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, List, Optional, Tuple
+import threading
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ._functions import Enter, Exit, WorkingWeight, round_forward
@@ -97,6 +99,47 @@ def _set_param(module: nn.Module, name: str, value) -> None:
     names = module.__dict__.get("_flat_weights_names")
     if names is not None and name in names:
         module._flat_weights[names.index(name)] = value
+
+
+class _IdentityProjection:
+    """While an attention call runs, `torch.nn.functional.linear` returns its input when its weight is
+    one of the identity matrices put in the place of out_proj's weight: F.multi_head_attention_forward
+    then hands the attention's output on as it is (the values exactly, -0.0 included), instead of
+    multiplying it by I — a GEMM and its backward, as costly as out_proj itself at transformer widths.
+    Any other call goes to torch's own linear. Installed for the length of the outermost attention call
+    of any thread (a count under a lock), torch's own function put back afterwards; a path that calls
+    torch's kernels directly (the fused inference path) multiplies by the identity, which gives the same
+    values but -0.0."""
+
+    _lock = threading.Lock()
+    _depth = 0
+    _original = None
+    _identities: Dict[int, torch.Tensor] = {}  # id -> the identity itself (held: its id stays unique)
+
+    @classmethod
+    def linear(cls, input, weight, bias=None):  # noqa: A002 (torch's own argument names)
+        if cls._identities.get(id(weight)) is weight:
+            return input
+        return cls._original(input, weight, bias)
+
+    @classmethod
+    @contextlib.contextmanager
+    def installed(cls, identity: torch.Tensor):
+        with cls._lock:
+            if cls._depth == 0:
+                cls._original = F.linear
+                F.linear = cls.linear
+            cls._depth += 1
+            cls._identities[id(identity)] = identity
+        try:
+            yield
+        finally:
+            with cls._lock:
+                cls._identities.pop(id(identity), None)
+                cls._depth -= 1
+                if cls._depth == 0:
+                    F.linear = cls._original
+                    cls._original = None
 
 
 class CallWrapper:
@@ -207,9 +250,9 @@ class CallWrapper:
 
     def _attention(self, args, kwargs):
         """nn.MultiheadAttention's own forward with an identity for its output projection (so it
-        returns the attention's output, exactly: each value times one, plus zeros), then `out_proj`
-        called as a module: a layer boundary of its own — its input, the attention's output, rounded,
-        its gradient at out_proj's own local scale."""
+        returns the attention's output, exactly: `_IdentityProjection` passes it on without a product),
+        then `out_proj` called as a module: a layer boundary of its own — its input, the attention's
+        output, rounded, its gradient at out_proj's own local scale."""
         out_proj = self.module.out_proj
         saved = (out_proj._parameters["weight"], out_proj._parameters.get("bias"))
         eye = torch.eye(out_proj.in_features, dtype=saved[0].dtype, device=saved[0].device)
@@ -218,7 +261,8 @@ class CallWrapper:
         try:
             forward = self.inner if self.inner is not None else \
                 (lambda *a, **k: type(self.module).forward(self.module, *a, **k))
-            result = forward(*args, **kwargs)
+            with _IdentityProjection.installed(eye):
+                result = forward(*args, **kwargs)
         finally:
             _set_param(out_proj, "weight", saved[0])
             _set_param(out_proj, "bias", saved[1])
