@@ -59,7 +59,7 @@ def rounding_target(g: torch.Tensor, buffers=None):
     if is_dense(g) and g.numel():
         if buffers is not None:
             return buffers.take(g), g.data_ptr()
-        return torch.empty_strided(g.shape, g.stride(), dtype=g.dtype, device=g.device), g.data_ptr()
+        return torch.empty_like(g), g.data_ptr()  # g dense: empty_like keeps its strides
     return g.clone(memory_format=torch.contiguous_format), 0
 
 
@@ -75,7 +75,7 @@ def round_forward(x: torch.Tensor, fmt: str, core) -> torch.Tensor:
     if fmt == "fp32" or not x.numel():
         return x.clone()
     # x's sizes and strides: its numel() values in the same order from data_ptr() on both sides.
-    out = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device)
+    out = torch.empty_like(x)  # x dense (non-overlapping, no gaps): empty_like keeps its strides
     core.quantize_into(x.data_ptr(), out.data_ptr(), x.numel(), fmt)
     return out
 
