@@ -47,8 +47,13 @@ _WEIGHT = WorkingWeight._backward_cls
 _CHECKPOINT = "CheckpointFunctionBackward"  # torch.utils.checkpoint's reentrant Function
 
 
-def _is_leaf_node(node) -> bool:
-    return type(node).__name__ == "AccumulateGrad"
+def _accumulate_grad_type() -> type:
+    """The type of autograd's leaf nodes (AccumulateGrad), from a graph of one product."""
+    leaf = torch.zeros((), requires_grad=True)
+    return type((leaf * 1).grad_fn.next_functions[0][0])
+
+
+_LEAF = _accumulate_grad_type()
 
 
 # One wrapper of torch.autograd.backward for the process: a reentrant checkpoint's backward calls it for
@@ -191,13 +196,14 @@ class BackwardPass:
         leaf_slots: Dict[object, List[Tuple[int, int]]] = {}
         join_slots: Dict[object, List[Tuple[int, int, int]]] = {}
         consumers = self._consumers
+        checkpoints = []
         for producer, uses in edges.items():
             if len(uses) == 1:
                 distinct = [uses[0][0]]
             else:
                 distinct = list({id(consumer): consumer for consumer, _, _ in uses}.values())  # in order, once each
             consumers[producer] = distinct
-            if _is_leaf_node(producer):
+            if type(producer) is _LEAF:
                 inside = [(c, k, j) for c, k, j in uses if c in in_model or isinstance(c, _LOSS)]
                 layer = params.get(id(producer.variable))
                 if self.nested and layer is None:
@@ -211,16 +217,18 @@ class BackwardPass:
                 for consumer, k, _ in inside:
                     if not isinstance(consumer, _WEIGHT):  # WorkingWeight unscales its own part
                         leaf_slots.setdefault(consumer, []).append((k, -1 if layer is None else layer))
-            elif len(distinct) >= 2 and producer in in_model:
-                self._add_join(producer, uses, join_slots)
+            elif producer in in_model:  # (every node inside the model is some node's producer)
+                if len(distinct) >= 2:
+                    self._add_join(producer, uses, join_slots)
+                if type(producer).__name__ == _CHECKPOINT:
+                    checkpoints.append(producer)
         for consumer in set(leaf_slots) | set(join_slots):
             consumer.register_hook(self._post_hook(self._token(consumer), leaf_slots.get(consumer, []),
                                                    join_slots.get(consumer, [])))
-        for node in seen:
-            if type(node).__name__ == _CHECKPOINT and node in in_model:
-                token = self._token(node)
-                node.register_prehook(self._checkpoint_pre_hook(token))
-                node.register_hook(self._checkpoint_post_hook(token))
+        for node in checkpoints:  # after the consumers' hooks: a checkpoint's own post-hook runs last
+            token = self._token(node)
+            node.register_prehook(self._checkpoint_pre_hook(token))
+            node.register_hook(self._checkpoint_post_hook(token))
         self._learn_layer_graph(seen, edges)
         # What ranks reducing statistics inside backward must share: the layer boundaries and joins the
         # pass meets, in no particular order.
