@@ -106,14 +106,14 @@ class _IdentityProjection:
     one of the identity matrices put in the place of out_proj's weight: F.multi_head_attention_forward
     then hands the attention's output on as it is (the values exactly, -0.0 included), instead of
     multiplying it by I — a GEMM and its backward, as costly as out_proj itself at transformer widths.
-    Any other call goes to torch's own linear. Installed for the length of the outermost attention call
-    of any thread (a count under a lock), torch's own function put back afterwards; a path that calls
-    torch's kernels directly (the fused inference path) multiplies by the identity, which gives the same
-    values but -0.0."""
+    Any other call goes to the `linear` it replaced (torch's own). Installed for the length of the
+    outermost attention call of any thread (a count under a lock), and the replaced function put back
+    afterwards; a path that calls torch's kernels directly (MultiheadAttention's fused inference path)
+    multiplies by the identity, which gives the same values but -0.0."""
 
     _lock = threading.Lock()
     _depth = 0
-    _original = None
+    _original = F.linear  # what `linear` passes other calls to: F.linear as it was when installed
     _identities: Dict[int, torch.Tensor] = {}  # id -> the identity itself (held: its id stays unique)
 
     @classmethod
@@ -138,8 +138,7 @@ class _IdentityProjection:
                 cls._identities.pop(id(identity), None)
                 cls._depth -= 1
                 if cls._depth == 0:
-                    F.linear = cls._original
-                    cls._original = None
+                    F.linear = cls._original  # kept: a reference to `linear` taken meanwhile still works
 
 
 class CallWrapper:
