@@ -160,12 +160,26 @@ class BackwardPass:
         # One pass over the graph: each node's producers (its next_functions, read once: each read
         # builds new tuples) and each producer's uses (consumer, the consumer's input slot k, the
         # producer's output slot j).
+        # The nodes the later steps look at are sorted out on the way (by type: Function nodes are
+        # exactly their Functions' backward classes): the LossEdges, the Exits, and every layer boundary
+        # as (layer, 0 for Enter / 1 for Exit).
         edges: Dict[object, List[Tuple[object, int, int]]] = {}
         producers_of: Dict[object, List[object]] = {}
+        losses: List[object] = []
+        exits: List[object] = []
+        boundaries: List[Tuple[int, int]] = []
         seen = set(roots)
         stack = list(roots)
         while stack:
             node = stack.pop()
+            kind = type(node)
+            if kind is _ENTER:
+                boundaries.append((node.layer_id, 0))
+            elif kind is _EXIT:
+                boundaries.append((node.layer_id, 1))
+                exits.append(node)
+            elif kind is _LOSS:
+                losses.append(node)
             found = []
             for k, (producer, j) in enumerate(node.next_functions):
                 if producer is None:
@@ -184,7 +198,7 @@ class BackwardPass:
             in_model = seen
         else:  # everything upstream of a LossEdge (the loss's own graph stays in fp32 at 1)
             in_model = set()
-            stack = [n for n in seen if isinstance(n, _LOSS)]
+            stack = list(losses)
             for n in stack:
                 self._loss_edges.add(self._token(n))
             while stack:
@@ -229,11 +243,10 @@ class BackwardPass:
             token = self._token(node)
             node.register_prehook(self._checkpoint_pre_hook(token))
             node.register_hook(self._checkpoint_post_hook(token))
-        self._learn_layer_graph(seen, edges)
+        self._learn_layer_graph(exits, edges)
         # What ranks reducing statistics inside backward must share: the layer boundaries and joins the
         # pass meets, in no particular order.
-        self.signature = sorted((n.layer_id, 0 if isinstance(n, _ENTER) else 1)
-                                for n in seen if isinstance(n, (_ENTER, _EXIT)))
+        self.signature = sorted(boundaries)
         self.signature.append((-1, len(join_slots)))
         for root in roots:
             self._token(root)  # keeps the ids from being reused while the pass lasts
@@ -264,14 +277,12 @@ class BackwardPass:
                 owner.setdefault(id(p), layer.id)
         return owner
 
-    def _learn_layer_graph(self, nodes, edges) -> None:
+    def _learn_layer_graph(self, exits, edges) -> None:
         """From each layer's output (an Exit node), towards the loss through every node that is no
         layer boundary, to the layers whose inputs (Enter nodes) it reaches — those read it, and in
         backward send it the scale it receives (SPEC §6.5 charges an overflow of that gradient to
         them). A layer's internals reached without an Enter are walked through to its own readers."""
-        for node in nodes:
-            if not isinstance(node, _EXIT):
-                continue
+        for node in exits:
             source = node.layer_id
             stack = [consumer for consumer, _, _ in edges.get(node, ())]
             visited = set()
