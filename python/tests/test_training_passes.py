@@ -37,6 +37,9 @@ class Residual(nn.Module):
             h = checkpoint.checkpoint(self.segment, h, use_reentrant=True)
         elif how == "non_reentrant":
             h = checkpoint.checkpoint(self.segment, h, use_reentrant=False)
+        elif how == "reentrant_nested":  # the inner checkpoint's output is the outer segment's output
+            h = checkpoint.checkpoint(lambda t: checkpoint.checkpoint(self.segment, t, use_reentrant=True), h,
+                                      use_reentrant=True)
         else:
             h = self.segment(h)
         return self.head(torch.relu(h))
@@ -47,7 +50,7 @@ def _inputs():
     return torch.randn(8, 6, generator=g), torch.randint(0, 3, (8,), generator=g)
 
 
-@pytest.mark.parametrize("how", ["reentrant", "non_reentrant"])
+@pytest.mark.parametrize("how", ["reentrant", "non_reentrant", "reentrant_nested"])
 def test_activation_checkpointing_gives_pytorchs_gradients(how):
     torch.manual_seed(1)
     model = Residual()

@@ -231,11 +231,14 @@ class BackwardPass:
                 for consumer, k, _ in inside:
                     if not isinstance(consumer, _WEIGHT):  # WorkingWeight unscales its own part
                         leaf_slots.setdefault(consumer, []).append((k, -1 if layer is None else layer))
-            elif producer in in_model:  # (every node inside the model is some node's producer)
+            elif producer in in_model:
                 if len(distinct) >= 2:
                     self._add_join(producer, uses, join_slots)
                 if type(producer).__name__ == _CHECKPOINT:
                     checkpoints.append(producer)
+        # Every node inside the model is some node's producer, but a nested pass's roots (a checkpoint
+        # whose output is the enclosing segment's output) are inside it too.
+        checkpoints.extend(r for r in roots if r in in_model and r not in edges and type(r).__name__ == _CHECKPOINT)
         for consumer in set(leaf_slots) | set(join_slots):
             consumer.register_hook(self._post_hook(self._token(consumer), leaf_slots.get(consumer, []),
                                                    join_slots.get(consumer, [])))
