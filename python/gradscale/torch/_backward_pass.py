@@ -161,13 +161,14 @@ class BackwardPass:
         # builds new tuples) and each producer's uses (consumer, the consumer's input slot k, the
         # producer's output slot j).
         # The nodes the later steps look at are sorted out on the way (by type: Function nodes are
-        # exactly their Functions' backward classes): the LossEdges, the Exits, and every layer boundary
-        # as (layer, 0 for Enter / 1 for Exit).
+        # exactly their Functions' backward classes): the LossEdges, the Exits, every layer boundary as
+        # (layer, 0 for Enter / 1 for Exit), and the reentrant checkpoints.
         edges: Dict[object, List[Tuple[object, int, int]]] = {}
         producers_of: Dict[object, List[object]] = {}
         losses: List[object] = []
         exits: List[object] = []
         boundaries: List[Tuple[int, int]] = []
+        checkpoints: List[object] = []
         seen = set(roots)
         stack = list(roots)
         while stack:
@@ -180,6 +181,8 @@ class BackwardPass:
                 exits.append(node)
             elif kind is _LOSS:
                 losses.append(node)
+            elif kind.__name__ == _CHECKPOINT:
+                checkpoints.append(node)
             found = []
             for k, (producer, j) in enumerate(node.next_functions):
                 if producer is None:
@@ -210,7 +213,6 @@ class BackwardPass:
         leaf_slots: Dict[object, List[Tuple[int, int]]] = {}
         join_slots: Dict[object, List[Tuple[int, int, int]]] = {}
         consumers = self._consumers
-        checkpoints = []
         for producer, uses in edges.items():
             if len(uses) == 1:
                 distinct = [uses[0][0]]
@@ -231,18 +233,14 @@ class BackwardPass:
                 for consumer, k, _ in inside:
                     if not isinstance(consumer, _WEIGHT):  # WorkingWeight unscales its own part
                         leaf_slots.setdefault(consumer, []).append((k, -1 if layer is None else layer))
-            elif producer in in_model:
-                if len(distinct) >= 2:
-                    self._add_join(producer, uses, join_slots)
-                if type(producer).__name__ == _CHECKPOINT:
-                    checkpoints.append(producer)
-        # Every node inside the model is some node's producer, but a nested pass's roots (a checkpoint
-        # whose output is the enclosing segment's output) are inside it too.
-        checkpoints.extend(r for r in roots if r in in_model and r not in edges and type(r).__name__ == _CHECKPOINT)
+            elif len(distinct) >= 2 and producer in in_model:
+                self._add_join(producer, uses, join_slots)
         for consumer in set(leaf_slots) | set(join_slots):
             consumer.register_hook(self._post_hook(self._token(consumer), leaf_slots.get(consumer, []),
                                                    join_slots.get(consumer, [])))
         for node in checkpoints:  # after the consumers' hooks: a checkpoint's own post-hook runs last
+            if node not in in_model:
+                continue
             token = self._token(node)
             node.register_prehook(self._checkpoint_pre_hook(token))
             node.register_hook(self._checkpoint_post_hook(token))
