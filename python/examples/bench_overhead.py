@@ -3,7 +3,7 @@ emulating fp16 storage with a global policy (`torch`) and with adaptive `measure
 with --device cuda on a GPU, where PyTorch's own mixed precision (autocast fp16 + GradScaler) runs in
 the same turns for comparison.
 
-    .venv/bin/python python/examples/bench_overhead.py [--steps 30] [--threads 1] [--device cuda]
+    .venv/bin/python python/examples/bench_overhead.py [--steps 30] [--threads 1] [--device cuda] [--batch-mult K]
 
 --threads N sets torch's threads and OpenBLAS's (gradscale._blas).
 
@@ -34,19 +34,23 @@ from gradscale.torch import Scaler  # noqa: E402
 from train_compare import CharLM, ResNetMini  # noqa: E402
 
 
-def models():
+def models(mult=1):
+    """The four models with their batches, each batch `mult` times its default size."""
     g = torch.Generator().manual_seed(0)
     mlp = lambda: nn.Sequential(nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10))  # noqa: E731
-    yield "mlp 784-256-256-10, batch 128", mlp, (torch.randn(128, 784, generator=g), torch.randint(0, 10, (128,), generator=g))
-    yield "resnet-mini CNN, batch 32", ResNetMini, (torch.randn(32, 1, 28, 28, generator=g), torch.randint(0, 10, (32,), generator=g))
-    seq = torch.randint(0, 80, (16, 65), generator=g)
-    yield "char transformer, 16x64 tokens", (lambda: CharLM(80)), (seq[:, :-1], seq[:, 1:])
+    n = 128 * mult
+    yield f"mlp 784-256-256-10, batch {n}", mlp, (torch.randn(n, 784, generator=g), torch.randint(0, 10, (n,), generator=g))
+    n = 32 * mult
+    yield f"resnet-mini CNN, batch {n}", ResNetMini, (torch.randn(n, 1, 28, 28, generator=g), torch.randint(0, 10, (n,), generator=g))
+    seq = torch.randint(0, 80, (16 * mult, 65), generator=g)
+    yield f"char transformer, {16 * mult}x64 tokens", (lambda: CharLM(80)), (seq[:, :-1], seq[:, 1:])
     try:
         import torchvision
     except ImportError:
         return
-    yield "torchvision resnet18, batch 16, 32x32", (lambda: torchvision.models.resnet18(num_classes=10)), \
-        (torch.randn(16, 3, 32, 32, generator=g), torch.randint(0, 10, (16,), generator=g))
+    n = 16 * mult
+    yield f"torchvision resnet18, batch {n}, 32x32", (lambda: torchvision.models.resnet18(num_classes=10)), \
+        (torch.randn(n, 3, 32, 32, generator=g), torch.randint(0, 10, (n,), generator=g))
 
 
 class Run:
@@ -108,7 +112,11 @@ def main():
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--device", default="cpu", help="cpu, or cuda (adds PyTorch AMP to the comparison)")
+    ap.add_argument("--batch-mult", type=int, default=1,
+                    help="each model's batch this many times its default (larger steps: where the GEMMs lead)")
     args = ap.parse_args()
+    if args.batch_mult < 1:
+        ap.error(f"--batch-mult must be at least 1, not {args.batch_mult}")
     torch.set_num_threads(args.threads)
     set_blas_threads(args.threads)  # OpenBLAS's pool, which torch's setting does not reach
     gpu = args.device.startswith("cuda")
@@ -120,7 +128,7 @@ def main():
     print("| model | plain PyTorch fp32 | plug-in fp16, `torch` | plug-in fp16, adaptive `measured` | torch / plain "
           "| measured / torch | page faults per step (plain / torch / measured) |" + amp_header)
     print("|---|---|---|---|---|---|---|" + ("---|---|" if gpu else ""))
-    for name, make, data in models():
+    for name, make, data in models(args.batch_mult):
         times, faults = time_configs(make, data, configs, args.steps, args.device)
         plain, glob, meas = times[:3]
         row = (f"| {name} | {plain:.1f} ms | {glob:.1f} ms | {meas:.1f} ms | {glob / plain:.2f} | {meas / glob:.2f} "
@@ -129,7 +137,7 @@ def main():
             row += f" {times[3]:.2f} ms | {meas / times[3]:.2f} |"
         print(row, flush=True)
     if gpu:  # the plug-in's waits for the device (each measured rounding, each controller's statistics)
-        for name, make, data in models():
+        for name, make, data in models(args.batch_mult):
             run = Run(make, data, {"policy": "adaptive", "method": "measured"}, args.device)
             run.step(False)
             before = run.scaler.host_waits

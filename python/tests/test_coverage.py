@@ -121,7 +121,9 @@ def test_attention_makes_the_products_pytorch_makes_and_no_more(batch_first):
     plain = _products(attn(x, x, x, attn_mask=mask, need_weights=False)[0])
     Scaler(attn, scaler="static:8", format="fp16")
     assert _products(attn(x, x, x, attn_mask=mask, need_weights=False)[0]) == plain
-    assert sum(plain.values()) >= 3  # in-projection, the two attention products, out_proj
+    # The in-projection and out_proj at least; torch 1.13 adds the two attention products, which torch 2
+    # computes inside one scaled_dot_product_attention node.
+    assert sum(plain.values()) >= 2
 
 
 def test_torchs_linear_is_back_after_an_attention_call():
