@@ -401,3 +401,30 @@ def test_the_join_sum_starts_from_zero_in_any_memory_layout(grad_format):
     if grad_format == "fp32":  # the comparison sees the factor's rounding: a float64 factor gives other bits
         in_double = (a.double() * (7.0 / 3.0)).float() + b
         assert not torch.equal(_bits(in_double), _bits(expected))
+
+
+def test_the_join_sum_has_torchs_layout_on_every_call():
+    """The join's sum is laid out as torch's sum of the parts would be, for each mix of layouts, on the
+    first call and on later ones (the layout is found once per mix of strides and remembered)."""
+    model = nn.Linear(2, 2)
+    scaler = Scaler(model, scaler="static:1", format="fp32")
+    core = scaler._core
+    gen = torch.Generator().manual_seed(6)
+    last = lambda t: t.contiguous(memory_format=torch.channels_last)  # noqa: E731
+    flipped = lambda t: t.transpose(1, 3).contiguous().transpose(1, 3)  # noqa: E731
+    seen = set()
+    for _ in range(2):
+        for first, second in [(last, last), (last, torch.clone), (torch.clone, last), (flipped, last),
+                              (flipped, flipped), (torch.clone, torch.clone)]:
+            a = first(torch.randn(2, 3, 4, 5, generator=gen))
+            b = second(torch.randn(2, 3, 4, 5, generator=gen))
+            core.begin_step(False)
+            try:
+                parts = [(0, a, core.scale_handle(1.0)), (0, b, core.scale_handle(1.0))]
+                grads, _ = _backward_pass.join_parts(core, -1, parts, (None,))
+            finally:
+                core.abandon_step()
+            assert grads[0].stride() == (a + b).stride()
+            assert torch.equal(grads[0], a + b)
+            seen.add(grads[0].stride())
+    assert len(seen) >= 3  # the mixes give different layouts: a fixed answer would fail

@@ -46,16 +46,34 @@ def _core_sum(core, group: List[Tuple[torch.Tensor, int]], target: int) -> Optio
     if not all(g.device == first.device and g.dtype == torch.float32 and g.layout == torch.strided and
                g.shape == first.shape for g, _ in group):
         return None
-    # The sum in the memory layout torch's own sum of the parts would have (found on the meta device, with
-    # no arithmetic): the layers after the join sum in an order that follows the layout, so do their bits.
-    meta = _torch_sum([(torch.empty_strided(g.shape, g.stride(), dtype=g.dtype, device="meta"), 1.0)
-                       for g, _ in group])
-    out = torch.empty_strided(meta.shape, meta.stride(), dtype=torch.float32, device=first.device)
+    # The sum in the memory layout torch's own sum of the parts would have: the layers after the join sum
+    # in an order that follows the layout, so do their bits.
+    out = torch.empty_strided(first.shape, _sum_strides(tuple(g.stride() for g, _ in group), first.shape),
+                              dtype=torch.float32, device=first.device)
     values = [g.detach() if _same_layout(g, out) else torch.empty_like(out).copy_(g.detach()) for g, _ in group]
     if out.numel():
         core.sum_scaled_parts(out.data_ptr(), out.numel(), [v.data_ptr() for v in values],
                               [s for _, s in group], target)
     return out
+
+
+_SUM_STRIDES: Dict[tuple, tuple] = {}  # (parts' strides, shape) -> the strides of torch's sum of them
+
+
+def _sum_strides(strides: tuple, shape: torch.Size) -> tuple:
+    """The strides torch gives the sum of float32 parts of `shape` with these strides: found once on the
+    meta device, with no arithmetic, then remembered (each join of a network repeats its layouts every
+    step, and the meta device's rules run in Python under torch 2: about half a millisecond a sum)."""
+    key = (strides, tuple(shape))
+    found = _SUM_STRIDES.get(key)
+    if found is None:
+        meta = _torch_sum([(torch.empty_strided(shape, s, dtype=torch.float32, device="meta"), 1.0)
+                           for s in strides])
+        found = tuple(meta.stride())
+        if len(_SUM_STRIDES) >= 4096:  # a bound for programs whose shapes never repeat
+            _SUM_STRIDES.clear()
+        _SUM_STRIDES[key] = found
+    return found
 
 
 def _same_layout(g: torch.Tensor, dense: torch.Tensor) -> bool:
