@@ -14,6 +14,7 @@
 #include "experiments/ablate/out_dir.h"
 #include "lib/core/command_files.h"
 #include "lib/core/error.h"
+#include "lib/core/output_path.h"
 #include "lib/train/checkpoint.h"
 #include "tests/cli_case.h"
 #include "tests/cli_run.h"
@@ -119,6 +120,13 @@ TEST_CASE("ablate: --out must be an ablation directory, or new, or empty",
   // --out "": refused, nothing written in the current directory.
   check_error(in_dir(tmp, "ablate s.json --out '' --no-plots"), 2, "--out: the path is empty");
   CHECK_FALSE(fs::exists(tmp / "table.md"));
+  // A directory holding only another gradscale command's write probe (a second shard probing it at
+  // that moment, before its lock and marker) is empty for the claim, and the probe is left alone.
+  const std::string probe = std::string(gradscale::kWriteProbePrefix) + "-99999-0";
+  write_text(tmp / ("q/" + probe), "");
+  { const gradscale::ablate::OutDirLock claimed(tmp / "q", /*create=*/true); }
+  CHECK(fs::exists(tmp / ("q/" + std::string(gradscale::ablate::kMarkerFile))));
+  CHECK(fs::exists(tmp / ("q/" + probe)));
   // An empty directory is claimed; the marker makes it ours, and resume and --table-only work there.
   fs::create_directory(tmp / "e");
   const CliResult first = in_dir(tmp, "ablate s.json --out e --no-plots");

@@ -19,12 +19,14 @@ namespace gradscale::ablate {
 namespace fs = std::filesystem;
 namespace {
 
-// Whether `dir` holds nothing but the ablation's own marker and lock files.
+// Whether `dir` holds nothing but the ablation's own marker and lock files, and the write probes that
+// a gradscale command puts in a directory for a moment (a second shard starting beside this one
+// probes the directory before it takes its lock and writes the marker).
 bool empty_but_ours(const fs::path& dir) {
   std::error_code ec;
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
     const std::string name = it->path().filename().string();
-    if (name.rfind(kMarkerFile, 0) != 0) return false;  // the marker, the locks
+    if (name.rfind(kMarkerFile, 0) != 0 && name.rfind(kWriteProbePrefix, 0) != 0) return false;
   }
   return !ec;
 }

@@ -118,7 +118,7 @@ void check_writable_directory(const fs::path& dir, const std::string& what, cons
   GS_CHECK_CONFIG(fs::is_directory(dir), what << " '" << path << "': cannot create the directory '"
                                               << dir.string() << "'"
                                               << (ec ? ": " + ec.message() : std::string()));
-  const TempFile probe(dir, ".gradscale-write-test.tmp");
+  const TempFile probe(dir, kWriteProbePrefix);
   GS_CHECK_CONFIG(probe.fd() >= 0, what << " '" << path << "': cannot create files in the directory '"
                                         << dir.string() << "': " << probe.error());
 }

@@ -35,4 +35,8 @@ void write_file_atomic(const std::string& path, const std::string& contents);
 // The file name every temp file of write_file_atomic(path) starts with: "<name of path>.tmp".
 std::string temp_name_prefix(const std::string& path);
 
+// The name every probe file of check_output_file / check_output_dir starts with: created in the
+// directory to try it and removed at once, so another process may see one there for a moment.
+inline constexpr const char* kWriteProbePrefix = ".gradscale-write-test.tmp";
+
 }  // namespace gradscale
