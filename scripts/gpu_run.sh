@@ -193,6 +193,10 @@ if [ "$bench" -eq 1 ]; then
     echo "== python/examples/bench_overhead.py --device cuda"
     (cd python && PYTHONUNBUFFERED=1 timeout 150 python3 examples/bench_overhead.py --device cuda --steps 20) 2>&1 |
       tee "$logs/plugin_cuda.txt" || status=1
+    # The same at 16 times the batches: whether the GEMMs or the host's work per layer set the step.
+    echo "== python/examples/bench_overhead.py --device cuda --batch-mult 16" | tee -a "$logs/plugin_cuda.txt"
+    (cd python && PYTHONUNBUFFERED=1 timeout 150 python3 examples/bench_overhead.py --device cuda --steps 10 \
+      --batch-mult 16) 2>&1 | tee -a "$logs/plugin_cuda.txt" || status=1
     phase "plug-in bench done"
   fi
 fi
