@@ -120,6 +120,9 @@ TEST_CASE("weight_grad_range_scale is the largest power of two within u_max, and
   CHECK(weight_grad_range_scale(0, 448, 1) == 1);
   CHECK(weight_grad_range_scale(INFINITY, 448, 1) == 1);
   CHECK(weight_grad_range_scale(1e-30, 65504, std::ldexp(1.0, 100)) == std::ldexp(1.0, 26));  // r·S ≤ 2^126
+  // bf16's u_max with S_in below 1 (after back-offs): r·S ≤ 2^126 would allow 2^128, which is no float32.
+  CHECK(weight_grad_range_scale(0.5, 3.3895313892515355e38, 0.25) == std::ldexp(1.0, 127));
+  CHECK(weight_grad_range_scale(1e-30, 3.4028234663852886e38, std::ldexp(1.0, -20)) == std::ldexp(1.0, 127));
 }
 
 TEST_CASE("an overflow is charged where it happened, sized, and recovers after recover_every clean steps",

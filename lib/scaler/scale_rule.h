@@ -174,14 +174,17 @@ GS_HOST_DEVICE inline double bounded_scale(double unbound, double scale_in, cons
 
 // SPEC §6.5's weight-gradient factor r: the largest power of two with max|r·g| ≤ u_max, for weight
 // gradients whose largest fp32 magnitude at scale S is `max_abs`; kept so that r·S stays a float32
-// normal number (the unscale divides by float(r·S)). 1 for an all-zero or non-finite gradient.
+// normal number (the unscale divides by float(r·S)), and so that r itself is a float32 (at most 2^127:
+// the product multiplies by float(r), and 2^128 is infinite there — with bf16 or fp32 storage, whose
+// u_max is near float32's largest, and S below 1 after back-offs, the other bounds allow it).
+// 1 for an all-zero or non-finite gradient.
 GS_HOST_DEVICE inline double weight_grad_range_scale(double max_abs, double u_max, double scale_in) {
   if (!(max_abs > 0) || !(max_abs < INFINITY) || !(scale_in > 0)) return 1.0;
   double r = rule_power_of_two_floor(u_max / max_abs);
   if (r * max_abs > u_max) r *= 0.5;  // the quotient rounded up onto a power of two
   const double top = ldexp(1.0, 126) / scale_in;
   if (top > 0 && top < INFINITY) r = rule_min(r, rule_power_of_two_floor(top));
-  return r;
+  return rule_min(r, ldexp(1.0, 127));
 }
 
 // What a rule reads, wherever the statistics were computed (null where the formula reads nothing).

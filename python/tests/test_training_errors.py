@@ -90,3 +90,27 @@ def test_torch_compile_is_refused_with_a_message(monkeypatch):
     with pytest.raises(RuntimeError, match="torch.compile"):
         model(batch()[0])
     assert all(type(p) is nn.Parameter for p in model.parameters())
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "fp32"])
+def test_steps_apply_again_after_nan_losses_with_wide_formats(fmt):
+    # bf16's and fp32's u_max is near float32's largest value: after two skipped steps S_in is below 1,
+    # and the weight-gradient factor r was allowed up to 2^126 / S_in, past 2^127 — infinite as the
+    # float the product is multiplied by, so every later step overflowed and was skipped.
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    scaler = Scaler(model, scaler={"policy": "adaptive", "method": "measured"}, format=fmt)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = torch.randn(5, 8), torch.randn(5, 4)
+    applied = []
+    for step in range(8):
+        opt.zero_grad()
+        loss = ((model(x) - y) ** 2).mean()
+        if step < 2:
+            loss = loss * float("nan")
+        scaler.scale(loss).backward()
+        applied.append(scaler.step(opt))
+        scaler.update()
+        assert all(r["weight_grad_scale"] <= 2.0 ** 127 for r in scaler.layer_scales())
+    assert applied == [False, False] + [True] * 6
+    assert all(torch.isfinite(p).all() for p in model.parameters())
