@@ -200,3 +200,23 @@ def test_a_gradient_kept_from_an_earlier_step_is_never_written_again():
     for k, c in zip(kept, copies):
         assert all(torch.equal(a, b) for a, b in zip(k, c))
     assert not torch.equal(kept[0][0], kept[1][0])  # the batches' gradients differ
+
+
+def test_a_gradient_torch_autograd_grad_returned_is_never_written_again():
+    """torch.autograd.grad hands its results to the caller (no `.grad`): a `.detach()` of one that the
+    caller keeps after the result itself is gone holds that pass's gradient through later passes."""
+    gen = torch.Generator().manual_seed(4)
+    batches = [(torch.randn(5, 6, generator=gen) * 3, torch.randint(0, 3, (5,), generator=gen)) for _ in range(3)]
+    model = Stack()
+    scaler = Scaler(model, scaler=FIXED, format="fp16")
+    kept, copies = [], []
+    for x, y in batches:
+        loss = nn.functional.cross_entropy(model(x), y)
+        grads = torch.autograd.grad(scaler.scale(loss), list(model.parameters()))
+        kept.append([g.detach() for g in grads])
+        copies.append([g.clone() for g in grads])
+        del grads
+        scaler.update()
+    for k, c in zip(kept, copies):
+        assert all(torch.equal(a, b) for a, b in zip(k, c))
+    assert not torch.equal(kept[0][0], kept[1][0])  # the batches' gradients differ

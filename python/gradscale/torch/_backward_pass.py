@@ -61,8 +61,27 @@ _LEAF = _accumulate_grad_type()
 _trackers_in_checkpoint: "threading.local" = threading.local()
 _torch_backward = torch.autograd.backward
 
+# How many torch.autograd.backward calls this thread is inside: only their weight gradients go into
+# `.grad` (AccumulateGrad, which copies out of a kept buffer, `_held`), so only they write into a
+# parameter's kept weight-gradient buffers. torch.autograd.grad hands its results to the caller, who
+# may keep a `.detach()` of them after the result itself is gone: those get tensors of their own. (The
+# buffers are kept on the CPU only, where autograd runs its hooks on the calling thread.)
+_into_grad: "threading.local" = threading.local()
+
+
+def _accumulating() -> bool:
+    return getattr(_into_grad, "depth", 0) > 0
+
 
 def _backward(tensors, grad_tensors=None, *args, **kwargs):
+    _into_grad.depth = getattr(_into_grad, "depth", 0) + 1
+    try:
+        return _nested_or_plain_backward(tensors, grad_tensors, *args, **kwargs)
+    finally:
+        _into_grad.depth -= 1
+
+
+def _nested_or_plain_backward(tensors, grad_tensors=None, *args, **kwargs):
     entry = getattr(_trackers_in_checkpoint, "entry", None)
     if entry is None or entry["started"]:
         return _torch_backward(tensors, grad_tensors, *args, **kwargs)
@@ -461,7 +480,7 @@ class BackwardPass:
         return differentiable(g, out, lambda: self.core.local_value(sent))
 
     def weight_part(self, ctx, g: torch.Tensor) -> torch.Tensor:
-        buffers = getattr(ctx, "buffers", None)
+        buffers = getattr(ctx, "buffers", None) if _accumulating() else None
         out = self._true_gradient(ctx.layer_id, g, self.into(ctx), buffers[1] if buffers is not None else None)
         if buffers is not None:
             self._held.append(out)
