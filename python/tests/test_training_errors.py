@@ -114,3 +114,30 @@ def test_steps_apply_again_after_nan_losses_with_wide_formats(fmt):
         assert all(r["weight_grad_scale"] <= 2.0 ** 127 for r in scaler.layer_scales())
     assert applied == [False, False] + [True] * 6
     assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def test_a_refused_state_dict_mid_step_leaves_the_step_to_finish():
+    # A state the core refuses, loaded between backward and step: refused with the call's name, and the
+    # step in progress goes on (its update applied) as if nothing had been tried.
+    torch.manual_seed(0)
+    model, ref = mlp(), mlp()
+    ref.load_state_dict(model.state_dict())
+    scaler, ref_scaler = Scaler(model, scaler="static:8", format="fp32"), Scaler(ref, scaler="static:8", format="fp32")
+    opt, ref_opt = torch.optim.SGD(model.parameters(), lr=0.1), torch.optim.SGD(ref.parameters(), lr=0.1)
+    bad = scaler.state_dict()
+    bad["core"]["steps"] = -1
+    nan = scaler.state_dict()
+    nan["core"]["scaler"]["state"]["phi"] = float("nan")
+    x, y = batch()
+    for s, m in ((scaler, model), (ref_scaler, ref)):
+        s.scale(F.cross_entropy(m(x), y)).backward()
+    with pytest.raises(ValueError, match="load_state_dict: scaler state: 'steps'"):
+        scaler.load_state_dict(bad)
+    with pytest.raises(ValueError, match="load_state_dict: .*not what Scaler.state_dict"):
+        scaler.load_state_dict(nan)
+    assert scaler.step(opt) is True and ref_scaler.step(ref_opt) is True
+    scaler.update()
+    ref_scaler.update()
+    assert same(params_of(model), params_of(ref))
+    scaler.scale(F.cross_entropy(model(x), y)).backward()  # and the next step starts as usual
+    assert scaler.step(opt) is True

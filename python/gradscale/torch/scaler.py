@@ -319,13 +319,29 @@ class Scaler:
             differ = [n for n, shape in mine.items() if shapes[n] != shape]
             raise ValueError("gradscale.torch: the state dict was saved for layers with other parameter shapes "
                              f"(layers {', '.join(differ)})")
+        try:
+            core_state = json.dumps(state_dict["core"], allow_nan=False)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"gradscale.torch: load_state_dict: the state dict's 'core' is not what "
+                             f"Scaler.state_dict() writes ({e})") from e
+        if self._step_open:
+            # Checked on a core of its own first: a state the core refuses leaves the step in progress
+            # (and so its update) as it was; restore_state itself changes nothing when it refuses.
+            self._checked_restore(self._core_module.ExternalBackward(*self._core_args), core_state)
         self._tracker.stale()
         if self._step_open:
             self._core.abandon_step()
-        self._core.restore_state(json.dumps(state_dict["core"]))
+        self._checked_restore(self._core, core_state)
         self.skipped_steps = skipped
         self._reset_step()
         self._last = None
+
+    @staticmethod
+    def _checked_restore(core, core_state: str) -> None:
+        try:
+            core.restore_state(core_state)
+        except (ValueError, RuntimeError) as e:
+            raise ValueError(f"gradscale.torch: load_state_dict: {e}") from e
 
     def close(self, **results: Optional[float]) -> None:
         """Ends the trace (if any): the summary line and `trace`.json. `results` may give the run's
