@@ -92,6 +92,31 @@ def test_torch_compile_is_refused_with_a_message(monkeypatch):
     assert all(type(p) is nn.Parameter for p in model.parameters())
 
 
+def test_torch_jit_trace_is_refused_with_a_message():
+    # A trace records torch's operations only, not the core's roundings: the traced model computed
+    # something else (without check_trace) or failed with "Graphs differed across invocations".
+    model = mlp()
+    Scaler(model, format="fp16")
+    for check in (True, False):
+        with pytest.raises(RuntimeError, match="torch.jit.trace"):
+            torch.jit.trace(model, batch()[0], check_trace=check)
+    assert all(type(p) is nn.Parameter for p in model.parameters())
+
+
+def test_a_forward_under_inference_mode_is_a_forward_under_no_grad():
+    # Inference tensors have no version counter: the note that an output is already rounded read it.
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+    scaler = Scaler(model, scaler="torch", format="fp16")
+    x, y = batch()
+    with torch.no_grad():
+        expected = model(x)
+    with torch.inference_mode():
+        got = model(x)
+    assert torch.equal(got, expected)
+    scaler.scale(F.cross_entropy(model(x), y)).backward()  # training goes on
+    assert scaler.step(torch.optim.SGD(model.parameters(), lr=0.1)) is True
+
+
 @pytest.mark.parametrize("fmt", ["bf16", "fp32"])
 def test_steps_apply_again_after_nan_losses_with_wide_formats(fmt):
     # bf16's and fp32's u_max is near float32's largest value: after two skipped steps S_in is below 1,

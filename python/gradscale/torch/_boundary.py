@@ -32,6 +32,12 @@ def refuse_compile() -> None:
         raise RuntimeError("gradscale.torch: a model with a Scaler cannot run under torch.compile (the core reads "
                            "each tensor's memory, which a compiled graph's tracing tensors do not have); run it "
                            "eagerly, or compile a copy after scaler.remove()")
+    if torch.jit.is_tracing():
+        # A trace records the tensor operations only: the core's roundings, which write through
+        # data_ptr, would be missing from it, and the traced model would compute something else.
+        raise RuntimeError("gradscale.torch: a model with a Scaler cannot be traced by torch.jit.trace (the "
+                           "trace would leave out the Scaler's roundings, which the core does outside torch's "
+                           "operations); trace a copy after scaler.remove()")
 
 
 class LayerCall:
@@ -171,6 +177,7 @@ class CallWrapper:
 
     # ---- the hooks ---------------------------------------------------------------------------
     def pre_hook(self, module, inputs):
+        refuse_compile()  # before the inputs' roundings, which a trace would record half of
         call = LayerCall(self.layer_id)
         self.calls.append(call)
         self.pending = True

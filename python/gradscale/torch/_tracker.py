@@ -100,7 +100,10 @@ class Tracker:
 
     # ---- forward values ------------------------------------------------------------------------
     def note_rounded(self, t: torch.Tensor) -> torch.Tensor:
-        """Notes a layer output just rounded to `format`; returns it."""
+        """Notes a layer output just rounded to `format`; returns it. Not an inference tensor
+        (torch.inference_mode): it has no version counter to tell a later in-place change by."""
+        if t.is_inference():
+            return t
         key = id(t)
         rounded = self._rounded
         rounded[key] = (weakref.ref(t, lambda _, key=key: rounded.pop(key, None)), t._version)
