@@ -308,6 +308,34 @@ def test_a_layer_used_without_a_call_is_named_once():
         scaler.scale(F.cross_entropy(model(x), y)).backward()  # once
 
 
+class Skipping(nn.Module):
+    """A layer that some steps skip (stochastic depth, an auxiliary head, a mixture of experts)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.a = nn.Linear(4, 4)
+        self.b = nn.Linear(4, 4)
+
+    def forward(self, x, use_b):
+        return self.b(self.a(x)) if use_b else self.a(x)
+
+
+def test_a_layer_a_step_skips_is_not_taken_for_one_used_without_a_call():
+    # The skipped step's .grad of b is its earlier step's (zero_grad keeps it): no sign of a use.
+    model = Skipping()
+    scaler = Scaler(model, scaler="torch", format="fp16")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for step in range(4):
+            opt.zero_grad(set_to_none=False)
+            scaler.scale(model(torch.randn(3, 4), use_b=step != 1).pow(2).mean()).backward()
+            scaler.step(opt)
+            scaler.update()
+    assert {r["name"]: r["emulation"] for r in scaler.layer_scales()} == {"a": "gemm", "b": "gemm"}
+
+
 # ---- real architectures --------------------------------------------------------------------------
 torchvision = pytest.importorskip("torchvision")
 

@@ -133,6 +133,7 @@ class BackwardPass:
         self._input_leaves: List[object] = []  # nested: the leaves that are no parameter (its inputs)
         self._roots = list(roots)
         self.layer_edges: Dict[int, set] = {}
+        self.param_layers: set = set()  # the layers whose parameters this pass's graph reaches (leaves)
         self.model_nodes = self._walk(roots)
 
     # ---- state -------------------------------------------------------------------------------
@@ -241,6 +242,8 @@ class BackwardPass:
             if type(producer) is _LEAF:
                 inside = [(c, k, j) for c, k, j in uses if c in in_model or isinstance(c, _LOSS)]
                 layer = params.get(id(producer.variable))
+                if layer is not None:
+                    self.param_layers.add(layer)
                 if self.nested and layer is None:
                     # An input of the checkpointed segment: its gradient leaves at its scale (the
                     # checkpoint node brings the inputs to one), parts joined like any join.

@@ -166,14 +166,16 @@ def trace_table(table: Iterable[Layer], model: nn.Module) -> List[dict]:
     return rows
 
 
-def warn_unemulated(table: Iterable[Layer], rows: List[dict]) -> None:
-    """Names, once, a layer whose parameters received gradients although the layer never ran (`rows`: the
-    core's layer_scales()): its module's parameters were used without calling it (functionally, by another
-    module), so those uses are not rounded there and take no local scale."""
+def warn_unemulated(table: Iterable[Layer], rows: List[dict], reached: set) -> None:
+    """Names, once, a layer whose parameters a backward pass reached although the layer never ran in its
+    step (`rows`: the core's layer_scales(); `reached`: the ids of the layers whose parameters are leaves
+    of the pass's graph): its module's parameters were used without calling it (functionally, by another
+    module), so those uses are not rounded there and take no local scale. (Not `.grad`: a layer skipped
+    in a step, as stochastic depth skips one, keeps the `.grad` of its earlier steps.)"""
     for row, layer in zip(rows, table):
         if not layer.boundary or row["ran"] or layer.unemulated:
             continue
-        if any(p.grad is not None for p in layer.current_params()):
+        if layer.id in reached:
             layer.unemulated = True
             warnings.warn(f"gradscale.torch: the parameters of layer '{layer.name}' "
                           f"({type(layer.module).__name__}) are used without calling it: those uses compute in "

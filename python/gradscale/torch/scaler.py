@@ -424,7 +424,7 @@ class Scaler:
         self._passes_done += 1
         if self._unchecked_passes > 0:
             self._unchecked_passes -= 1
-            warn_unemulated(self._layers, self._core.layer_scales())
+            warn_unemulated(self._layers, self._core.layer_scales(), run.param_layers)
 
     def _check_stale(self) -> None:
         """A pass still running between public calls raised inside backward: its step is skipped."""
