@@ -166,3 +166,24 @@ def test_a_refused_state_dict_mid_step_leaves_the_step_to_finish():
     assert same(params_of(model), params_of(ref))
     scaler.scale(F.cross_entropy(model(x), y)).backward()  # and the next step starts as usual
     assert scaler.step(opt) is True
+
+
+def test_misused_arguments_are_named_before_anything_changes():
+    # layers= as one string was read letter by letter; process_group= took anything; step() with no
+    # optimizer consumed the step's verdict before failing; a removed Scaler blamed the loss.
+    with pytest.raises(TypeError, match=r"layers= takes a list .*layers=\['0'\]"):
+        Scaler(mlp(), layers="0")
+    with pytest.raises(TypeError, match="process_group="):
+        Scaler(mlp(), process_group=5)
+    model = mlp()
+    scaler = Scaler(model, scaler="static:8", format="fp32")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = batch()
+    scaler.scale(F.cross_entropy(model(x), y)).backward()
+    with pytest.raises(TypeError, match="step\\(\\) takes the optimizer"):
+        scaler.step("opt")
+    assert scaler.step(opt) is True  # the verdict is still to take
+    scaler.update()
+    scaler.remove()
+    with pytest.raises(RuntimeError, match="after its remove"):
+        scaler.scale(F.cross_entropy(model(x), y))

@@ -109,6 +109,10 @@ class Scaler:
         self.grad_format = check_format("grad_format", grad_format) if grad_format is not None else self.format
         self.record_every = record_every
         self._shadow = shadow
+        if process_group is not None and process_group is not False and not (
+                torch.distributed.is_available() and isinstance(process_group, torch.distributed.ProcessGroup)):
+            raise TypeError(f"gradscale.torch: process_group= takes a torch.distributed process group, None "
+                            f"(the world) or False, got {type(process_group).__name__}")
         self._process_group = process_group
         self._agree_scales = agree_scales
         self._model = model
@@ -156,6 +160,9 @@ class Scaler:
         if outputs.numel() != 1:
             raise ValueError(f"gradscale.torch: scale() takes a scalar loss, got a tensor of shape "
                              f"{tuple(outputs.shape)} (reduce it with .mean() or .sum())")
+        if getattr(self, "_removed", False):
+            raise RuntimeError("gradscale.torch: scale() on a Scaler after its remove(): it no longer scales the "
+                               "model (train it as plain PyTorch, or make a new Scaler)")
         if outputs.grad_fn is None:
             raise ValueError("gradscale.torch: the loss has no autograd graph (computed under no_grad, or "
                              "from nothing that requires grad)")
@@ -212,6 +219,9 @@ class Scaler:
         Returns True when applied."""
         if "closure" in kwargs:
             raise RuntimeError("Closure use is not currently supported if gradscale.torch.Scaler is enabled.")
+        if not callable(getattr(optimizer, "step", None)) or not hasattr(optimizer, "param_groups"):
+            raise TypeError(f"gradscale.torch: step() takes the optimizer (a torch.optim.Optimizer), got "
+                            f"{type(optimizer).__name__}")
         self._check_stale()
         self._expect_backwarded("step")
         if id(optimizer) in self._stepped:
@@ -364,6 +374,7 @@ class Scaler:
         detach(self, self._model, self._wrappers, self._fast_paths)
         self._wrappers = []
         self._fast_paths = []
+        self._removed = True
 
     def __getstate__(self):
         raise TypeError("gradscale.torch: a Scaler (and a model it is attached to) cannot be pickled: save "
