@@ -467,3 +467,27 @@ def test_the_shadow_on_a_hand_computed_case():
     assert up["underflow_mass"] == pytest.approx(float(exact[0] / exact.sum()), rel=1e-12)
     assert up["rel_error"] == pytest.approx(float(exact[0] / exact.norm()), rel=1e-6)
     assert up["cosine"] == pytest.approx(float(1.5 / exact.norm()), rel=1e-6)
+
+
+def test_a_module_put_in_a_layers_place_after_the_scaler_is_named_once():
+    # The new head is no layer of the Scaler: it computes in fp32, unrounded. Said once, by name; a
+    # parameter outside the model (a temperature) is no module's and is not named.
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    temperature = nn.Parameter(torch.tensor(2.0))
+    scaler = Scaler(model, scaler="torch", format="fp8_e4m3")
+    opt = torch.optim.SGD(list(model.parameters()) + [temperature], lr=0.1)
+    x = torch.randn(5, 8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        scaler.scale((model(x) / temperature).pow(2).mean()).backward()
+        scaler.step(opt)
+        scaler.update()
+    model[2] = nn.Linear(16, 4)
+    with pytest.warns(UserWarning, match=r"module '2' \(Linear\) was added to the model, or put in a layer's place"):
+        scaler.scale((model(x) / temperature).pow(2).mean()).backward()
+    scaler.step(opt)
+    scaler.update()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        scaler.scale((model(x) / temperature).pow(2).mean()).backward()  # once

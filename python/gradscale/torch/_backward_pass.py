@@ -134,6 +134,7 @@ class BackwardPass:
         self._roots = list(roots)
         self.layer_edges: Dict[int, set] = {}
         self.param_layers: set = set()  # the layers whose parameters this pass's graph reaches (leaves)
+        self.unowned: List[torch.Tensor] = []  # leaves of no layer (outside the model, or a module added since)
         self.model_nodes = self._walk(roots)
 
     # ---- state -------------------------------------------------------------------------------
@@ -244,6 +245,8 @@ class BackwardPass:
                 layer = params.get(id(producer.variable))
                 if layer is not None:
                     self.param_layers.add(layer)
+                elif not self.nested and isinstance(producer.variable, torch.nn.Parameter):
+                    self.unowned.append(producer.variable)
                 if self.nested and layer is None:
                     # An input of the checkpointed segment: its gradient leaves at its scale (the
                     # checkpoint node brings the inputs to one), parts joined like any join.

@@ -33,6 +33,7 @@ import copy
 import json
 import math
 import time
+import warnings
 from typing import Any, Dict, List, Optional, Sequence, Union
 
 import torch
@@ -117,6 +118,8 @@ class Scaler:
         self._agree_scales = agree_scales
         self._model = model
         self._layers = build_layers(model, layers)
+        self._every_module = layers is None  # the table holds every module with parameters
+        self._outside: set = set()  # ids of leaves of no layer, looked up in the model once
         self._device = model_device(model)
         # _cpu_target (the tests'): the core over lib/cuda's CPU execution target, whose "device memory"
         # is the host's, so the CUDA path runs on CPU tensors (tests/cuda_on_cpu, docs/pytorch.md).
@@ -433,9 +436,28 @@ class Scaler:
 
     def _pass_done(self, run: BackwardPass) -> None:
         self._passes_done += 1
+        if run.unowned and self._every_module:
+            self._name_new_modules(run.unowned)
         if self._unchecked_passes > 0:
             self._unchecked_passes -= 1
             warn_unemulated(self._layers, self._core.layer_scales(), run.param_layers)
+
+    def _name_new_modules(self, leaves: List[torch.Tensor]) -> None:
+        """Warns, once each, of a module of the model whose parameters a pass reached though no layer of
+        this Scaler holds them: one added or put in a layer's place after Scaler(model), which is not
+        emulated (a parameter outside the model, a temperature say, is no module's: no warning)."""
+        new = [p for p in leaves if id(p) not in self._outside]
+        if not new:
+            return
+        self._outside.update(id(p) for p in new)
+        ids = {id(p) for p in new}
+        for name, module in self._model.named_modules():
+            if any(id(p) in ids for p in module._parameters.values() if p is not None):
+                warnings.warn(f"gradscale.torch: module '{name or 'model'}' ({type(module).__name__}) was added to "
+                              "the model, or put in a layer's place, after Scaler(model): it is no layer of this "
+                              "Scaler, so it computes in fp32 with no rounding to format= and no local scale "
+                              "(its gradients are exact); call scaler.remove() and make a new Scaler to emulate it",
+                              stacklevel=3)
 
     def _check_stale(self) -> None:
         """A pass still running between public calls raised inside backward: its step is skipped."""
