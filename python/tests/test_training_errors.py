@@ -187,3 +187,16 @@ def test_misused_arguments_are_named_before_anything_changes():
     scaler.remove()
     with pytest.raises(RuntimeError, match="after its remove"):
         scaler.scale(F.cross_entropy(model(x), y))
+
+
+def test_two_models_with_a_scaler_each_in_one_loss_get_the_way_out():
+    # A GAN's generator loss reads the discriminator's output: each model has its own Scaler.
+    gen, disc = nn.Sequential(nn.Linear(4, 8)), nn.Sequential(nn.Linear(8, 1))
+    sg = Scaler(gen, scaler="static:8", format="fp16")
+    Scaler(disc, scaler="static:8", format="fp16")
+    with pytest.raises(RuntimeError, match="one Scaler over a module whose forward runs both"):
+        sg.scale(-disc(gen(torch.randn(6, 4))).mean()).backward()
+    both = nn.ModuleDict({"g": nn.Sequential(nn.Linear(4, 8)), "d": nn.Sequential(nn.Linear(8, 1))})
+    scaler = Scaler(both, scaler="static:8", format="fp16")
+    with pytest.raises(ValueError, match="needs a module whose forward runs its parts"):
+        scaler.scale(-both["d"](both["g"](torch.randn(6, 4))).mean())

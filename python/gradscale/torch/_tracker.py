@@ -158,7 +158,9 @@ class Tracker:
         if run is None or run.state not in ("ready", "running") or not run.walked(ctx):
             raise RuntimeError("gradscale.torch: backward through a model with a gradscale Scaler must start "
                                "from scaler.scale(loss) (call scaler.scale(loss).backward(); a second backward "
-                               "over a retained graph needs its own scaler.scale(...))")
+                               "over a retained graph needs its own scaler.scale(...); a loss that reads the "
+                               "outputs of two models with a Scaler each, as a GAN's generator loss reads the "
+                               "discriminator's, needs one Scaler over a module whose forward runs both)")
         if run.state == "ready":
             run.start()
         return run.loss_backward(ctx, g)

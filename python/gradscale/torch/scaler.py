@@ -176,7 +176,9 @@ class Scaler:
         if run.model_nodes == 0:
             run.close("abandoned")
             raise ValueError("gradscale.torch: the loss does not depend on the model's outputs "
-                             f"({type(self._model).__name__} returned nothing this loss reads)")
+                             f"({type(self._model).__name__} returned nothing this loss reads: the Scaler's "
+                             "model must be called, not only its submodules — a container such as "
+                             "nn.ModuleDict needs a module whose forward runs its parts)")
         if not hasattr(run, "loss_value"):
             run.loss_value = outputs.detach().clone()  # a tensor: read with the verdict
             group = _distributed.group_of(self._process_group) if self._agree_scales else None
