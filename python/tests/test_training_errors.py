@@ -200,3 +200,22 @@ def test_two_models_with_a_scaler_each_in_one_loss_get_the_way_out():
     scaler = Scaler(both, scaler="static:8", format="fp16")
     with pytest.raises(ValueError, match="needs a module whose forward runs its parts"):
         scaler.scale(-both["d"](both["g"](torch.randn(6, 4))).mean())
+
+
+def test_a_pre_hook_that_raises_leaves_no_open_call_behind():
+    from gradscale.torch._boundary import CallWrapper
+    model = mlp()
+    Scaler(model, scaler="static:8", format="fp16")
+    layer = model[0]
+    wrapper = layer.__dict__["forward"]
+    assert isinstance(wrapper, CallWrapper)
+
+    def refuse(module, inputs):
+        raise RuntimeError("a user's pre-hook")
+    handle = layer.register_forward_pre_hook(refuse)
+    for _ in range(3):
+        with pytest.raises(RuntimeError, match="a user's pre-hook"):
+            model(batch()[0])
+    handle.remove()
+    model(batch()[0])
+    assert wrapper.calls == []

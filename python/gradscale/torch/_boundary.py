@@ -178,6 +178,8 @@ class CallWrapper:
     # ---- the hooks ---------------------------------------------------------------------------
     def pre_hook(self, module, inputs):
         refuse_compile()  # before the inputs' roundings, which a trace would record half of
+        if self.pending and self.calls:
+            self.calls.pop()  # the last call opened here never started (a later pre-hook raised)
         call = LayerCall(self.layer_id)
         self.calls.append(call)
         self.pending = True
