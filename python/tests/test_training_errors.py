@@ -103,6 +103,16 @@ def test_torch_jit_trace_is_refused_with_a_message():
     assert all(type(p) is nn.Parameter for p in model.parameters())
 
 
+def test_torch_jit_script_is_refused_with_a_message_and_works_after_remove():
+    model = mlp()
+    scaler = Scaler(model, format="fp16")
+    with pytest.raises(RuntimeError, match="torch.jit.script"):
+        torch.jit.script(model)
+    scaler.remove()
+    x = batch()[0]
+    assert torch.equal(torch.jit.script(model)(x), model(x))
+
+
 def test_a_forward_under_inference_mode_is_a_forward_under_no_grad():
     # Inference tensors have no version counter: the note that an output is already rounded read it.
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))

@@ -173,7 +173,15 @@ class CallWrapper:
     def install(cls, scaler, layer) -> "CallWrapper":
         wrapper = cls(scaler, layer, layer.module)
         layer.module.forward = wrapper
+        # torch.jit.script asks each module for this before it compiles it: refused with a message
+        # (the wrapper is no TorchScript).
+        layer.module.__dict__["__prepare_scriptable__"] = wrapper.refuse_script
         return wrapper
+
+    def refuse_script(self):
+        raise RuntimeError("gradscale.torch: a model with a Scaler cannot be compiled by torch.jit.script (its "
+                           "layers' forward is the Scaler's, which calls the core outside TorchScript); script "
+                           "a copy after scaler.remove()")
 
     # ---- the hooks ---------------------------------------------------------------------------
     def pre_hook(self, module, inputs):
@@ -322,6 +330,8 @@ class CallWrapper:
 
     def remove(self) -> None:
         """Puts the module's own forward back (as a hook handle's remove() does)."""
+        if self.module.__dict__.get("__prepare_scriptable__") == self.refuse_script:
+            del self.module.__dict__["__prepare_scriptable__"]
         if self.module.__dict__.get("forward") is self:
             if self.inner is None:
                 del self.module.forward
