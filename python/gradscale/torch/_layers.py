@@ -101,11 +101,9 @@ def build_layers(model: nn.Module, layers: Optional[Sequence[Union[str, nn.Modul
         chosen = [m for _, m in model.named_modules() if _owns_params(m)]
     else:
         if isinstance(layers, (str, nn.Module)):  # a string would be read letter by letter
+            hint = f"layers=[{layers!r}]" if isinstance(layers, str) else "layers=[module]"
             raise TypeError(f"gradscale.torch: layers= takes a list of module names or modules, got one "
-                            f"{type(layers).__name__} ({layers!r}): write layers=[{layers!r}]"
-                            if isinstance(layers, str) else
-                            f"gradscale.torch: layers= takes a list of module names or modules, got one "
-                            f"{type(layers).__name__}: write layers=[module]")
+                            f"{type(layers).__name__}: write {hint}")
         by_name = dict(model.named_modules())
         chosen = []
         for entry in layers:
