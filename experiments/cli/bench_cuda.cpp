@@ -99,6 +99,22 @@ int bench_cuda(std::size_t n, int repeats) {
   for (Format f : {Format::fp16, Format::fp8_e5m2})
     row(std::string("tensor_stats ") + format_name(f) + " (read)", 4,
         [&] { cuda::tensor_stats(ctx, in.data(), n, f, {}, stats.data()); });
+  // The histogram's atomics against the data's spread, the same pass over two other inputs: every value
+  // in one binade ([1, 2): all 32 lanes of a warp count into one bin at once) and values spread over 241
+  // binades. A pass held back by atomics on one address is slower on the first than on the second.
+  {
+    std::vector<float> values(n);
+    std::mt19937 gen(3);
+    std::uniform_real_distribution<float> mantissa(1.0f, 2.0f);
+    std::uniform_int_distribution<int> binade(-120, 120);
+    for (int spread = 0; spread < 2; ++spread) {
+      for (float& v : values) v = spread ? std::ldexp(mantissa(gen), binade(gen)) : mantissa(gen);
+      GS_CUDA_CHECK(cudaMemcpyAsync(out.data(), values.data(), n * sizeof(float), cudaMemcpyHostToDevice,
+                                    ctx.stream()));
+      row(std::string("tensor_stats fp16, ") + (spread ? "241 binades" : "one binade") + " (read)", 4,
+          [&] { cuda::tensor_stats(ctx, out.data(), n, Format::fp16, {}, stats.data()); });
+    }
+  }
   cuda::DeviceBuffer<unsigned> max_bits(1);
   row("max_abs_bits (read; the maximum alone)", 4, [&] { cuda::max_abs_bits(in.data(), n, max_bits.data(), ctx.stream()); });
   for (Format f : {Format::fp16, Format::bf16, Format::fp8_e5m2, Format::fp8_e4m3})
