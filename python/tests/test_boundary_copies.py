@@ -183,40 +183,42 @@ def test_a_working_copy_a_live_graph_holds_is_never_overwritten():
     assert all(torch.equal(a, b) for a, b in zip(both[1], alone[1]))
 
 
-def test_a_gradient_kept_from_an_earlier_step_is_never_written_again():
-    """`.grad` set to None between steps (torch 2's zero_grad default): a `.grad.detach()` the user
-    keeps holds that step's gradient, whatever the plug-in reuses for the next one."""
-    gen = torch.Generator().manual_seed(3)
+def _kept_across_passes(seed, gradients):
+    """Three batches through a Stack under `gradients(model, scaler, x, y)` (its parameters' gradients of
+    one pass): a `.detach()` of each pass's gradients kept, and a copy made at once, both compared after
+    the last pass."""
+    gen = torch.Generator().manual_seed(seed)
     batches = [(torch.randn(5, 6, generator=gen) * 3, torch.randint(0, 3, (5,), generator=gen)) for _ in range(3)]
     model = Stack()
     scaler = Scaler(model, scaler=FIXED, format="fp16")
     kept, copies = [], []
     for x, y in batches:
-        for p in model.parameters():
-            p.grad = None
-        step(model, scaler, x, y)
-        kept.append([p.grad.detach() for p in model.parameters()])
-        copies.append([p.grad.clone() for p in model.parameters()])
+        grads = gradients(model, scaler, x, y)
+        kept.append([g.detach() for g in grads])
+        copies.append([g.clone() for g in grads])
+        del grads
     for k, c in zip(kept, copies):
         assert all(torch.equal(a, b) for a, b in zip(k, c))
     assert not torch.equal(kept[0][0], kept[1][0])  # the batches' gradients differ
+
+
+def test_a_gradient_kept_from_an_earlier_step_is_never_written_again():
+    """`.grad` set to None between steps (torch 2's zero_grad default): a `.grad.detach()` the user
+    keeps holds that step's gradient, whatever the plug-in reuses for the next one."""
+    def through_grad(model, scaler, x, y):
+        for p in model.parameters():
+            p.grad = None
+        step(model, scaler, x, y)
+        return [p.grad for p in model.parameters()]
+    _kept_across_passes(3, through_grad)
 
 
 def test_a_gradient_torch_autograd_grad_returned_is_never_written_again():
     """torch.autograd.grad hands its results to the caller (no `.grad`): a `.detach()` of one that the
     caller keeps after the result itself is gone holds that pass's gradient through later passes."""
-    gen = torch.Generator().manual_seed(4)
-    batches = [(torch.randn(5, 6, generator=gen) * 3, torch.randint(0, 3, (5,), generator=gen)) for _ in range(3)]
-    model = Stack()
-    scaler = Scaler(model, scaler=FIXED, format="fp16")
-    kept, copies = [], []
-    for x, y in batches:
+    def returned(model, scaler, x, y):
         loss = nn.functional.cross_entropy(model(x), y)
-        grads = torch.autograd.grad(scaler.scale(loss), list(model.parameters()))
-        kept.append([g.detach() for g in grads])
-        copies.append([g.clone() for g in grads])
-        del grads
+        grads = list(torch.autograd.grad(scaler.scale(loss), list(model.parameters())))
         scaler.update()
-    for k, c in zip(kept, copies):
-        assert all(torch.equal(a, b) for a, b in zip(k, c))
-    assert not torch.equal(kept[0][0], kept[1][0])  # the batches' gradients differ
+        return grads
+    _kept_across_passes(4, returned)

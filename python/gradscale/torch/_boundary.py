@@ -232,7 +232,8 @@ class CallWrapper:
 
     # ---- the call ----------------------------------------------------------------------------
     def __call__(self, *args, **kwargs):
-        refuse_compile()
+        if not self.pending:  # a boundary call's pre-hook has checked already
+            refuse_compile()
         call = None
         if self.boundary and self.pending and self.calls:
             call = self.calls[-1]
