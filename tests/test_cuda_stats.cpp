@@ -78,8 +78,8 @@ void check_stats_equal(const TensorStats& gpu, const TensorStats& cpu, const std
 }
 
 // Tensors for the statistics: empty, single values, all zeros, all NaN, a large mixed tensor (every
-// binade, float subnormals, zeros, NaN/inf with payloads and signs), values packed around each format's
-// underflow and overflow thresholds, and sizes that are no multiple of any block size.
+// binade, float subnormals, zeros, NaN/inf with payloads and signs), values crowded in three binades, values
+// packed around each format's underflow and overflow thresholds, and sizes that are no multiple of any block size.
 std::vector<std::vector<float>> stats_tensors() {
   std::vector<std::vector<float>> t;
   t.push_back({});
@@ -110,6 +110,14 @@ std::vector<std::vector<float>> stats_tensors() {
   t.push_back(mixed(test::gpu_or_cpu_target<std::size_t>(1000003, 100003)));
   // More than one grid-stride pass per thread (the GPU's size also reaches the grids' caps of blocks).
   t.push_back(mixed(test::gpu_or_cpu_target<std::size_t>((std::size_t{1} << 22) + 17, (std::size_t{1} << 18) + 17)));
+  // Crowded, as gradients are: nearly every value in one of three binades, so the lanes of a warp share
+  // their binade's counter (the kernel adds each group's count once); zeros and a tail of 13.
+  std::vector<float> crowded(test::gpu_or_cpu_target<std::size_t>((std::size_t{1} << 22) + 13, (std::size_t{1} << 16) + 13));
+  for (float& x : crowded) {
+    const double u = uniform01(rng);
+    x = u < 0.02 ? 0.0f : static_cast<float>(std::exp2(-20.0 + 3.0 * uniform01(rng)) * (rng() & 1 ? 1.0 : -1.0));
+  }
+  t.push_back(crowded);
   // Around every format's thresholds: log-uniform over [min_subnormal/8, 4·min_normal] and
   // [max_finite/4, 4·max_finite].
   std::vector<float> edges;

@@ -23,10 +23,21 @@ DeviceRounding device_rounding(Format f, RoundOptions opt) {
 
 namespace {
 
+constexpr unsigned kUnroll = 4;  // loads a thread has in flight: one per resident thread leaves the memory idle
+
+// A grid-stride loop that loads kUnroll of its elements before it writes the first (each element is read
+// and written by its own thread only, so `in` may be `out`).
 __global__ void quantize_kernel(const float* in, float* out, std::size_t n, float multiplier,
                                 DeviceRounding rounding) {
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
-  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+  std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  for (; i + (kUnroll - 1) * stride < n; i += kUnroll * stride) {
+    float x[kUnroll];
+    for (unsigned k = 0; k < kUnroll; ++k) x[k] = in[i + k * stride];
+    for (unsigned k = 0; k < kUnroll; ++k)
+      out[i + k * stride] = device::round_to_format(multiplier == 1.0f ? x[k] : x[k] * multiplier, rounding);
+  }
+  for (; i < n; i += stride) {
     const float x = multiplier == 1.0f ? in[i] : in[i] * multiplier;
     out[i] = device::round_to_format(x, rounding);
   }

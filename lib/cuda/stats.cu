@@ -6,6 +6,10 @@
 // bins (integer atomics: exact in any order) and counts itself in; the tensor's last block to arrive
 // combines the partial records in a fixed order (the same sums whichever block is last), so no second
 // kernel waits on the first.
+//
+// For the memory's speed a thread loads kUnroll elements of its grid-stride walk before it uses the
+// first (one load in flight per resident thread leaves the memory idle part of the time), and visits
+// them in the walk's order, so its sums are those of the plain loop.
 #include "lib/cuda/stats.h"
 
 #include <cstring>
@@ -25,6 +29,7 @@ constexpr int kJobsPerLaunch = 32;
 constexpr unsigned kMaxBlocksPerJob = 1024;  // a constant, not a device property: reproducible sums
 constexpr unsigned kWarps = kBlock / 32;
 constexpr std::size_t kMaxElements = std::size_t{1} << 40;  // per-thread and per-warp counters stay 32-bit
+constexpr unsigned kUnroll = 4;  // loads a thread has in flight in the grid-stride walks below
 
 // The tensors of one launch, by value (kernel parameter space).
 struct StatsTable {
@@ -113,9 +118,7 @@ __global__ void __launch_bounds__(kBlock) stats_partial_kernel(StatsTable table,
   double sum = 0, sum_squares = 0;
   float lo = __uint_as_float(kInf), hi = -__uint_as_float(kInf);
   unsigned nonzero_m1 = 0xFFFFFFFFu;
-  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
-  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    const float x = v[i];
+  auto visit = [&](float x) {
     const std::uint32_t a = __float_as_uint(x) & kAbs;
     reached[0] += a != 0u;
     reached[1] += a >= th.first_nonzero;
@@ -131,7 +134,16 @@ __global__ void __launch_bounds__(kBlock) stats_partial_kernel(StatsTable table,
       hi = fmaxf(hi, x);
       if (a != 0u) atomicAdd(&my_hist[bin_of(a)], 1u);
     }
+  };
+  // The thread's walk, i, i + stride, i + 2·stride, ..., visited in that order, kUnroll loads at a time.
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  for (; i + (kUnroll - 1) * stride < n; i += kUnroll * stride) {
+    float x[kUnroll];
+    for (unsigned k = 0; k < kUnroll; ++k) x[k] = v[i + k * stride];
+    for (unsigned k = 0; k < kUnroll; ++k) visit(x[k]);
   }
+  for (; i < n; i += stride) visit(v[i]);
 
   BlockPartial p;
   for (int k = 0; k < 5; ++k)
@@ -164,8 +176,13 @@ __global__ void __launch_bounds__(kBlock) stats_partial_kernel(StatsTable table,
 __global__ void __launch_bounds__(kBlock) max_abs_bits_kernel(const float* v, std::size_t n, unsigned* out) {
   unsigned m = 0;
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
-  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
-    m = max(m, __float_as_uint(v[i]) & kAbs);
+  std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  for (; i + (kUnroll - 1) * stride < n; i += kUnroll * stride) {  // kUnroll loads in flight
+    unsigned bits[kUnroll];
+    for (unsigned k = 0; k < kUnroll; ++k) bits[k] = __float_as_uint(v[i + k * stride]);
+    for (unsigned k = 0; k < kUnroll; ++k) m = max(m, bits[k] & kAbs);
+  }
+  for (; i < n; i += stride) m = max(m, __float_as_uint(v[i]) & kAbs);
   m = device::block_reduce(m, device::MaxUnsigned());
   if (threadIdx.x == 0 && m != 0) atomicMax(out, m);
 }
