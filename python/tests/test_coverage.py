@@ -60,10 +60,11 @@ def test_attention_is_emulated_and_exact(batch_first):
     rows = {r["name"]: r for r in scaler.layer_scales()}
     attn, proj = rows["enc.layers.0.self_attn"], rows["enc.layers.0.self_attn.out_proj"]
     assert attn["emulation"] == "attention" and attn["ran"] and attn["sent"]
-    # out_proj is a layer of its own: it sends its gradient up at its own scale, and the attention's
-    # in-projection takes that scale and multiplies in its own.
+    # out_proj is a layer of its own: it sends its gradient up at its own scale, which the attention
+    # receives (its output is out_proj's input), and its in-projection multiplies in its own.
     assert proj["emulation"] == "gemm" and proj["ran"] and proj["s"] == 4.0
-    assert attn["S_in"] == proj["S_in"] and attn["s"] == 4.0
+    assert attn["S_in"] == proj["S_out"] == 4.0 * proj["S_in"] and attn["s"] == 4.0
+    assert attn["S_out"] == attn["s"] * attn["S_in"]
 
 
 def test_attention_output_and_projections_are_in_the_format():
@@ -79,6 +80,49 @@ def test_attention_output_and_projections_are_in_the_format():
     for name, t in seen:
         assert representable(t, "fp16"), name
         assert not representable(t, "fp8_e4m3"), name  # else the check could not fail
+
+
+class _CountingCore:
+    """The Scaler's core, with its join roundings counted by the site they are charged to."""
+
+    def __init__(self, core):
+        self._core = core
+        self.joins = []
+
+    def round_join(self, layer, *args, **kwargs):
+        self.joins.append(layer)
+        return self._core.round_join(layer, *args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._core, name)
+
+
+def test_attention_internals_are_summed_in_fp32_not_joined():
+    """Inside a layer call gradients are fp32 at the layer's one scale: self-attention's split of its
+    packed projection into query, key and value is summed by autograd, not joined (a join rounds its
+    sum to the gradient format, a rounding inside the layer before its one rounding at its input).
+    A fork between layers (the residual shortcut) still is one."""
+    class Net(nn.Module):
+        def __init__(self, residual):
+            super().__init__()
+            torch.manual_seed(0)
+            self.emb, self.attn = nn.Embedding(30, 16), nn.MultiheadAttention(16, 2, batch_first=True)
+            self.head, self.residual = nn.Linear(16, 5), residual
+
+        def forward(self, idx):
+            h = self.emb(idx)
+            a = self.attn(h, h, h, need_weights=False)[0]
+            return self.head((h + a if self.residual else a).mean(1))
+
+    idx, y = tokens()
+    for residual, joins in ((False, 0), (True, 1)):
+        model = Net(residual)
+        scaler = Scaler(model, scaler={"policy": "adaptive", "method": "measured"}, format="fp16",
+                        grad_format="fp8_e4m3")
+        counting = _CountingCore(scaler._tracker.core)
+        scaler._tracker.core = counting
+        scaler.scale(F.cross_entropy(model(idx), y)).backward()
+        assert len(counting.joins) == joins, (residual, counting.joins)
 
 
 def test_fused_inference_paths_are_off_while_attached():
@@ -467,6 +511,19 @@ def test_the_shadow_on_a_hand_computed_case():
     assert up["underflow_mass"] == pytest.approx(float(exact[0] / exact.sum()), rel=1e-12)
     assert up["rel_error"] == pytest.approx(float(exact[0] / exact.norm()), rel=1e-6)
     assert up["cosine"] == pytest.approx(float(1.5 / exact.norm()), rel=1e-6)
+
+
+def test_the_shadow_s_underflowed_mass_is_a_share_when_every_value_underflows():
+    """Every non-zero value rounded to zero: the mass is 1, never above (the lost values' sum and the
+    whole sum, taken in different orders, differed in the last bit: 1.0000000000000002, which
+    `gradscale inspect --check` refuses). Values and zeros drawn so that the two orders differ here."""
+    from gradscale.torch._shadow import _Sums
+    g = torch.Generator().manual_seed(3)
+    pre = torch.exp2(-60 * torch.rand(1000, generator=g)) * (torch.rand(1000, generator=g) + 0.5)
+    pre[torch.rand(1000, generator=g) < 0.3] = 0
+    sums = _Sums()
+    sums.add(pre, torch.zeros(1000), torch.zeros(1000), pre)
+    assert sums.metrics()["underflow_mass"] == 1.0
 
 
 def test_a_module_put_in_a_layers_place_after_the_scaler_is_named_once():

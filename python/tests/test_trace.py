@@ -96,3 +96,35 @@ def test_the_fp32_shadow_reaches_the_trace(tmp_path):
     assert any(m["upstream"]["rel_error"] > 0 for m in shadows if "upstream" in m)  # e5m2 rounds
     r = _inspect(base + ".json")
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_attention_under_local_scales_keeps_s_times_s_in_and_passes_inspect(tmp_path):
+    """Attention is a layer whose output is out_proj's input (out_proj a layer of its own, called inside
+    the attention's call): its record's S_in is the scale out_proj sends it, so S = s·S_in holds for it as
+    for every layer (inspect --check refuses a trace where it does not), and so does its in-projection's
+    weight gradient at r·S_in. Under local scales s != 1 (a global policy hides a wrong S_in)."""
+    from test_branches import Block
+    torch.manual_seed(0)
+    model = Block(d=16, heads=4)
+    base = str(tmp_path / "attn")
+    scaler = Scaler(model, scaler={"policy": "adaptive", "method": "measured", "init_scale": "auto",
+                                   "cast_form": "measured", "bounds": "derived"},
+                    format="fp16", grad_format="fp8_e4m3", trace=base, trace_every=1)
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    g = torch.Generator().manual_seed(1)
+    local = set()
+    for _ in range(5):
+        idx = torch.randint(0, 13, (8, 7), generator=g)
+        opt.zero_grad()
+        scaler.scale(F.cross_entropy(model(idx[:, :-1]).reshape(-1, 13), idx[:, 1:].reshape(-1))).backward()
+        scaler.step(opt)
+        scaler.update()
+        for row in scaler.layer_scales():
+            if row["ran"]:
+                assert row["S_out"] == row["s"] * row["S_in"], row
+                if row["s"] != 1:
+                    local.add(row["name"])
+    assert {"attn", "attn.out_proj"} <= local, local  # both decided a scale of their own
+    scaler.close()
+    r = _inspect(base + ".json")
+    assert r.returncode == 0, r.stdout + r.stderr

@@ -9,7 +9,10 @@ scale its incoming gradient had. So `scaler.scale(loss)` walks the graph of `los
 - a node fed by several distinct consumers inside the model is a **join**: each consumer's post-hook
   takes its part (g_i, S_i) out of the sum autograd would make (leaving a zero), and the node's
   pre-hook brings the parts to one scale T before adding them, then rounds the sum once — so no sum
-  ever mixes scales (a residual shortcut, a tensor read twice, a module called twice, an in-place op);
+  ever mixes scales (a residual shortcut, a tensor read twice, a module called twice, an in-place op).
+  A node inside one layer call (all its consumers lead to that call's Exit before any other boundary:
+  attention's split of its packed projection) is no join: its parts are fp32 at the layer's scale,
+  and autograd's sum is the layer's own arithmetic;
 - an edge into a leaf from anything but a `WorkingWeight` (a parameter used outside its layer's call,
   an input that requires grad) carries a part at its consumer's scale: the post-hook rounds it and
   divides it by that scale, so every leaf receives true gradients.
@@ -258,7 +261,7 @@ class BackwardPass:
                 for consumer, k, _ in inside:
                     if not isinstance(consumer, _WEIGHT):  # WorkingWeight unscales its own part
                         leaf_slots.setdefault(consumer, []).append((k, -1 if layer is None else layer))
-            elif len(distinct) >= 2 and producer in in_model:
+            elif len(distinct) >= 2 and producer in in_model and not self._inside_one_call(producer, edges):
                 self._add_join(producer, uses, join_slots)
         for consumer in set(leaf_slots) | set(join_slots):
             consumer.register_hook(self._post_hook(self._token(consumer), leaf_slots.get(consumer, []),
@@ -286,6 +289,36 @@ class BackwardPass:
         if self.state == "ready" and self.tracker.current is self and not (shadow is not None and shadow.recording):
             self.start()
         return None
+
+    @staticmethod
+    def _inside_one_call(node, edges) -> bool:
+        """Whether every path from `node` towards the loss meets the Exit of one and the same layer call
+        before any other boundary: `node` is then an operation of that layer's own forward (attention
+        splitting its packed projection into query, key and value; a residual add inside a module chosen
+        by name), whose gradients are fp32 at the layer's one scale. Autograd's own sum is then the layer's
+        arithmetic, as everything inside a layer is: no join, which would round the sum to the gradient
+        format before the layer's one rounding at its input."""
+        call = None
+        stack = [consumer for consumer, _, _ in edges.get(node, ())]
+        seen = set()
+        while stack:
+            cur = stack.pop()
+            if cur in seen:
+                continue
+            seen.add(cur)
+            if type(cur) is _EXIT:
+                if call is None:
+                    call = cur.call
+                elif cur.call is not call:
+                    return False
+                continue
+            if type(cur) is _ENTER or type(cur) is _LOSS or type(cur).__name__ == _CHECKPOINT:
+                return False
+            uses = edges.get(cur)
+            if not uses:
+                return False  # a root: the loss's own graph, outside every layer
+            stack.extend(consumer for consumer, _, _ in uses)
+        return call is not None
 
     def _add_join(self, producer, uses, join_slots) -> None:
         token = self._token(producer)

@@ -43,12 +43,13 @@ def refuse_compile() -> None:
 class LayerCall:
     """One call of a layer: pairs its Enter and Exit nodes and holds the working weight its
     controller reads in backward (the master may change before then)."""
-    __slots__ = ("layer_id", "weight", "entered", "__weakref__")
+    __slots__ = ("layer_id", "weight", "entered", "left", "__weakref__")
 
     def __init__(self, layer_id: int):
         self.layer_id = layer_id
         self.weight: Optional[torch.Tensor] = None
         self.entered = None  # attention: id(input) -> (input, its Enter), while the call starts
+        self.left = False  # attention: its output went through its Exit inside the call
 
 
 def wrap_tensor(x, device: torch.device, fn):
@@ -207,6 +208,16 @@ class CallWrapper:
 
     def hook(self, module, inputs, output):
         call = self.calls.pop() if self.calls else LayerCall(self.layer_id)
+        if self.attention and call.left:
+            # The attention's own output left through its Exit inside the call (_attention), before
+            # out_proj, a layer of its own whose Exit rounded what the module returns (here a view of it:
+            # values of `format`, which the next layer need not round again).
+            tracker = self.scaler._tracker
+            return map_tensors(output, self.scaler._device, tracker.note_rounded)
+        return self._leave(call, output)
+
+    def _leave(self, call: LayerCall, output):
+        """`output` (a tensor or a structure of them) through the call's Exit: rounded to `format`."""
         tracker = self.scaler._tracker
         grad = torch.is_grad_enabled()
 
@@ -253,7 +264,7 @@ class CallWrapper:
             # one rounding); what runs outside the layers keeps autocast's dtype.
             with autocast_off(self.scaler._device):
                 if self.attention:
-                    return self._attention(args, kwargs)
+                    return self._attention(args, kwargs, call)
                 if self.inner is not None:
                     return self.inner(*args, **kwargs)
                 return type(self.module).forward(self.module, *args, **kwargs)
@@ -265,11 +276,13 @@ class CallWrapper:
             for module, name, master in reversed(swapped):
                 _set_param(module, name, master)
 
-    def _attention(self, args, kwargs):
+    def _attention(self, args, kwargs, call: Optional[LayerCall]):
         """nn.MultiheadAttention's own forward with an identity for its output projection (so it
         returns the attention's output, exactly: `_IdentityProjection` passes it on without a product),
-        then `out_proj` called as a module: a layer boundary of its own — its input, the attention's
-        output, rounded, its gradient at out_proj's own local scale."""
+        which leaves the layer there, through its Exit (the attention layer's output is out_proj's input:
+        the gradient its in-projection and controller see is the one out_proj sends it, at that scale);
+        then `out_proj` called as a module: a layer boundary of its own, its gradient at out_proj's own
+        local scale."""
         out_proj = self.module.out_proj
         saved = (out_proj._parameters["weight"], out_proj._parameters.get("bias"))
         eye = torch.eye(out_proj.in_features, dtype=saved[0].dtype, device=saved[0].device)
@@ -283,6 +296,9 @@ class CallWrapper:
         finally:
             _set_param(out_proj, "weight", saved[0])
             _set_param(out_proj, "bias", saved[1])
+        if call is not None:
+            result = self._leave(call, result)
+            call.left = True
         if isinstance(result, tuple):
             return (self._project(result[0]),) + tuple(result[1:])
         return self._project(result)

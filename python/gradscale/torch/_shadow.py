@@ -32,10 +32,13 @@ class _Sums:
     def add(self, pre: torch.Tensor, rounded: torch.Tensor, lp: torch.Tensor, ref: torch.Tensor) -> None:
         """pre: the fp32 values before rounding (any scale); rounded: after; lp: the values divided by
         their scale; ref: the shadow's fp32 values."""
-        pre = pre.detach().double()
-        lost = (rounded.detach() == 0) & (pre != 0)
-        self.lost += float(pre.abs()[lost].sum())
-        self.total += float(pre.abs().sum())
+        size = pre.detach().double().abs()
+        lost = (rounded.detach() == 0) & (size != 0)
+        # The total as the lost part plus the rest: two sums over the same values in different orders
+        # may differ in the last bit, and a share above 1 is no share.
+        lost_mass = float(size[lost].sum())
+        self.lost += lost_mass
+        self.total += lost_mass + float(size[~lost].sum())
         lp = lp.detach().double().reshape(-1)
         ref = ref.detach().double().reshape(-1)
         self.diff2 += float((lp - ref).pow(2).sum())
