@@ -32,7 +32,7 @@ backward is a pass of its own, walked when it starts, whose roots receive the ch
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, Iterator, List, Optional, Tuple
 
 import torch
 
@@ -48,6 +48,21 @@ _EXIT = Exit._backward_cls
 _LOSS = LossEdge._backward_cls
 _WEIGHT = WorkingWeight._backward_cls
 _CHECKPOINT = "CheckpointFunctionBackward"  # torch.utils.checkpoint's reentrant Function
+
+
+def _downstream(node, edges, through) -> Iterator[object]:
+    """The nodes downstream of `node` (its consumers, theirs, ... towards the loss; `edges`: each
+    producer's uses), each once, depth first; the walk goes on past a node where through(node) is true."""
+    stack = [consumer for consumer, _, _ in edges.get(node, ())]
+    seen = set()
+    while stack:
+        cur = stack.pop()
+        if cur in seen:
+            continue
+        seen.add(cur)
+        yield cur
+        if through(cur):
+            stack.extend(consumer for consumer, _, _ in edges.get(cur, ()))
 
 
 def _accumulate_grad_type() -> type:
@@ -299,25 +314,14 @@ class BackwardPass:
         arithmetic, as everything inside a layer is: no join, which would round the sum to the gradient
         format before the layer's one rounding at its input."""
         call = None
-        stack = [consumer for consumer, _, _ in edges.get(node, ())]
-        seen = set()
-        while stack:
-            cur = stack.pop()
-            if cur in seen:
-                continue
-            seen.add(cur)
+        for cur in _downstream(node, edges, lambda n: type(n) is not _EXIT):
             if type(cur) is _EXIT:
                 if call is None:
                     call = cur.call
                 elif cur.call is not call:
                     return False
-                continue
-            if type(cur) is _ENTER or type(cur) is _LOSS or type(cur).__name__ == _CHECKPOINT:
-                return False
-            uses = edges.get(cur)
-            if not uses:
-                return False  # a root: the loss's own graph, outside every layer
-            stack.extend(consumer for consumer, _, _ in uses)
+            elif type(cur) is _ENTER or type(cur) is _LOSS or type(cur).__name__ == _CHECKPOINT or not edges.get(cur):
+                return False  # another layer's input, the loss, or a root: outside every layer call
         return call is not None
 
     def _add_join(self, producer, uses, join_slots) -> None:
@@ -342,18 +346,9 @@ class BackwardPass:
         backward send it the scale it receives (SPEC §6.5 charges an overflow of that gradient to
         them). A layer's internals reached without an Enter are walked through to its own readers."""
         for node in exits:
-            source = node.layer_id
-            stack = [consumer for consumer, _, _ in edges.get(node, ())]
-            visited = set()
-            while stack:
-                cur = stack.pop()
-                if cur in visited:
-                    continue
-                visited.add(cur)
+            for cur in _downstream(node, edges, lambda n: not isinstance(n, (_ENTER, _LOSS))):
                 if isinstance(cur, _ENTER):
-                    self.layer_edges.setdefault(cur.layer_id, set()).add(source)
-                elif not isinstance(cur, _LOSS):
-                    stack.extend(consumer for consumer, _, _ in edges.get(cur, ()))
+                    self.layer_edges.setdefault(cur.layer_id, set()).add(node.layer_id)
         self.tracker.learn(self)
 
     def _token(self, node) -> int:
