@@ -222,3 +222,74 @@ def test_a_gradient_torch_autograd_grad_returned_is_never_written_again():
         scaler.update()
         return grads
     _kept_across_passes(4, returned)
+
+
+class BiasUnused(nn.Module):
+    """A layer that owns a bias its forward never reads (it stays without a gradient in PyTorch)."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(3, 6))
+        self.bias = nn.Parameter(torch.randn(3))
+
+    def forward(self, x):
+        return x @ self.weight.t()
+
+
+class Twice(nn.Module):
+    """One Parameter registered under two names of one module (weight tying inside a layer)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Parameter(torch.randn(6, 6))
+        self.b = self.a
+
+    def forward(self, x):
+        return x @ self.a + x @ self.b.t()
+
+
+def _working_weights_nodes(loss):
+    """The WorkingWeights nodes of a loss's graph, each with the leaves it feeds."""
+    found, seen_nodes, stack = [], set(), [loss.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen_nodes:
+            continue
+        seen_nodes.add(node)
+        if type(node).__name__ == "WorkingWeightsBackward":
+            found.append([n for n, _ in node.next_functions if n is not None])
+        stack.extend(n for n, _ in node.next_functions)
+    return found
+
+
+def test_a_layer_calls_parameters_are_one_node_and_their_gradients_exact():
+    """fp32 under power-of-two scales: the gradients are PyTorch's bit for bit, with one WorkingWeights
+    node per layer call (a Linear's weight and bias together), an unused parameter's gradient None as
+    in PyTorch, and a parameter registered twice given the sum of its two uses."""
+    gen = torch.Generator().manual_seed(2)
+    x, y = torch.randn(5, 6, generator=gen), torch.randint(0, 3, (5,), generator=gen)
+    for make in (lambda: nn.Sequential(nn.Linear(6, 6), nn.Tanh(), BiasUnused()),
+                 lambda: nn.Sequential(Twice(), nn.Tanh(), nn.Linear(6, 3))):
+        torch.manual_seed(0)
+        plain = make()
+        model = make()
+        model.load_state_dict(plain.state_dict())
+        if isinstance(model[0], Twice):
+            model[0].b = model[0].a  # load_state_dict keeps the tie; said again for the reader
+        nn.functional.cross_entropy(plain(x), y).backward()
+        # fp32 values under power-of-two scales, with working copies (a shadow substitutes them in fp32).
+        scaler = Scaler(model, scaler=FIXED, format="fp32", shadow=True)
+        loss = nn.functional.cross_entropy(model(x), y)
+        nodes = _working_weights_nodes(loss)
+        assert [len(leaves) for leaves in nodes] == [2, 2]  # two layer calls, two parameters each
+        if isinstance(model[0], Twice):
+            assert any(leaves[0] is leaves[1] for leaves in nodes)  # the tied one's two copies
+        scaler.scale(loss).backward()
+        for (name, p), q in zip(model.named_parameters(), plain.parameters()):
+            if q.grad is None:
+                assert p.grad is None, name
+            else:
+                assert torch.equal(p.grad, q.grad), name
+        if isinstance(model[2], BiasUnused):
+            assert model[2].bias.grad is None and model[2].weight.grad is not None
+        scaler.remove()

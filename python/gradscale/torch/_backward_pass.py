@@ -13,7 +13,7 @@ scale its incoming gradient had. So `scaler.scale(loss)` walks the graph of `los
   A node inside one layer call (all its consumers lead to that call's Exit before any other boundary:
   attention's split of its packed projection) is no join: its parts are fp32 at the layer's scale,
   and autograd's sum is the layer's own arithmetic;
-- an edge into a leaf from anything but a `WorkingWeight` (a parameter used outside its layer's call,
+- an edge into a leaf from anything but a `WorkingWeights` (a parameter used outside its layer's call,
   an input that requires grad) carries a part at its consumer's scale: the post-hook rounds it and
   divides it by that scale, so every leaf receives true gradients.
 
@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Dict, Iterator, List, Optional, Tuple
 
 import torch
 
-from ._functions import (Enter, Exit, LossEdge, WorkingWeight, differentiable, is_dense, owned_copy,
+from ._functions import (Enter, Exit, LossEdge, WorkingWeights, differentiable, is_dense, owned_copy,
                          rounding_target)
 from ._join import join_parts
 
@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 _ENTER = Enter._backward_cls
 _EXIT = Exit._backward_cls
 _LOSS = LossEdge._backward_cls
-_WEIGHT = WorkingWeight._backward_cls
+_WEIGHT = WorkingWeights._backward_cls
 _CHECKPOINT = "CheckpointFunctionBackward"  # torch.utils.checkpoint's reentrant Function
 
 
@@ -72,6 +72,22 @@ def _accumulate_grad_type() -> type:
 
 
 _LEAF = _accumulate_grad_type()
+
+def _not_enter_or_loss(node) -> bool:
+    return type(node) is not _ENTER and type(node) is not _LOSS
+
+
+# What the walk sorts nodes by, per node type (a dict lookup per node instead of comparisons and a
+# name): 0 for most, else one of the kinds below.
+_IS_ENTER, _IS_EXIT, _IS_LOSS, _IS_CHECKPOINT = 1, 2, 3, 4
+_CATEGORY: Dict[type, int] = {}
+
+
+def _category(kind: type) -> int:
+    value = (_IS_ENTER if kind is _ENTER else _IS_EXIT if kind is _EXIT else _IS_LOSS if kind is _LOSS
+             else _IS_CHECKPOINT if kind.__name__ == _CHECKPOINT else 0)
+    _CATEGORY[kind] = value
+    return value
 
 
 # One wrapper of torch.autograd.backward for the process: a reentrant checkpoint's backward calls it for
@@ -134,7 +150,7 @@ class BackwardPass:
         self.root_scale = root_scale  # a handle; None: 1, held when backward first needs it
         self.nested = nested
         self.reason: Optional[str] = None
-        self._consumers: Dict[object, List[object]] = {}
+        self._first_consumer: Dict[object, object] = {}  # node -> the first of its consumers the walk met
         self._into: Dict[object, int] = {}  # scale handles
         self._sent: Dict[object, int] = {}
         self._parts: Dict[int, List[Tuple[int, torch.Tensor, int]]] = {}
@@ -178,7 +194,7 @@ class BackwardPass:
     def close(self, state: str) -> None:
         """Ends the pass: its hooks do nothing from now on, and it lets go of the graph."""
         self.state = state
-        self._consumers.clear()
+        self._first_consumer.clear()
         self._into.clear()
         self._sent.clear()
         self._parts.clear()
@@ -203,39 +219,44 @@ class BackwardPass:
         # exactly their Functions' backward classes): the LossEdges, the Exits, every layer boundary as
         # (layer, 0 for Enter / 1 for Exit), and the reentrant checkpoints.
         edges: Dict[object, List[Tuple[object, int, int]]] = {}
-        producers_of: Dict[object, List[object]] = {}
+        producers_of: Dict[object, tuple] = {}  # node -> its next_functions
         losses: List[object] = []
         exits: List[object] = []
         boundaries: List[Tuple[int, int]] = []
         checkpoints: List[object] = []
         seen = set(roots)
         stack = list(roots)
+        category = _CATEGORY.get
         while stack:
             node = stack.pop()
-            kind = type(node)
-            if kind is _ENTER:
-                boundaries.append((node.layer_id, 0))
-            elif kind is _EXIT:
-                boundaries.append((node.layer_id, 1))
-                exits.append(node)
-            elif kind is _LOSS:
-                losses.append(node)
-            elif kind.__name__ == _CHECKPOINT:
-                checkpoints.append(node)
-            found = []
-            for k, (producer, j) in enumerate(node.next_functions):
+            kind = category(type(node))
+            if kind is None:
+                kind = _category(type(node))
+            if kind:
+                if kind == _IS_ENTER:
+                    boundaries.append((node.layer_id, 0))
+                elif kind == _IS_EXIT:
+                    boundaries.append((node.layer_id, 1))
+                    exits.append(node)
+                elif kind == _IS_LOSS:
+                    losses.append(node)
+                else:
+                    checkpoints.append(node)
+            found = node.next_functions  # each read builds new tuples: read once
+            producers_of[node] = found
+            k = -1
+            for producer, j in found:
+                k += 1
                 if producer is None:
                     continue
-                found.append(producer)
                 uses = edges.get(producer)
                 if uses is None:
                     edges[producer] = [(node, k, j)]
+                    if producer not in seen:
+                        seen.add(producer)
+                        stack.append(producer)
                 else:
                     uses.append((node, k, j))
-                if producer not in seen:
-                    seen.add(producer)
-                    stack.append(producer)
-            producers_of[node] = found
         if self.nested:  # a checkpointed segment: all of it is inside the model
             in_model = seen
         else:  # everything upstream of a LossEdge (the loss's own graph stays in fp32 at 1)
@@ -244,39 +265,39 @@ class BackwardPass:
             for n in stack:
                 self._loss_edges.add(self._token(n))
             while stack:
-                for producer in producers_of[stack.pop()]:
-                    if producer not in in_model:
+                for producer, _ in producers_of[stack.pop()]:
+                    if producer is not None and producer not in in_model:
                         in_model.add(producer)
                         stack.append(producer)
         params = self._layer_params()
         leaf_slots: Dict[object, List[Tuple[int, int]]] = {}
         join_slots: Dict[object, List[Tuple[int, int, int]]] = {}
-        consumers = self._consumers
+        first_consumer = self._first_consumer
         for producer, uses in edges.items():
-            if len(uses) == 1:
-                distinct = [uses[0][0]]
-            else:
-                distinct = list({id(consumer): consumer for consumer, _, _ in uses}.values())  # in order, once each
-            consumers[producer] = distinct
+            first = uses[0][0]
+            first_consumer[producer] = first
+            # Used by several distinct consumers (a node using it twice is one consumer).
+            several = len(uses) > 1 and any(c is not first for c, _, _ in uses)
             if type(producer) is _LEAF:
                 inside = [(c, k, j) for c, k, j in uses if c in in_model or isinstance(c, _LOSS)]
-                layer = params.get(id(producer.variable))
+                variable = producer.variable
+                layer = params.get(id(variable))
                 if layer is not None:
                     self.param_layers.add(layer)
-                elif not self.nested and isinstance(producer.variable, torch.nn.Parameter):
-                    self.unowned.append(producer.variable)
+                elif not self.nested and isinstance(variable, torch.nn.Parameter):
+                    self.unowned.append(variable)
                 if self.nested and layer is None:
                     # An input of the checkpointed segment: its gradient leaves at its scale (the
                     # checkpoint node brings the inputs to one), parts joined like any join.
                     self._input_leaves.append(producer)
                     self._token(producer)
-                    if len(distinct) >= 2:
+                    if several:
                         self._add_join(producer, inside, join_slots)
                     continue
                 for consumer, k, _ in inside:
-                    if not isinstance(consumer, _WEIGHT):  # WorkingWeight unscales its own part
+                    if type(consumer) is not _WEIGHT:  # WorkingWeights unscales its own parts
                         leaf_slots.setdefault(consumer, []).append((k, -1 if layer is None else layer))
-            elif len(distinct) >= 2 and producer in in_model and not self._inside_one_call(producer, edges):
+            elif several and producer in in_model and not self._inside_one_call(producer, edges):
                 self._add_join(producer, uses, join_slots)
         for consumer in set(leaf_slots) | set(join_slots):
             consumer.register_hook(self._post_hook(self._token(consumer), leaf_slots.get(consumer, []),
@@ -336,8 +357,12 @@ class BackwardPass:
         passes: functional_call and load_state_dict(assign=True) replace Parameter objects)."""
         owner: Dict[int, int] = {}
         for layer in self.tracker.layers:
-            for p in layer.current_params():
-                owner.setdefault(id(p), layer.id)
+            # Layer.current_params(), without nn.Module's generators for a layer of its module's own
+            # parameters (read here once a pass, for every layer).
+            found = layer.module.parameters() if layer.recurse else layer.module._parameters.values()
+            for p in found:
+                if p is not None and p.requires_grad and id(p) not in owner:
+                    owner[id(p)] = layer.id
         return owner
 
     def _learn_layer_graph(self, exits, edges) -> None:
@@ -346,8 +371,8 @@ class BackwardPass:
         backward send it the scale it receives (SPEC §6.5 charges an overflow of that gradient to
         them). A layer's internals reached without an Enter are walked through to its own readers."""
         for node in exits:
-            for cur in _downstream(node, edges, lambda n: not isinstance(n, (_ENTER, _LOSS))):
-                if isinstance(cur, _ENTER):
+            for cur in _downstream(node, edges, _not_enter_or_loss):
+                if type(cur) is _ENTER:
                     self.layer_edges.setdefault(cur.layer_id, set()).add(node.layer_id)
         self.tracker.learn(self)
 
@@ -365,14 +390,13 @@ class BackwardPass:
             if cur in self._into:
                 value = self._into[cur]
                 break
-            consumers = self._consumers.get(cur)
-            if not consumers:  # a root: the loss at scale 1, a checkpoint's output at its node's scale
+            nxt = self._first_consumer.get(cur)
+            if nxt is None:  # a root: the loss at scale 1, a checkpoint's output at its node's scale
                 if self.root_scale is None:
                     self.root_scale = self.core.scale_handle(1.0)
                 value = self.root_scale
                 break
             path.append(cur)
-            nxt = consumers[0]
             if nxt in self._sent:
                 value = self._sent[nxt]
                 break
@@ -513,11 +537,12 @@ class BackwardPass:
             self.tracker.shadow.compare_upstream(ctx.layer_id, ctx.call, g, out, self.core.scale_value(sent))
         return differentiable(g, out, lambda: self.core.local_value(sent))
 
-    def weight_part(self, ctx, g: torch.Tensor) -> torch.Tensor:
-        buffers = getattr(ctx, "buffers", None) if _accumulating() else None
+    def weight_part(self, ctx, i: int, g: torch.Tensor) -> torch.Tensor:
+        """The weight-gradient part `g` of a WorkingWeights node's i-th copy, made true."""
+        buffers = ctx.buffers[i] if _accumulating() else None
         out = self._true_gradient(ctx.layer_id, g, self.into(ctx), buffers[1] if buffers is not None else None)
         if buffers is not None:
             self._held.append(out)
         if self.tracker.shadow is not None:
-            self.tracker.shadow.compare_weight(ctx.layer_id, ctx, g, out)
+            self.tracker.shadow.compare_weight(ctx.layer_id, (ctx, i), g, out)
         return out

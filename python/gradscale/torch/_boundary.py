@@ -5,8 +5,9 @@ replaced by working copies for the length of its own forward, and nothing left b
 - `CallWrapper`, set as the module's `forward` (module.__call__ runs the pre-hooks, then
   `self.forward`, then the forward hooks), gives keyword inputs their `Enter` (torch 1.13's pre-hooks
   see positional arguments only), then — in a try/finally around the module's own forward, as
-  `torch.func.functional_call` does — puts a `WorkingWeight` of each parameter in its place, and the
-  Parameter back afterwards. Outside the call the model's parameters are the fp32 masters, always.
+  `torch.func.functional_call` does — puts a working copy of each parameter in its place (one
+  `WorkingWeights` node for the call), and the Parameter back afterwards. Outside the call the
+  model's parameters are the fp32 masters, always.
 - The forward hook closes the call and gives each output its `Exit`.
 
 Under torch.autograd's no_grad the same boundaries round, without nodes.
@@ -21,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._functions import Enter, Exit, WorkingWeight, round_forward
+from ._functions import Enter, Exit, WorkingWeights, round_forward
 
 
 def refuse_compile() -> None:
@@ -314,10 +315,12 @@ class CallWrapper:
         return y.transpose(0, 1) if batch_first else y
 
     def _use_working_weights(self, call: Optional[LayerCall]) -> List[Tuple[nn.Module, str, nn.Parameter]]:
-        """Puts this call's working copy in place of each parameter; returns what to put back."""
+        """Puts this call's working copy in place of each parameter; returns what to put back. The
+        parameters that require grad (under grad mode) get theirs from one WorkingWeights node."""
         tracker = self.scaler._tracker
         modules = self.module.modules() if self.recurse else (self.module,)
         swapped: List[Tuple[nn.Module, str, nn.Parameter]] = []
+        tracked: List[Tuple[nn.Module, str, nn.Parameter]] = []  # copies for the WorkingWeights node
         grad = torch.is_grad_enabled()
         try:
             for module in modules:
@@ -332,11 +335,20 @@ class CallWrapper:
                             "or call scaler.remove() first)")
                     if not tracker.substitute:
                         working = p
+                    elif grad and p.requires_grad:
+                        tracked.append((module, name, p))
+                        continue
                     else:
-                        working = (WorkingWeight.apply(p, tracker, self.layer_id) if grad and p.requires_grad
-                                   else tracker.working_copy(p, tracker.buffers(p)))
+                        working = tracker.working_copy(p, tracker.buffers(p))
                         _set_param(module, name, working)
                         swapped.append((module, name, p))
+                    if call is not None and module is self.module and name == self.weight_name:
+                        call.weight = working
+            if tracked:
+                copies = WorkingWeights.apply(tracker, self.layer_id, *(p for _, _, p in tracked))
+                for (module, name, p), working in zip(tracked, copies):
+                    _set_param(module, name, working)
+                    swapped.append((module, name, p))
                     if call is not None and module is self.module and name == self.weight_name:
                         call.weight = working
         except BaseException:

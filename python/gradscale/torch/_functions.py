@@ -5,9 +5,10 @@
   received) goes to the core, which chooses s and rounds s·g once. The gradient then carries s·S_in.
 - `Exit` at a layer's output: forward rounds the output to the forward format; backward rounds the
   gradient the layer receives (it may come through fp32 functional ops) and notes S_in.
-- `WorkingWeight` at a layer call's parameter: forward is the working copy (the master rounded to the
-  forward format, for this call only); backward is this call's weight-gradient part, rounded at its
-  scale and divided by it (SPEC §4), so `.grad` only ever receives true gradients.
+- `WorkingWeights` at a layer call's parameters (one node for all of them): forward is each working copy
+  (the master rounded to the forward format, for this call only); backward is this call's
+  weight-gradient part of each, rounded at its scale and divided by it (SPEC §4), so `.grad` only ever
+  receives true gradients.
 - `LossEdge` at the model's outputs: backward is SPEC §5 "Loss" — the fp32 loss gradient at scale 1
   times S0, rounded once (the core chooses S0 there, from that gradient when the policy looks at it).
 
@@ -145,25 +146,31 @@ class Exit(torch.autograd.Function):
         return run.exit_backward(ctx, g), None, None
 
 
-class WorkingWeight(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, master, tracker, layer_id):  # type: ignore[override]
-        ctx.tracker = tracker
-        ctx.layer_id = layer_id
-        ctx.buffers = tracker.buffers(master)  # where the weight gradient is rounded into, on the CPU
-        return tracker.working_copy(master, ctx.buffers)
+class WorkingWeights(torch.autograd.Function):
+    """The working copies of a layer call's parameters that require grad: one node for all of them
+    (a Linear's weight and bias are one node, not two). `apply(tracker, layer_id, *masters)` returns
+    one copy per master; backward gets each copy's gradient (None for a copy the call did not use)."""
 
     @staticmethod
-    def backward(ctx, g):  # type: ignore[override]
+    def forward(ctx, tracker, layer_id, *masters):  # type: ignore[override]
+        ctx.tracker = tracker
+        ctx.layer_id = layer_id
+        ctx.set_materialize_grads(False)  # an unused copy's gradient stays None: no part, no zeros
+        ctx.buffers = [tracker.buffers(master) for master in masters]  # where each weight gradient goes, on the CPU
+        return tuple(tracker.working_copy(master, buffers) for master, buffers in zip(masters, ctx.buffers))
+
+    @staticmethod
+    def backward(ctx, *grads):  # type: ignore[override]
         shadow = _recording(ctx.tracker)
         if shadow is not None:
-            if g is not None:
-                shadow.record_weight(ctx, g)
-            return g, None, None
+            for i, g in enumerate(grads):
+                if g is not None:
+                    shadow.record_weight((ctx, i), g)
+            return (None, None) + grads
         run = ctx.tracker.running()
-        if g is None or run is None:
-            return g, None, None
-        return run.weight_part(ctx, g), None, None
+        if run is None:
+            return (None, None) + grads
+        return (None, None) + tuple(g if g is None else run.weight_part(ctx, i, g) for i, g in enumerate(grads))
 
 
 class LossEdge(torch.autograd.Function):
