@@ -105,12 +105,12 @@ TEST_CASE("CUDA backend: a step waits for the device twice, under a global or an
   // Once for the step's measurements (one copy: statistics, loss, edge counts and the scales decided on
   // the device), once for the divergence check (one index per parameter) when the step was applied;
   // nothing per layer: an adaptive controller's rule is evaluated on the device, and a join's T is
-  // chosen there. The adaptive policy waits once more, for S0: it reads the exact fp32
-  // loss gradient every step for S0's floor (SPEC §6.5), as init_scale "auto" always did; with device
-  // decisions off it also decides each weight gradient's factor r on the host: one wait per weight or
-  // bias tensor (6 in mlp, 8 in cnn). With device decisions off the host decides: one wait more per controller query (every
-  // weight layer that sends a gradient upstream: all but the first) and per join (three in
-  // resnet-mini). The count does not depend on the batch: a small one.
+  // chosen there, and so is the adaptive policy's S0 (its floor reads the exact fp32 loss gradient every
+  // step, SPEC §6.5: Scaler::device_loss_rule, evaluated where the gradient's statistics are). With
+  // device decisions off the host decides: one wait for S0, one per weight or bias tensor for its factor
+  // r (6 in mlp, 8 in cnn), one per controller query (every weight layer that sends a gradient upstream:
+  // all but the first) and per join (three in resnet-mini). The count does not depend on the batch: a
+  // small one.
   struct Case {
     const char* model;
     json scaler;
@@ -124,11 +124,14 @@ TEST_CASE("CUDA backend: a step waits for the device twice, under a global or an
       {"mlp", {{"policy", "popart_als"}}, true, 2},
       {"deep-mlp", {{"policy", "static"}, {"scale", 1024}}, true, 2},
       {"cnn", {{"policy", "torch"}}, true, 2},
-      {"mlp", approx_range, true, 2 + 1},
-      {"deep-mlp", approx_range, true, 2 + 1},
-      {"cnn", measured, true, 2 + 1},
+      {"mlp", approx_range, true, 2},
+      {"deep-mlp", approx_range, true, 2},
+      {"cnn", measured, true, 2},
       {"resnet-mini", {{"policy", "static"}, {"scale", 1}}, true, 2},
-      {"resnet-mini", measured, true, 2 + 1},
+      {"resnet-mini", measured, true, 2},
+      {"cnn", {{"policy", "adaptive"}, {"method", "measured"}, {"init_scale", "auto"}, {"cast_form", "measured"}},
+       true, 2},
+      {"mlp", {{"policy", "adaptive"}, {"method", "approx_range"}, {"init_scale", "auto"}}, true, 2 + 1},
       {"mlp", approx_range, false, 2 + 1 + 2 + 6},
       {"cnn", measured, false, 2 + 1 + 3 + 8},
       {"resnet-mini", {{"policy", "static"}, {"scale", 1}}, false, 2 + 3},
@@ -160,7 +163,7 @@ TEST_CASE("CUDA backend: scales decided on the device equal the host's decisions
           "[cuda][backend][train]") {
   test::require_cuda_device();
   // The same statistics (the GPU's), the same formulas (lib/scaler/scale_rule.h, lib/model/join_target.h):
-  // a run whose controller and joins decide on the device and one whose host decides must take the same
+  // a run whose controller, joins and S0 decide on the device and one whose host decides must take the same
   // steps — losses, loss scales, every layer record's s, unbound s, S_in and S_out, the controller's
   // state and the final weights, all bit for bit.
   struct Case {
@@ -174,6 +177,10 @@ TEST_CASE("CUDA backend: scales decided on the device equal the host's decisions
       {"resnet-mini", {{"policy", "adaptive"}, {"method", "measured"}, {"accum_upper_bound", 1e9}}},
       {"resnet-mini", {{"policy", "adaptive"}, {"method", "measured"}, {"bounds", "derived"}}},
       {"resnet-mini", {{"policy", "torch"}}},
+      // S0 chosen on the device (Scaler::device_loss_rule): its floor alone ("auto", cast_form measured),
+      // and φ·init_scale against the floor.
+      {"cnn", {{"policy", "adaptive"}, {"method", "measured"}, {"init_scale", "auto"}, {"cast_form", "measured"}}},
+      {"deep-mlp", {{"policy", "adaptive"}, {"method", "approx_range"}, {"init_scale", 65536}}},
   };
   for (const Case& k : cases) {
     INFO(k.model << " " << k.scaler.dump());

@@ -7,6 +7,7 @@
 //                   double S0 = t.loss_scale(logits, y);   the scaler's S0 (an explicit argument below)
 //                   t.loss_backward(logits, y, S0);        loss gradient x S0 -> F, per-layer scales, grads
 //                                                          unscaled into Parameter::grad
+//                   (or t.loss_backward(logits, y): the scaler's S0, chosen on a GPU without a wait)
 //                   StepResult r = t.step(lr);             verdict: applied or r.skipped
 //   t.save(dir, extra) / t.load(dir)                       model + optimizer + scaler (+ your keys)
 //   t.layer_scales(), t.monitor()                          per-layer s, S and underflow of the last step

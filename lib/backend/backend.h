@@ -19,6 +19,7 @@
 #include "lib/layers/precision_ops.h"
 #include "lib/layers/softmax_cross_entropy.h"
 #include "lib/optim/optimizer.h"
+#include "lib/scaler/scale_rule.h"
 #include "lib/tensor/tensor.h"
 
 namespace gradscale {
@@ -58,6 +59,18 @@ class Backend {
   virtual void loss_backward(const Tensor& logits, const std::vector<std::int32_t>& labels, double loss_scale,
                              const Precision& p, ScaledGrad& grad, StepMonitor& monitor, int layer_id,
                              std::int64_t mean_over) = 0;
+  // loss_backward at an S0 chosen on this backend's device by `rule` (Scaler::device_loss_rule) from the
+  // statistics of the fp32 loss gradient at scale 1, so that the host does not wait for S0; the decision
+  // comes to the host with the step's measurements (device_loss_scale, after finish_backward). Returns
+  // false, having done nothing, where the backend decides nothing on a device (the CPU's; a GPU's with
+  // device decisions off): the caller then chooses S0 on the host and calls loss_backward.
+  virtual bool loss_backward_device_s0(const Tensor& /*logits*/, const std::vector<std::int32_t>& /*labels*/,
+                                       const LossScaleRule& /*rule*/, const Precision& /*p*/, ScaledGrad& /*grad*/,
+                                       StepMonitor& /*monitor*/, int /*layer_id*/, std::int64_t /*mean_over*/) {
+    return false;
+  }
+  // The S0 and floor the last loss_backward_device_s0 chose, once finish_backward has returned.
+  virtual LossScaleDecision device_loss_scale() const { return {}; }
   // The fp32 loss gradient at scale 1, before any rounding, into `host_grad` (host memory, resized to
   // the logits' shape): what a policy that chooses S0 from the loss gradient looks at (small: the
   // logits' size). Returns the loss. `mean_over` as for loss_backward.

@@ -17,9 +17,11 @@
 // copy brings them to the host, which then fills the layer records and hands each decision to its
 // controller (accept). So a step waits for the device once for its measurements and once more for the
 // trainer's divergence check (first_nonfinite: one index per parameter), under a global policy and
-// under an adaptive one alike. It waits elsewhere only where the host decides from device values: a
-// controller without a device rule (its query's statistics), a policy that chooses S0 from the loss
-// gradient, and a layer that runs on the host (HostLayer in host_layer.cpp). host_waits() counts the waits.
+// under an adaptive one alike; a policy that chooses S0 from the loss gradient by a rule
+// (Scaler::device_loss_rule) has it chosen here too (loss_backward_device_s0). It waits elsewhere only
+// where the host decides from device values: a controller without a device rule (its query's
+// statistics), a policy that chooses S0 from the loss gradient without one, and a layer that runs on
+// the host (HostLayer in host_layer.cpp). host_waits() counts the waits.
 //
 // Data-parallel training (a StatisticsReducer in the BackwardContext, docs/distributed.md): every
 // decision is then the host's, from the statistics copied there and reduced over the ranks — the
@@ -83,6 +85,10 @@ class CudaBackend final : public Backend {
   void loss_backward(const Tensor& logits, const std::vector<std::int32_t>& labels, double loss_scale,
                      const Precision& p, ScaledGrad& grad, StepMonitor& monitor, int layer_id,
                      std::int64_t mean_over) override;
+  bool loss_backward_device_s0(const Tensor& logits, const std::vector<std::int32_t>& labels,
+                               const LossScaleRule& rule, const Precision& p, ScaledGrad& grad, StepMonitor& monitor,
+                               int layer_id, std::int64_t mean_over) override;
+  LossScaleDecision device_loss_scale() const override { return device_loss_; }
   LossResult loss_gradient_fp32(const Tensor& logits, const std::vector<std::int32_t>& labels,
                                 Tensor& host_grad, std::int64_t mean_over) override;
   void note_backward(int layer_id, const ScaledGrad& g, StepMonitor& monitor) override;
@@ -230,6 +236,8 @@ class CudaBackend final : public Backend {
   std::int64_t loss_batch_ = 0;
   DeviceBuffer<int> found_inf_;          // unscale_accumulate's flag (the host decides from the records)
   Tensor loss_grad_;                     // loss_gradient_fp32's device result
+  int loss_scale_entry_ = -1;            // loss_backward_device_s0's S0 in the scale table, until resolved
+  LossScaleDecision device_loss_;        // ... and on the host after the step's copy
   DeviceBuffer<unsigned long long> nonfinite_;  // first_nonfinite's results
   bool gemm16_ = true;
   DeviceBuffer<std::uint16_t> gemm_slots_[2];  // 16-bit copies of a GEMM's two operands

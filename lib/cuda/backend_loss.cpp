@@ -3,6 +3,7 @@
 #include "lib/cuda/backend.h"
 
 #include <cmath>
+#include <limits>
 
 namespace gradscale::cuda {
 
@@ -61,6 +62,34 @@ void CudaBackend::loss_backward(const Tensor& logits, const std::vector<std::int
                  monitor);
   loss_pending_ = true;  // copied at finish_backward, with the measurements
   loss_batch_ = mean_over > 0 ? mean_over : logits.dim(0);  // the loss: this rank's share of the mean
+}
+
+bool CudaBackend::loss_backward_device_s0(const Tensor& logits, const std::vector<std::int32_t>& labels,
+                                          const LossScaleRule& rule, const Precision& p, ScaledGrad& grad,
+                                          StepMonitor& monitor, int layer_id, std::int64_t mean_over) {
+  if (!device_decisions_) return false;
+  upload_labels(logits, labels);
+  start_pass();  // a backward pass starts here: nothing of an abandoned one is reported
+  const std::int64_t n = logits.dim(0), classes = logits.dim(1);
+  // The fp32 gradient at scale 1 (loss_gradient_fp32's, left on the device), its statistics in the
+  // gradient format, S0 from them in the scale table; then the gradient at S0 as loss_backward's.
+  loss_grad_.resize(logits.shape());
+  cuda::softmax_cross_entropy(ctx_, logits.data(), labels_.data(), n, classes, 1.0, loss_grad_.data(),
+                              &header()->loss, mean_over);
+  tensor_stats(ctx_, {job_of(loss_grad_.data(), loss_grad_.size(), p.gradient_format(), p.round)},
+               query_stats_.data());
+  loss_scale_entry_ = new_scale_entry();
+  decide_loss_scale(rule, query_stats_.data(), scale_at(loss_scale_entry_), ctx_.stream());
+  grad.g.resize(logits.shape());
+  cuda::softmax_cross_entropy(ctx_, logits.data(), labels_.data(), n, classes, scale_at(loss_scale_entry_),
+                              grad.g.data(), &header()->loss, mean_over);
+  grad.scale = std::numeric_limits<double>::quiet_NaN();  // known on the host after the step's copy
+  grad.device_scale = loss_scale_entry_;
+  round_gradient(grad.g.data(), static_cast<std::size_t>(grad.g.size()), 1.0f, GradSite::loss, layer_id, p,
+                 monitor);
+  loss_pending_ = true;  // copied at finish_backward, with the measurements
+  loss_batch_ = mean_over > 0 ? mean_over : n;
+  return true;
 }
 
 LossResult CudaBackend::loss_gradient_fp32(const Tensor& logits, const std::vector<std::int32_t>& labels,

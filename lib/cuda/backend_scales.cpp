@@ -49,6 +49,11 @@ void CudaBackend::resolve_scales(StepMonitor& monitor) {
     return scale_mirrors_[i / kChunk].data()[i % kChunk];
   };
   scales_on_host_ = scales_used_;
+  if (loss_scale_entry_ >= 0) {  // S0 chosen on the device (loss_backward_device_s0): its value and floor
+    const DeviceScale& e = on_host(loss_scale_entry_);
+    device_loss_ = LossScaleDecision{e.scale, e.unbound};
+    loss_scale_entry_ = -1;
+  }
   for (const PendingNote& n : notes_) {  // first: a decision at the same layer then sets its S_out
     LayerRecord& r = monitor.record_of(n.layer);
     r.scale_in = r.scale_out = on_host(n.entry).scale;

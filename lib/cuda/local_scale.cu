@@ -41,6 +41,12 @@ __global__ void weight_grad_kernel(const DeviceStats* stats, int count, double u
   *out = DeviceScale{r * in->scale, r, r};
 }
 
+__global__ void loss_scale_kernel(LossScaleRule rule, const DeviceStats* stats, DeviceScale* out) {
+  const LossScaleDecision d = loss_scale_decision(rule, reinterpret_cast<const std::uint64_t*>(stats->binades),
+                                                  stats->elements - stats->zero - stats->nonfinite, stats->max_abs);
+  *out = DeviceScale{d.s0, 1, d.floor, 0};
+}
+
 __global__ void apply_kernel(const float* src, float* d, std::size_t n, const DeviceScale* entry) {
   const float s = static_cast<float>(entry->local);
   if (s == 1.0f && src == d) return;  // as cuda::quantize's multiplier: 1 leaves every value as it is
@@ -90,6 +96,12 @@ void decide_weight_grad_scale(const DeviceStats* stats, int count, double u_max,
   GS_CHECK(stats != nullptr && count > 0 && in != nullptr && out != nullptr,
            "cuda::decide_weight_grad_scale got a null pointer or no statistics");
   weight_grad_kernel<<<1, 1, 0, stream>>>(stats, count, u_max, in, out);
+  GS_CUDA_CHECK_LAUNCH();
+}
+
+void decide_loss_scale(const LossScaleRule& rule, const DeviceStats* stats, DeviceScale* out, cudaStream_t stream) {
+  GS_CHECK(stats != nullptr && out != nullptr, "cuda::decide_loss_scale got a null pointer");
+  loss_scale_kernel<<<1, 1, 0, stream>>>(rule, stats, out);
   GS_CUDA_CHECK_LAUNCH();
 }
 

@@ -42,6 +42,11 @@ void decide_local_scale(const ScaleRule& rule, const DeviceStats* grad, const De
 void decide_weight_grad_scale(const DeviceStats* stats, int count, double u_max, const DeviceScale* in,
                               DeviceScale* out, cudaStream_t stream);
 
+// *out ← {S0, 1, floor}: loss_scale_decision(rule, ...) (lib/scaler/scale_rule.h) from `stats`, the
+// statistics of the fp32 loss gradient at scale 1 — S0 chosen where they are (Scaler::device_loss_rule).
+// One thread, queued on `stream`.
+void decide_loss_scale(const LossScaleRule& rule, const DeviceStats* stats, DeviceScale* out, cudaStream_t stream);
+
 // d[i] ← d[i] / float(entry->scale) for i < n in fp32 (SPEC §4's unscale by a scale decided on the
 // device), unless entry->scale is outside float32's normal range (scale_in_float_range) — then d is left as it is, and
 // the host, reading the entry with the step's measurements, counts the step as non-finite (as

@@ -20,7 +20,9 @@ struct RowResult {
 };
 
 __global__ void softmax_rows_kernel(const float* logits, const std::int32_t* labels, std::int64_t n,
-                                    std::int64_t classes, float scale_over_n, float* grad, RowResult* rows) {
+                                    std::int64_t classes, float scale_over_n, const DeviceScale* s0,
+                                    std::int64_t over, float* grad, RowResult* rows) {
+  if (s0 != nullptr) scale_over_n = static_cast<float>(s0->scale / static_cast<double>(over));  // as the CPU
   const std::int64_t step = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
   for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
     const float* z = logits + i * classes;
@@ -65,10 +67,11 @@ __global__ void __launch_bounds__(kBlock)
 }
 
 void launch_softmax_cross_entropy(const float* logits, const std::int32_t* labels, std::int64_t n,
-                                  std::int64_t classes, float scale_over_n, float* grad, RowResult* rows,
-                                  DeviceLoss* result, cudaStream_t stream) {
+                                  std::int64_t classes, float scale_over_n, const DeviceScale* s0,
+                                  std::int64_t over, float* grad, RowResult* rows, DeviceLoss* result,
+                                  cudaStream_t stream) {
   softmax_rows_kernel<<<grid_for(static_cast<std::size_t>(n)), kBlock, 0, stream>>>(
-      logits, labels, n, classes, scale_over_n, grad, rows);
+      logits, labels, n, classes, scale_over_n, s0, over, grad, rows);
   GS_CUDA_CHECK_LAUNCH();
   loss_sum_kernel<<<1, kBlock, 0, stream>>>(rows, n, result);
   GS_CUDA_CHECK_LAUNCH();
@@ -89,7 +92,21 @@ void softmax_cross_entropy(CudaContext& ctx, const float* logits, const std::int
   const std::int64_t over = mean_over > 0 ? mean_over : n;
   const auto scale_over_n = static_cast<float>(loss_scale / static_cast<double>(over));  // as the CPU
   auto* rows = static_cast<RowResult*>(ctx.scratch(static_cast<std::size_t>(n) * sizeof(RowResult)));
-  launch_softmax_cross_entropy(logits, labels, n, classes, scale_over_n, grad, rows, result, ctx.stream());
+  launch_softmax_cross_entropy(logits, labels, n, classes, scale_over_n, nullptr, over, grad, rows, result,
+                               ctx.stream());
+}
+
+void softmax_cross_entropy(CudaContext& ctx, const float* logits, const std::int32_t* labels, std::int64_t n,
+                           std::int64_t classes, const DeviceScale* loss_scale, float* grad, DeviceLoss* result,
+                           std::int64_t mean_over) {
+  GS_CHECK_SHAPE(n >= 1 && classes >= 1,
+                 "cuda::softmax_cross_entropy: logits must be [n >= 1, classes >= 1], got ["
+                     << n << ", " << classes << "]");
+  GS_CHECK(logits != nullptr && labels != nullptr && result != nullptr && loss_scale != nullptr && grad != nullptr,
+           "cuda::softmax_cross_entropy got a null pointer");
+  const std::int64_t over = mean_over > 0 ? mean_over : n;
+  auto* rows = static_cast<RowResult*>(ctx.scratch(static_cast<std::size_t>(n) * sizeof(RowResult)));
+  launch_softmax_cross_entropy(logits, labels, n, classes, 1.0f, loss_scale, over, grad, rows, result, ctx.stream());
 }
 
 }  // namespace gradscale::cuda

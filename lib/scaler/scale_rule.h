@@ -217,4 +217,26 @@ GS_HOST_DEVICE inline RuleDecision evaluate_rule(const ScaleRule& r, const RuleI
                       scale_limit(unbound, in.scale_in, r.bounds, r.factor, capped)};
 }
 
+// ---- S0 -------------------------------------------------------------------------------------------
+// SPEC §6.5's loss scale as a rule a device can evaluate where the loss gradient's statistics are
+// (Scaler::device_loss_rule): S0 = max(φ·base, floor), where floor is the largest power of two not above
+// measured's unbound s of the exact fp32 loss gradient (0 when that s is not finite or not above 0), and
+// base is the policy's S0 before φ (init_scale), or the floor itself (init_scale "auto" with cast_form
+// "measured"). The adaptive policy's host decision (adaptive/adaptive_scaler.cpp) is this function.
+struct LossScaleRule {
+  ScaleRuleParams params;  // the measured floor's: n_uf, u_min, u_max, margin
+  double phi = 1;          // the loss scale's safety factor φ
+  double base = 1;         // S0 before φ, unless base_is_floor
+  bool base_is_floor = false;
+};
+struct LossScaleDecision {
+  double s0 = 1, floor = 0;
+};
+GS_HOST_DEVICE inline LossScaleDecision loss_scale_decision(const LossScaleRule& r, const std::uint64_t* bins,
+                                                            std::uint64_t nonzero, double max_abs) {
+  const double unbound = measured_unbound(bins, nonzero, max_abs, r.params);
+  const double floor = unbound > 0 && unbound < INFINITY ? rule_power_of_two_floor(unbound) : 0.0;
+  return LossScaleDecision{rule_max(r.phi * (r.base_is_floor ? floor : r.base), floor), floor};
+}
+
 }  // namespace gradscale

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -18,6 +19,7 @@
 #include "lib/core/error.h"
 #include "lib/numeric/format.h"
 #include "lib/scaler/controller.h"
+#include "lib/scaler/scale_rule.h"
 
 namespace gradscale {
 
@@ -66,6 +68,12 @@ class Scaler {
   // statistics asked for by loss_needs(). Default: loss_scale().
   virtual StatNeeds loss_needs() const { return 0; }
   virtual double choose_loss_scale(const LocalScaleQuery& loss_grad);
+  // Optional: choose_loss_scale as a rule a device evaluates where the loss gradient's statistics are
+  // (lib/scaler/scale_rule.h's loss_scale_decision over its binades), so that the host does not wait for
+  // S0: for the same statistics it must give choose_loss_scale's S0. A device that took S0 from it hands
+  // the decision back with accept_loss_scale before update(). Default: none (the host chooses).
+  virtual std::optional<LossScaleRule> device_loss_rule() const { return std::nullopt; }
+  virtual void accept_loss_scale(double /*s0*/, double /*floor*/) {}
   // For statistics-driven policies (popart_als): the |g| edge to count weight gradients against, in
   // the units of the stored (scaled) gradients. 0 = the policy needs no such counts.
   virtual double gradient_edge() const { return 0.0; }

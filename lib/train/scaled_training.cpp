@@ -181,21 +181,31 @@ void ScaledTraining::backward(const Tensor& loss_grad, double loss_scale, double
     fp32.g.copy_from(loss_grad);
     shadow = shadow_pass(fp32);
   }
-  model_.zero_grads();
-  BackwardContext ctx{precision_, *scaler_, monitor_, steps_, parallel_.get()};
-  std::optional<ShadowComparison> compare;
-  if (shadow) ctx.observer = &compare.emplace(*shadow, monitor_);
-  model_.backward(loss_grad_, ctx);
-  model_.backend().finish_backward(monitor_);
-  if (compare) compare->finish(model_);
-  if (parallel_) {
-    parallel_->reduce_step(monitor_);
-    loss = monitor_.loss;
-  }
-  current_.loss = loss;
-  current_.correct = 0;
+  run_backward(shadow.get());  // the loss as given (data-parallel: the ranks' shares added)
   current_.loss_scale = loss_scale;
-  phase_ = Phase::backwarded;
+}
+
+LossResult ScaledTraining::loss_backward(const Tensor& logits, const std::vector<std::int32_t>& labels) {
+  expect(Phase::forwarded, "loss_backward");
+  // S0 on the model's device where the scaler gives a rule for it, in one process without a shadow pass
+  // (data-parallel ranks reduce the loss gradient's statistics on the host first).
+  std::optional<LossScaleRule> rule;
+  if (!parallel_ && !shadow_due()) rule = scaler_->device_loss_rule();
+  if (!rule) return loss_backward(logits, labels, loss_scale(logits, labels));
+  GS_CHECK_SHAPE(
+      logits.rank() == 2 && logits.dim(0) == static_cast<std::int64_t>(labels.size()),
+      "loss_backward: logits " << shape_string(logits.shape()) << " and " << labels.size() << " labels");
+  Backend& backend = model_.backend();
+  if (!backend.loss_backward_device_s0(logits, labels, *rule, precision_, loss_grad_, monitor_,
+                                       model_.num_layers() - 1, 0))
+    return loss_backward(logits, labels, loss_scale(logits, labels));
+  run_backward(nullptr);
+  const LossScaleDecision d = backend.device_loss_scale();
+  GS_CHECK_NUMERIC(std::isfinite(d.s0) && d.s0 > 0,
+                   "scaler '" << scaler_->policy() << "' chose loss scale " << d.s0 << " on the device");
+  scaler_->accept_loss_scale(d.s0, d.floor);
+  current_.loss_scale = d.s0;
+  return LossResult{current_.loss, current_.correct};
 }
 
 LossResult ScaledTraining::loss_backward(const Tensor& logits, const std::vector<std::int32_t>& labels,
@@ -221,6 +231,13 @@ LossResult ScaledTraining::loss_backward(const Tensor& logits, const std::vector
   }
   backend.loss_backward(logits, labels, loss_scale, precision_, loss_grad_, monitor_, model_.num_layers() - 1,
                         over);
+  run_backward(shadow.get());
+  current_.loss_scale = loss_scale;
+  return LossResult{current_.loss, current_.correct};
+}
+
+void ScaledTraining::run_backward(ShadowRecorder* shadow) {
+  Backend& backend = model_.backend();
   model_.zero_grads();
   BackwardContext ctx{precision_, *scaler_, monitor_, steps_, parallel_.get()};
   std::optional<ShadowComparison> compare;
@@ -229,12 +246,9 @@ LossResult ScaledTraining::loss_backward(const Tensor& logits, const std::vector
   backend.finish_backward(monitor_);  // also the loss: a device's comes with its measurements
   if (compare) compare->finish(model_);
   if (parallel_) parallel_->reduce_step(monitor_);  // found_inf, max|g|, loss, statistics: the whole batch's
-  const LossResult loss{monitor_.loss, monitor_.correct};
-  current_.loss = loss.loss;
-  current_.correct = loss.correct;
-  current_.loss_scale = loss_scale;
+  current_.loss = monitor_.loss;
+  current_.correct = monitor_.correct;
   phase_ = Phase::backwarded;
-  return loss;
 }
 
 void ScaledTraining::set_shadow(bool on) {

@@ -98,6 +98,12 @@ class ScaledTraining {
   // holds the true, unscaled fp32 gradient (no unscale step: each layer divides by its own S) unless
   // the iteration overflowed — clip or inspect them here, before step().
   LossResult loss_backward(const Tensor& logits, const std::vector<std::int32_t>& labels, double loss_scale);
+  // loss_scale and loss_backward in one call, with S0 as the scaler chooses it: on the model's device
+  // when the scaler describes its choice as a rule (Scaler::device_loss_rule: the adaptive policy, unless
+  // init_scale "auto" takes a moment-based cast_form) and the backend decides there — then the host does
+  // not wait for S0, and the StepResult of step() says which S0 it was. In one process, and not on a
+  // step with the fp32 shadow; elsewhere exactly loss_backward(logits, labels, loss_scale(logits, labels)).
+  LossResult loss_backward(const Tensor& logits, const std::vector<std::int32_t>& labels);
   // ---- any loss: the same iteration with a loss gradient you computed --------------------------------
   // In place of loss_scale/loss_backward above (softmax cross-entropy): `loss_grad` is dL/d(output) of
   // your loss, fp32 at scale 1, shaped like the output forward() returned, on the host. loss_scale
@@ -188,6 +194,9 @@ class ScaledTraining {
   void check_outside_loss_grad(const Tensor& loss_grad, const char* call) const;
   // The shadow pass from the fp32 loss gradient at scale 1, when this step has one (else null).
   std::unique_ptr<ShadowRecorder> shadow_pass(const ScaledGrad& loss_grad_fp32);
+  // From loss_grad_ (the rounded loss gradient at S0): zero the gradients, run the model's backward
+  // (compared with `shadow` when given), finish the pass and note its loss.
+  void run_backward(ShadowRecorder* shadow);
   bool shadow_due() const { return shadow_ && monitor_.record; }
   nlohmann::json identity() const;
 

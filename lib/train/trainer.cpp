@@ -114,8 +114,7 @@ StepOutcome Trainer::train_step(const Tensor& batch_images, const std::vector<st
                             : trace_ && trace_->samples(t.steps() + 1);
   t.begin_step(record);
   const Tensor& logits = t.forward(images);
-  const double s0 = t.loss_scale(logits, labels);
-  t.loss_backward(logits, labels, s0);
+  t.loss_backward(logits, labels);  // S0 as the scaler chooses it (on the model's device where it can)
   // The schedule counts applied steps only (docs/optim.md).
   const StepOutcome out = t.step(schedule_->lr(optimizer_->step_count()));
   scaler_seconds_ += out.scaler_seconds;
