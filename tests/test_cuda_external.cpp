@@ -93,7 +93,7 @@ struct Log {
 };
 
 // One scripted backward per step. `held`: through the scale handles (ExternalBackward::scale_handle:
-// on a device the local scales and the join's T are decided there, the join's sum is the core's), else
+// on a device S0, the local scales and the join's T are decided there, the join's sum is the core's), else
 // through the double forms with the join summed here — both log the same numbers and arrays, read after
 // the step. `waits`: the host's waits for the device inside each step's backward (before finish_step).
 Log run(const std::string& device, const json& scaler, Format grad_format, bool held = false,
@@ -112,8 +112,9 @@ Log run(const std::string& device, const json& scaler, Format grad_format, bool 
     // The loss gradient (batch 5 × 4 outputs).
     std::vector<float> g = spread(rng, 20, -34, -6);
     float* dg = mem.put(g);
-    const double s0_value = eb.loss_gradient(dg, 20);
-    const ScaleHandle s0 = held ? eb.scale_handle(s0_value) : ScaleHandle{};
+    // Through handles S0 is held too (chosen on the device where the scaler gives a rule for it).
+    const ScaleHandle s0 = held ? eb.loss_gradient_held(dg, dg, 20) : ScaleHandle{};
+    double s0_value = held ? 0.0 : eb.loss_gradient(dg, 20);
     const std::vector<float> dg_rounded = held ? std::vector<float>{} : mem.get(dg, 20);
     // fc2: the gradient it received (the rounded loss gradient), its upstream product and weight.
     eb.round_received(1, dg, 20);
@@ -173,6 +174,7 @@ Log run(const std::string& device, const json& scaler, Format grad_format, bool 
     if (waits) waits->push_back(eb.host_waits() - waits_before);
     // What the backward gave, read now (the held scales' values came with the step's measurements).
     if (held) {
+      s0_value = eb.scale_value(s0);
       s1 = eb.local_value(sent1);
       t = eb.scale_value(target);
       s0_local = eb.local_value(sent0);
@@ -245,6 +247,8 @@ TEST_CASE("cuda external backward: device arrays give the host's scales, bits an
       {json("static:1000"), Format::fp8_e5m2},  // not a power of two: the unscale divides
       {json{{"policy", "adaptive"}, {"method", "measured"}}, Format::fp8_e5m2},
       {json{{"policy", "adaptive"}, {"method", "measured"}, {"init_scale", "auto"}}, Format::fp16},
+      {json{{"policy", "adaptive"}, {"method", "measured"}, {"init_scale", "auto"}, {"cast_form", "measured"}},
+       Format::fp8_e4m3},
       {json{{"policy", "adaptive"}, {"method", "approx_range"}}, Format::fp8_e4m3},
       {json{{"policy", "adaptive"}, {"method", "abs_range"}, {"init_scale", "auto"}, {"cast_form", "lognormal"}},
        Format::fp16},
@@ -277,16 +281,20 @@ TEST_CASE("cuda external backward: device arrays give the host's scales, bits an
 TEST_CASE("cuda external backward: scale handles keep the local scales and join targets on the device",
           "[cuda]") {
   test::require_cuda_device();
-  // Controllers whose decisions are device rules: the backward through handles waits once, for S0 (the
-  // adaptive policy's floor reads the loss gradient); through the double forms it also waits for each
-  // decision and for the join's maxima.
-  for (const json& scaler : {json{{"policy", "adaptive"}, {"method", "measured"}},
-                             json{{"policy", "adaptive"}, {"method", "approx_range"}}}) {
+  // Controllers whose decisions are device rules, and S0 by the adaptive policy's rule (its floor reads
+  // the loss gradient: Scaler::device_loss_rule): the backward through handles waits for nothing; through
+  // the double forms it waits for S0, each decision and the join's maxima. S0 from init_scale "auto"
+  // with a moment-based cast_form has no device rule: one wait.
+  for (const auto& [scaler, waits] :
+       {std::pair<json, std::int64_t>{{{"policy", "adaptive"}, {"method", "measured"}}, 0},
+        {{{"policy", "adaptive"}, {"method", "approx_range"}}, 0},
+        {{{"policy", "adaptive"}, {"method", "measured"}, {"init_scale", "auto"}, {"cast_form", "measured"}}, 0},
+        {{{"policy", "adaptive"}, {"method", "measured"}, {"init_scale", "auto"}}, 1}}) {
     INFO("scaler " << scaler.dump());
     std::vector<std::int64_t> held, doubles;
     run("cuda", scaler, Format::fp8_e5m2, true, &held);
     run("cuda", scaler, Format::fp8_e5m2, false, &doubles);
-    CHECK(held == std::vector<std::int64_t>(12, 1));
+    CHECK(held == std::vector<std::int64_t>(12, waits));
     for (std::int64_t w : doubles) CHECK(w >= 4);  // S0, the two decisions and the join
   }
 }

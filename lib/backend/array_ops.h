@@ -80,6 +80,12 @@ class ArrayOps {
   virtual int decide_scale(const ScaleRule& rule, const float* grad, std::size_t grad_n, const float* weight,
                            std::size_t weight_n, const float* upstream, std::size_t upstream_n, Format f,
                            RoundOptions round, int in);
+  // S0 by a scaler's rule (Scaler::device_loss_rule) from the statistics of the n fp32 values at `src`
+  // (the loss gradient at scale 1) against format f: a new entry {S0, S0, floor, 0}, whose s is S0 too
+  // (the loss gradient's S_in is 1: multiply_by_local applies it) (lib/cuda/local_scale.h's
+  // decide_loss_scale).
+  virtual int decide_loss_scale(const LossScaleRule& rule, const float* src, std::size_t n, Format f,
+                                RoundOptions round);
   // d[i] = src[i]·float(s of `entry`) in fp32 (src may be d): a decided s on the fp32 product before
   // its one rounding, as round_gradient's multiplier.
   virtual void multiply_by_local(const float* src, float* d, std::size_t n, int entry);

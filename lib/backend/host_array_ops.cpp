@@ -29,6 +29,9 @@ int ArrayOps::decide_scale(const ScaleRule&, const float*, std::size_t, const fl
                            const float*, std::size_t, Format, RoundOptions, int) {
   no_scale_table("decide_scale");
 }
+int ArrayOps::decide_loss_scale(const LossScaleRule&, const float*, std::size_t, Format, RoundOptions) {
+  no_scale_table("decide_loss_scale");
+}
 void ArrayOps::multiply_by_local(const float*, float*, std::size_t, int) {
   no_scale_table("multiply_by_local");
 }

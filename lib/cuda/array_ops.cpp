@@ -287,6 +287,17 @@ class CudaArrayOps final : public ArrayOps {
     return static_cast<int>(out);
   }
 
+  int decide_loss_scale(const LossScaleRule& rule, const float* src, std::size_t n, Format f,
+                        RoundOptions round) override {
+    select_device();
+    GS_CHECK(src != nullptr || n == 0, "CudaArrayOps::decide_loss_scale: the loss gradient is null");
+    DeviceStats* stats = slots(1);  // read by the decision kernel, queued after the statistics
+    tensor_stats(ctx_, {StatsJob{src, n, f, round}}, stats);
+    const std::size_t out = scale_count_++;
+    cuda::decide_loss_scale(rule, stats, scale_entry(out), ctx_.stream());
+    return static_cast<int>(out);
+  }
+
   void multiply_by_local(const float* src, float* d, std::size_t n, int entry) override {
     select_device();
     apply_local_scale(src, d, n, scale_entry(table_index(entry)), ctx_.stream());  // one pass

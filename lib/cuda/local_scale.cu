@@ -44,7 +44,7 @@ __global__ void weight_grad_kernel(const DeviceStats* stats, int count, double u
 __global__ void loss_scale_kernel(LossScaleRule rule, const DeviceStats* stats, DeviceScale* out) {
   const LossScaleDecision d = loss_scale_decision(rule, reinterpret_cast<const std::uint64_t*>(stats->binades),
                                                   stats->elements - stats->zero - stats->nonfinite, stats->max_abs);
-  *out = DeviceScale{d.s0, 1, d.floor, 0};
+  *out = DeviceScale{d.s0, d.s0, d.floor, 0};  // s = S0 on S_in = 1: apply_local_scale applies it
 }
 
 __global__ void apply_kernel(const float* src, float* d, std::size_t n, const DeviceScale* entry) {

@@ -42,9 +42,10 @@ void decide_local_scale(const ScaleRule& rule, const DeviceStats* grad, const De
 void decide_weight_grad_scale(const DeviceStats* stats, int count, double u_max, const DeviceScale* in,
                               DeviceScale* out, cudaStream_t stream);
 
-// *out ← {S0, 1, floor}: loss_scale_decision(rule, ...) (lib/scaler/scale_rule.h) from `stats`, the
-// statistics of the fp32 loss gradient at scale 1 — S0 chosen where they are (Scaler::device_loss_rule).
-// One thread, queued on `stream`.
+// *out ← {S0, S0, floor}: loss_scale_decision(rule, ...) (lib/scaler/scale_rule.h) from `stats`, the
+// statistics of the fp32 loss gradient at scale 1 — S0 chosen where they are (Scaler::device_loss_rule);
+// its s is S0 too (the loss gradient's S_in is 1), so apply_local_scale multiplies by it. One thread,
+// queued on `stream`.
 void decide_loss_scale(const LossScaleRule& rule, const DeviceStats* stats, DeviceScale* out, cudaStream_t stream);
 
 // d[i] ← d[i] / float(entry->scale) for i < n in fp32 (SPEC §4's unscale by a scale decided on the

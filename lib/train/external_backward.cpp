@@ -101,13 +101,51 @@ void ExternalBackward::begin_step(bool record_statistics) {
   scaler_->begin_step(steps_);
   monitor_.scaler_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   loss_scale_ = std::numeric_limits<double>::quiet_NaN();
+  loss_held_ = -1;
   in_step_ = true;
+}
+
+double ExternalBackward::loss_scale() {
+  if (std::isnan(loss_scale_) && loss_held_ >= 0) scale_value(ScaleHandle{loss_held_});  // its callback sets it
+  return loss_scale_;
+}
+
+ScaleHandle ExternalBackward::loss_gradient_held(const float* src, float* g, std::int64_t n) {
+  check_layer(-1, true, "loss_gradient");
+  GS_CHECK_SHAPE(n >= 0 && (n == 0 || (g != nullptr && src != nullptr)),
+                 "ExternalBackward::loss_gradient: " << n << " values");
+  if (loss_held_ < 0 && std::isnan(loss_scale_) && device_scales()) {
+    if (const std::optional<LossScaleRule> rule = scaler_->device_loss_rule()) {  // S0 on the device: no wait
+      const int e = ops_->decide_loss_scale(*rule, src, static_cast<std::size_t>(n), precision_.gradient_format(),
+                                            precision_.round);
+      loss_held_ = hold_entry(e, [this, policy = std::string(scaler_->policy())](const ScaleEntry& d) {
+                     GS_CHECK_NUMERIC(std::isfinite(d.scale) && d.scale > 0,
+                                      "scaler '" << policy << "' chose loss scale " << d.scale << " on the device");
+                     loss_scale_ = d.scale;
+                     scaler_->accept_loss_scale(d.scale, d.unbound);
+                   }).id;
+    }
+  }
+  if (loss_held_ < 0) {  // the host chooses (or chose) S0: the double form
+    loss_held_ = hold(loss_gradient(src, g, n)).id;
+    return ScaleHandle{loss_held_};
+  }
+  const HeldScale& s0 = held(ScaleHandle{loss_held_}, "loss_gradient");
+  if (!std::isnan(s0.scale) || s0.entry < 0) {  // known on the host by now: the double form at that S0
+    loss_gradient(src, g, n);
+    return ScaleHandle{loss_held_};
+  }
+  // As the double form, with S0 read from the table: S0·g in fp32, then the one rounding at the loss site.
+  ops_->multiply_by_local(src, g, static_cast<std::size_t>(n), s0.entry);
+  round_loss_gradient(g, g, n, 1.0f);
+  return ScaleHandle{loss_held_};
 }
 
 double ExternalBackward::loss_gradient(const float* src, float* g, std::int64_t n) {
   check_layer(-1, true, "loss_gradient");
   GS_CHECK_SHAPE(n >= 0 && (n == 0 || (g != nullptr && src != nullptr)),
                  "ExternalBackward::loss_gradient: " << n << " values");
+  if (std::isnan(loss_scale_) && loss_held_ >= 0) loss_scale();  // S0 chosen on the device: its value
   if (std::isnan(loss_scale_)) {
     const auto t0 = std::chrono::steady_clock::now();
     // A policy that looks at the loss gradient reads it on the host (small: the outputs' size).
@@ -122,14 +160,18 @@ double ExternalBackward::loss_gradient(const float* src, float* g, std::int64_t 
     loss_scale_ = s0;
     monitor_.scaler_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
+  round_loss_gradient(src, g, n, static_cast<float>(loss_scale_));
+  return loss_scale_;
+}
+
+void ExternalBackward::round_loss_gradient(const float* src, float* g, std::int64_t n, float multiplier) {
   // The loss gradient is attributed to the last layer (as gradscale's own models do: the layer whose
   // output the loss reads), so a non-finite loss gradient names it.
   const int last = static_cast<int>(layers_.size()) - 1;
-  ops_->queue_rounding(src, g, static_cast<std::size_t>(n), static_cast<float>(loss_scale_), GradSite::loss, last,
-                       precision_, monitor_, [this](float m) {
+  ops_->queue_rounding(src, g, static_cast<std::size_t>(n), multiplier, GradSite::loss, last, precision_, monitor_,
+                       [this](float m) {
                          if (m > monitor_.loss_grad_max_abs || std::isnan(m)) monitor_.loss_grad_max_abs = m;
                        });
-  return loss_scale_;
 }
 
 void ExternalBackward::note_shadow(int layer, bool weight, const ShadowMetrics& metrics) {
@@ -577,6 +619,7 @@ void ExternalBackward::abandon_step() {
   flush_arrays();  // what the failed pass queued lands in this iteration's records, not the next one's
   in_step_ = false;
   loss_scale_ = std::numeric_limits<double>::quiet_NaN();
+  loss_held_ = -1;
 }
 
 std::vector<LayerScale> ExternalBackward::layer_scales() const {

@@ -71,8 +71,9 @@ class ExternalBackward {
   // The same from `src` into `g` (src is left as it is): one pass fewer than copying it first. So are
   // the two-address forms of upstream, round_received and weight_gradient below.
   double loss_gradient(const float* src, float* g, std::int64_t n);
-  // S0 of this iteration (NaN before loss_gradient).
-  double loss_scale() const { return loss_scale_; }
+  // S0 of this iteration (NaN before loss_gradient). An S0 chosen on the device (loss_gradient_held)
+  // is read there: the first read waits for the step's measurements so far.
+  double loss_scale();
   // Step 2 of SPEC §5 at `layer`: `product` holds the fp32 gradient the layer sends upstream at scale
   // `scale_in` (its g·Wᵀ before rounding), in place → quantize(s·product); `grad` the gradient the
   // layer received (values in F at scale_in) and `weight` its working weight (values in F), each may be
@@ -123,6 +124,11 @@ class ExternalBackward {
   // the first read of a scale only the device knows waits for the step's measurements so far.
   double scale_value(ScaleHandle h);
   double local_value(ScaleHandle h);
+  // loss_gradient with S0 held: returns its handle. Where the arrays are on a device that keeps a scale
+  // table and no reducer is set, a scaler that describes S0 as a rule (Scaler::device_loss_rule) has it
+  // chosen there from the gradient's statistics — no wait; its value (loss_scale()) and the scaler's
+  // accept_loss_scale come with the step's measurements. Elsewhere loss_gradient above, held.
+  ScaleHandle loss_gradient_held(const float* src, float* g, std::int64_t n);
   // upstream with S_in held: returns the handle of s·S_in.
   ScaleHandle upstream(int layer, const float* src, float* upstream, const Shape& upstream_shape,
                        const float* grad, const Shape& grad_shape, const float* weight,
@@ -198,6 +204,8 @@ class ExternalBackward {
   ScaleHandle hold(double scale, double local = 1);
   // A device entry: its values (and `then`, for the records) at the next flush. `local`: the handle's
   // local scale when it is not the entry's own (a layer with s = 1 passes S_in's entry on), else NaN.
+  // S0·g (multiplier S0, or 1 for g already multiplied) rounded once at the loss site, queued.
+  void round_loss_gradient(const float* src, float* g, std::int64_t n, float multiplier);
   ScaleHandle hold_entry(int entry, std::function<void(const ScaleEntry&)> then = {},
                          double local = std::numeric_limits<double>::quiet_NaN());
   int entry_of(ScaleHandle h);  // its entry, made from its host value when it has none
@@ -222,6 +230,7 @@ class ExternalBackward {
   std::vector<char> wgrad_seen_;  // per layer: a weight-gradient part was stored this step
   std::int64_t steps_ = 0;
   double loss_scale_;
+  int loss_held_ = -1;  // the handle of this iteration's S0 once loss_gradient_held chose it (-1: none)
   bool in_step_ = false;
   std::vector<HeldScale> held_;  // this iteration's scale table
 };

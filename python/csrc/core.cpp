@@ -354,9 +354,10 @@ PYBIND11_MODULE(GS_CORE_NAME, m) {
       .def("begin_step", &ExternalBackward::begin_step)
       // Each gradient step takes an optional `source`: the values are then read there and written to
       // the first address (one pass fewer than copying them there first); 0: in place.
+      // S0's handle (ExternalBackward::loss_gradient_held: chosen on the device where it can be).
       .def("loss_gradient",
            [](ExternalBackward& e, std::uintptr_t g, std::int64_t n, std::uintptr_t source) {
-             return e.loss_gradient(address(source ? source : g), address(g), n);
+             return e.loss_gradient_held(address(source ? source : g), address(g), n).id;
            },
            py::arg("g"), py::arg("n"), py::arg("source") = 0)
       .def_property_readonly("loss_scale", &ExternalBackward::loss_scale)

@@ -503,9 +503,9 @@ class BackwardPass:
 
     def loss_backward(self, ctx, g: torch.Tensor) -> torch.Tensor:
         out, source = rounding_target(g)
-        s0 = self.core.loss_gradient(out.data_ptr(), out.numel(), source=source)
-        self._sent[ctx] = self.core.scale_handle(s0)
-        return differentiable(g, out, s0)
+        s0 = self.core.loss_gradient(out.data_ptr(), out.numel(), source=source)  # a handle
+        self._sent[ctx] = s0
+        return differentiable(g, out, lambda: self.core.scale_value(s0))
 
     def exit_backward(self, ctx, g: torch.Tensor) -> torch.Tensor:
         out, source = rounding_target(g)
