@@ -56,7 +56,8 @@ def rounding_target(g: torch.Tensor, buffers=None):
     rounded in place (address 0)."""
     if g.dtype != torch.float32:
         raise TypeError(f"gradscale.torch: gradients must be float32, got {g.dtype} on {g.device}")
-    g = g.detach()
+    if g.requires_grad:  # a graph built by create_graph: the target is no part of it
+        g = g.detach()
     if is_dense(g) and g.numel():
         if buffers is not None:
             return buffers.take(g), g.data_ptr()
@@ -67,7 +68,8 @@ def rounding_target(g: torch.Tensor, buffers=None):
 def round_forward(x: torch.Tensor, fmt: str, core) -> torch.Tensor:
     """A new tensor: x rounded to the forward format (the identity copy for fp32), by `core` (an
     ExternalBackward) where x lives, in one pass over x, in x's memory layout when x is dense."""
-    x = x.detach()
+    if x.requires_grad and torch.is_grad_enabled():  # (inside a Function's forward grad mode is off)
+        x = x.detach()
     if not is_dense(x):
         out = x.clone(memory_format=torch.contiguous_format)
         if fmt != "fp32" and out.numel():

@@ -25,28 +25,27 @@ class Buffers:
     LIMIT = 4  # buffers at most (a layer called several times a step, a graph kept alive)
 
     def __init__(self):
-        self._slots: List[list] = []  # [buffer, the alias last handed out, weakly]
+        self._slots: List[list] = []  # [buffer, the alias last handed out, weakly, (sizes, strides, dtype, device)]
 
     def take(self, like: torch.Tensor) -> torch.Tensor:
         """An alias of a free buffer with `like`'s sizes, strides, dtype and device (contents
         undefined): a kept one when one is free, else a new one, kept while fewer than LIMIT are."""
-        shape, stride = like.shape, like.stride()
+        key = (like.shape, like.stride(), like.dtype, like.device)
         free = None
         for slot in self._slots:
             if slot[1]() is not None:
                 continue  # in use
-            buf = slot[0]
-            if buf.shape == shape and buf.stride() == stride and buf.dtype == like.dtype and buf.device == like.device:
-                alias = buf.detach()
+            if slot[2] == key:
+                alias = slot[0].detach()
                 slot[1] = weakref.ref(alias)
                 return alias
             free = slot  # another shape (a parameter resized): replaced when no slot fits
-        buf = torch.empty_strided(shape, stride, dtype=like.dtype, device=like.device)
+        buf = torch.empty_strided(key[0], key[1], dtype=key[2], device=key[3])
         alias = buf.detach()
         if free is not None:
-            free[:] = [buf, weakref.ref(alias)]
+            free[:] = [buf, weakref.ref(alias), key]
         elif len(self._slots) < self.LIMIT:
-            self._slots.append([buf, weakref.ref(alias)])
+            self._slots.append([buf, weakref.ref(alias), key])
         return alias
 
 
