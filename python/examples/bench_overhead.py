@@ -11,7 +11,8 @@ Prints one Markdown row per model: milliseconds per step of each configuration (
 after 3 warm-up steps; the configurations take turns step by step; on a GPU each step ends with a
 synchronisation), the ratio of adaptive `measured` to the emulated global-policy step, and the
 process's minor page faults per step (glibc's heap trimming gives freed memory back and faults it in
-again: thousands a step cost milliseconds).
+again: thousands a step cost milliseconds). The first model, 24 small layers whose arithmetic is
+negligible, gives the host's cost per layer call (forward and backward), printed after the table.
 """
 from __future__ import annotations
 
@@ -34,9 +35,17 @@ from gradscale.torch import Scaler  # noqa: E402
 from train_compare import CharLM, ResNetMini  # noqa: E402
 
 
+# A chain of small layers whose arithmetic is negligible: its row measures the host's cost per layer.
+DEEP = 24
+DEEP_NAME = f"{DEEP} x Linear(32, 32) + ReLU"
+
+
 def models(mult=1):
-    """The four models with their batches, each batch `mult` times its default size."""
+    """The five models with their batches, each batch `mult` times its default size."""
     g = torch.Generator().manual_seed(0)
+    deep = lambda: nn.Sequential(*[m for _ in range(DEEP) for m in (nn.Linear(32, 32), nn.ReLU())])  # noqa: E731
+    n = 8 * mult
+    yield f"{DEEP_NAME}, batch {n}", deep, (torch.randn(n, 32, generator=g), torch.randint(0, 32, (n,), generator=g))
     mlp = lambda: nn.Sequential(nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10))  # noqa: E731
     n = 128 * mult
     yield f"mlp 784-256-256-10, batch {n}", mlp, (torch.randn(n, 784, generator=g), torch.randint(0, 10, (n,), generator=g))
@@ -128,14 +137,20 @@ def main():
     print("| model | plain PyTorch fp32 | plug-in fp16, `torch` | plug-in fp16, adaptive `measured` | torch / plain "
           "| measured / torch | page faults per step (plain / torch / measured) |" + amp_header)
     print("|---|---|---|---|---|---|---|" + ("---|---|" if gpu else ""))
+    per_layer = None
     for name, make, data in models(args.batch_mult):
         times, faults = time_configs(make, data, configs, args.steps, args.device)
         plain, glob, meas = times[:3]
+        if name.startswith(DEEP_NAME):
+            per_layer = ((glob - plain) / DEEP * 1e3, (meas - plain) / DEEP * 1e3)
         row = (f"| {name} | {plain:.1f} ms | {glob:.1f} ms | {meas:.1f} ms | {glob / plain:.2f} | {meas / glob:.2f} "
                f"| {faults[0]:.0f} / {faults[1]:.0f} / {faults[2]:.0f} |")
         if gpu:
             row += f" {times[3]:.2f} ms | {meas / times[3]:.2f} |"
         print(row, flush=True)
+    if per_layer is not None:
+        print(f"\nthe host's cost per layer ({DEEP_NAME}): `torch` {per_layer[0]:.0f} us, "
+              f"adaptive `measured` {per_layer[1]:.0f} us over plain PyTorch's")
     if gpu:  # the plug-in's waits for the device (each measured rounding, each controller's statistics)
         for name, make, data in models(args.batch_mult):
             run = Run(make, data, {"policy": "adaptive", "method": "measured"}, args.device)
