@@ -72,7 +72,9 @@ bool CudaBackend::loss_backward_device_s0(const Tensor& logits, const std::vecto
   start_pass();  // a backward pass starts here: nothing of an abandoned one is reported
   const std::int64_t n = logits.dim(0), classes = logits.dim(1);
   // The fp32 gradient at scale 1 (loss_gradient_fp32's, left on the device), its statistics in the
-  // gradient format, S0 from them in the scale table; then the gradient at S0 as loss_backward's.
+  // gradient format, S0 from them in the scale table; then the gradient at S0 as loss_backward's —
+  // computed again, not multiplied: its factor is float(S0 / N), as the CPU's, and S0·float(1 / N) is
+  // not that float for every S0 (one not a power of two, a product in float32's subnormal range).
   loss_grad_.resize(logits.shape());
   cuda::softmax_cross_entropy(ctx_, logits.data(), labels_.data(), n, classes, 1.0, loss_grad_.data(),
                               &header()->loss, mean_over);
