@@ -57,28 +57,29 @@ class AdaptiveScaler final : public Scaler, public LayerController {
   double choose_loss_scale(const LocalScaleQuery& g) override {
     // The floor: the smallest power of two at which at most n_uf of the loss gradient's non-zero values
     // underflow, capped so its largest stay under u_max·2^-margin — SPEC §6.3's rule on the exact gradient.
-    // A query without the statistics it asked for (an engine of one's own) gets no floor.
-    // The rule a device evaluates (device_loss_rule), here on the host's statistics.
-    if (std::optional<LossScaleRule> rule = device_loss_rule()) {
+    // A query without the statistics it asked for (an engine of one's own) gets no floor. S0 from it is
+    // the rule a device evaluates (device_loss_rule), here on the host's statistics.
+    const LossScaleRule rule = loss_rule();
+    LossScaleDecision d{rule.base_is_floor ? 0.0 : rule.phi * rule.base, 0.0};
+    if (const TensorStats* o = g.upstream_stats)
+      d = loss_scale_decision(rule, o->binades.data(), o->nonzero_finite(), o->max_abs);
+    if (device_loss_rule()) {
       GS_CHECK(!(c_.auto_init && !g.upstream_stats), "adaptive: the loss query lacks the statistics it asked for");
-      LossScaleDecision d{rule->base_is_floor ? 0.0 : rule->phi * rule->base, 0.0};
-      if (const TensorStats* o = g.upstream_stats) d = loss_scale_decision(*rule, o->binades.data(), o->nonzero_finite(), o->max_abs);
       accept_loss_scale(d.s0, d.floor);
       return last_loss_scale_;
     }
-    const double rule = g.upstream_stats ? cast_measured_->unbound_scale(g, params_) : 0.0;
-    loss_floor_ = std::isfinite(rule) && rule > 0 ? power_of_two_floor(rule) : 0.0;
+    // init_scale "auto" with a moment-based cast_form: S0 before φ from the moments, against the same floor.
     GS_CHECK(g.grad_moments, "adaptive: the loss query lacks the moments it asked for");
-    const double s = power_of_two_floor(c_.cast_form == "lognormal"
-                                            ? approx_range_lognormal(*g.grad_log_moments, g.grad_moments->max_abs, params_)
-                                            : approx_range_no_weight(*g.grad_moments, params_));
-    last_loss_scale_ = std::max(phi() * s, loss_floor_);
+    const double s = power_of_two_floor(
+        c_.cast_form == "lognormal" ? approx_range_lognormal(*g.grad_log_moments, g.grad_moments->max_abs, params_)
+                                    : approx_range_no_weight(*g.grad_moments, params_));
+    accept_loss_scale(std::max(phi() * s, d.floor), d.floor);
     return last_loss_scale_;
   }
   std::optional<LossScaleRule> device_loss_rule() const override {
     // init_scale "auto" with a moment-based cast_form reads moments the device does not reduce to S0.
     if (c_.auto_init && c_.cast_form != "measured") return std::nullopt;
-    return LossScaleRule{params_, phi(), c_.auto_init ? 1.0 : c_.init_scale, c_.auto_init};
+    return loss_rule();
   }
   void accept_loss_scale(double s0, double floor) override {
     loss_floor_ = floor;
@@ -295,12 +296,16 @@ class AdaptiveScaler final : public Scaler, public LayerController {
     return cache_[static_cast<std::size_t>(layer_id)];
   }
 
+  // S0's rule (lib/scaler/scale_rule.h's loss_scale_decision): base init_scale, or the floor for "auto".
+  LossScaleRule loss_rule() const {
+    return LossScaleRule{params_, phi(), c_.auto_init ? 1.0 : c_.init_scale, c_.auto_init};
+  }
+
   AdaptiveConfig c_;
   Format format_;
   LayerRule default_rule_;        // the policy's own keys
   std::vector<LayerRule> rules_;  // per layer (bind); default_rule_ for a layer outside the table
   std::unique_ptr<LayerController> user_;  // c_.controller's, when configured
-  std::unique_ptr<Method> cast_measured_ = make_measured();  // cast_form "measured" at the loss
   MethodParams params_;  // the policy's own (default_rule_'s): the loss scale's rules and u_max read them
   std::vector<LayerCache> cache_;
   std::int64_t step_ = 0;
