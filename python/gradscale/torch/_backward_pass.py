@@ -73,6 +73,7 @@ def _accumulate_grad_type() -> type:
 
 _LEAF = _accumulate_grad_type()
 
+
 def _not_enter_or_loss(node) -> bool:
     return type(node) is not _ENTER and type(node) is not _LOSS
 
@@ -357,11 +358,8 @@ class BackwardPass:
         passes: functional_call and load_state_dict(assign=True) replace Parameter objects)."""
         owner: Dict[int, int] = {}
         for layer in self.tracker.layers:
-            # Layer.current_params(), without nn.Module's generators for a layer of its module's own
-            # parameters (read here once a pass, for every layer).
-            found = layer.module.parameters() if layer.recurse else layer.module._parameters.values()
-            for p in found:
-                if p is not None and p.requires_grad and id(p) not in owner:
+            for p in layer.current_params():
+                if id(p) not in owner:
                     owner[id(p)] = layer.id
         return owner
 

@@ -319,38 +319,39 @@ class CallWrapper:
         parameters that require grad (under grad mode) get theirs from one WorkingWeights node."""
         tracker = self.scaler._tracker
         modules = self.module.modules() if self.recurse else (self.module,)
-        swapped: List[Tuple[nn.Module, str, nn.Parameter]] = []
-        tracked: List[Tuple[nn.Module, str, nn.Parameter]] = []  # copies for the WorkingWeights node
         grad = torch.is_grad_enabled()
+        # (module, name, master, its working copy: the master itself when nothing is emulated, None for
+        # one the WorkingWeights node makes)
+        found: List[Tuple[nn.Module, str, nn.Parameter, Optional[torch.Tensor]]] = []
+        for module in modules:
+            for name, p in list(module._parameters.items()):
+                if not isinstance(p, nn.Parameter):
+                    continue  # None, or already a working copy (an enclosing layer's call)
+                if p.dtype != torch.float32:
+                    raise TypeError(
+                        f"gradscale.torch: parameter '{name}' of layer '{tracker.layers[self.layer_id].name}' is "
+                        f"{p.dtype}; the Scaler keeps float32 masters and emulates format= in them "
+                        "(model.half()/.double()/.to(dtype) after Scaler(model): make a new model and Scaler, "
+                        "or call scaler.remove() first)")
+                if not tracker.substitute:
+                    working = p
+                elif grad and p.requires_grad:
+                    working = None
+                else:
+                    working = tracker.working_copy(p, tracker.buffers(p))
+                found.append((module, name, p, working))
+        tracked = [p for _, _, p, working in found if working is None]
+        copies = iter(WorkingWeights.apply(tracker, self.layer_id, *tracked) if tracked else ())
+        swapped: List[Tuple[nn.Module, str, nn.Parameter]] = []  # nothing is swapped before all copies exist
         try:
-            for module in modules:
-                for name, p in list(module._parameters.items()):
-                    if not isinstance(p, nn.Parameter):
-                        continue  # None, or already a working copy (an enclosing layer's call)
-                    if p.dtype != torch.float32:
-                        raise TypeError(
-                            f"gradscale.torch: parameter '{name}' of layer '{tracker.layers[self.layer_id].name}' is "
-                            f"{p.dtype}; the Scaler keeps float32 masters and emulates format= in them "
-                            "(model.half()/.double()/.to(dtype) after Scaler(model): make a new model and Scaler, "
-                            "or call scaler.remove() first)")
-                    if not tracker.substitute:
-                        working = p
-                    elif grad and p.requires_grad:
-                        tracked.append((module, name, p))
-                        continue
-                    else:
-                        working = tracker.working_copy(p, tracker.buffers(p))
-                        _set_param(module, name, working)
-                        swapped.append((module, name, p))
-                    if call is not None and module is self.module and name == self.weight_name:
-                        call.weight = working
-            if tracked:
-                copies = WorkingWeights.apply(tracker, self.layer_id, *(p for _, _, p in tracked))
-                for (module, name, p), working in zip(tracked, copies):
+            for module, name, p, working in found:
+                if working is None:
+                    working = next(copies)
+                if working is not p:
                     _set_param(module, name, working)
                     swapped.append((module, name, p))
-                    if call is not None and module is self.module and name == self.weight_name:
-                        call.weight = working
+                if call is not None and module is self.module and name == self.weight_name:
+                    call.weight = working
         except BaseException:
             for module, name, master in reversed(swapped):
                 _set_param(module, name, master)

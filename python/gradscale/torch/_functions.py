@@ -158,7 +158,8 @@ class WorkingWeights(torch.autograd.Function):
         ctx.tracker = tracker
         ctx.layer_id = layer_id
         ctx.set_materialize_grads(False)  # an unused copy's gradient stays None: no part, no zeros
-        ctx.buffers = [tracker.buffers(master) for master in masters]  # where each weight gradient goes, on the CPU
+        # Each master's kept buffers on the CPU: its copy's, and its weight gradient's.
+        ctx.buffers = [tracker.buffers(master) for master in masters]
         return tuple(tracker.working_copy(master, buffers) for master, buffers in zip(masters, ctx.buffers))
 
     @staticmethod
@@ -172,7 +173,8 @@ class WorkingWeights(torch.autograd.Function):
         run = ctx.tracker.running()
         if run is None:
             return (None, None) + grads
-        return (None, None) + tuple(g if g is None else run.weight_part(ctx, i, g) for i, g in enumerate(grads))
+        parts = (g if g is None else run.weight_part(ctx, i, g) for i, g in enumerate(grads))
+        return (None, None) + tuple(parts)
 
 
 class LossEdge(torch.autograd.Function):

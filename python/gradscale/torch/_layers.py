@@ -60,8 +60,15 @@ class Layer:
 
     def current_params(self) -> List[nn.Parameter]:
         """The parameters the layer holds now, read from its modules (a Parameter object may be replaced
-        after the table was made: load_state_dict(assign=True), functional_call)."""
-        return [p for p in self.module.parameters(recurse=self.recurse) if p.requires_grad]
+        after the table was made: load_state_dict(assign=True), functional_call). Read every backward
+        pass: a layer of its module's own parameters reads them without nn.Module's generators."""
+        if self.recurse:
+            return [p for p in self.module.parameters() if p.requires_grad]
+        found: List[nn.Parameter] = []
+        for p in self.module._parameters.values():  # each once, in order, as parameters(recurse=False)
+            if p is not None and p.requires_grad and not any(p is q for q in found):
+                found.append(p)
+        return found
 
     def row(self) -> dict:
         return {

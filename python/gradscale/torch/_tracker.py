@@ -25,7 +25,8 @@ class Buffers:
     LIMIT = 4  # buffers at most (a layer called several times a step, a graph kept alive)
 
     def __init__(self):
-        self._slots: List[list] = []  # [buffer, the alias last handed out, weakly, (sizes, strides, dtype, device)]
+        # [buffer, the alias last handed out (weakly), its (sizes, strides, dtype, device)]
+        self._slots: List[list] = []
 
     def take(self, like: torch.Tensor) -> torch.Tensor:
         """An alias of a free buffer with `like`'s sizes, strides, dtype and device (contents
