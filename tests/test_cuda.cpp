@@ -118,6 +118,7 @@ TEST_CASE("bench cuda prints one row per kernel, or one line and exit 0 without 
   std::string all;
   for (const std::string& l : r.lines) all += l + "\n";
   for (const char* row : {"device-to-device copy", "tensor_stats fp16", "max_abs_bits", "quantize fp16",
-                          "quantize fp8_e4m3", "to_fp16", "to_bf16", "unscale_accumulate", "im2col", "col2im"})
+                          "quantize fp8_e4m3", "measure_and_round fp16", "to_fp16", "to_bf16", "unscale_accumulate",
+                          "im2col", "col2im"})
     CHECK_THAT(all, Contains(row));
 }

@@ -21,6 +21,7 @@
 #include "lib/cuda/edge_counts.h"
 #include "lib/cuda/gemm.h"
 #include "lib/cuda/im2col.h"
+#include "lib/cuda/local_scale.h"
 #include "lib/cuda/maxpool.h"
 #include "lib/cuda/nonfinite.h"
 #include "lib/cuda/quantize.h"
@@ -79,7 +80,8 @@ void check_stats_equal(const TensorStats& gpu, const TensorStats& cpu, const std
 
 // Tensors for the statistics: empty, single values, all zeros, all NaN, a large mixed tensor (every
 // binade, float subnormals, zeros, NaN/inf with payloads and signs), values crowded in three binades, values
-// packed around each format's underflow and overflow thresholds, and sizes that are no multiple of any block size.
+// packed around each format's underflow and overflow thresholds, and sizes that are no multiple of any block
+// size.
 std::vector<std::vector<float>> stats_tensors() {
   std::vector<std::vector<float>> t;
   t.push_back({});
@@ -109,13 +111,16 @@ std::vector<std::vector<float>> stats_tensors() {
   t.push_back(mixed(257));
   t.push_back(mixed(test::gpu_or_cpu_target<std::size_t>(1000003, 100003)));
   // More than one grid-stride pass per thread (the GPU's size also reaches the grids' caps of blocks).
-  t.push_back(mixed(test::gpu_or_cpu_target<std::size_t>((std::size_t{1} << 22) + 17, (std::size_t{1} << 18) + 17)));
+  t.push_back(
+      mixed(test::gpu_or_cpu_target<std::size_t>((std::size_t{1} << 22) + 17, (std::size_t{1} << 18) + 17)));
   // Crowded, as gradients are: nearly every value in one of three binades, so the lanes of a warp share
   // their binade's counter (the kernel adds each group's count once); zeros and a tail of 13.
-  std::vector<float> crowded(test::gpu_or_cpu_target<std::size_t>((std::size_t{1} << 22) + 13, (std::size_t{1} << 16) + 13));
+  std::vector<float> crowded(
+      test::gpu_or_cpu_target<std::size_t>((std::size_t{1} << 22) + 13, (std::size_t{1} << 16) + 13));
   for (float& x : crowded) {
     const double u = uniform01(rng);
-    x = u < 0.02 ? 0.0f : static_cast<float>(std::exp2(-20.0 + 3.0 * uniform01(rng)) * (rng() & 1 ? 1.0 : -1.0));
+    x = u < 0.02 ? 0.0f
+                 : static_cast<float>(std::exp2(-20.0 + 3.0 * uniform01(rng)) * (rng() & 1 ? 1.0 : -1.0));
   }
   t.push_back(crowded);
   // Around every format's thresholds: log-uniform over [min_subnormal/8, 4·min_normal] and
@@ -182,7 +187,111 @@ TEST_CASE("cuda::tensor_stats equals lib/instrument: counts and bins exactly, su
   }
 }
 
-TEST_CASE("cuda::max_abs_bits gives lib/instrument's max_abs bit for bit, inf for a value not finite", "[cuda]") {
+TEST_CASE("cuda::measure_and_round is the multiplication, tensor_stats and quantize in one pass, bit for bit",
+          "[cuda]") {
+  test::require_cuda_device();
+  cuda::CudaContext ctx;
+  std::mt19937_64 rng(41);
+  // Mixed values (zeros, NaNs with payloads, infs, float subnormals, 2^-150..2^129), several grid-stride
+  // passes per thread with a tail the unrolled loop leaves, and one of a few elements.
+  std::vector<std::vector<float>> tensors;
+  for (std::size_t n :
+       {std::size_t{5}, std::size_t{4099}, test::gpu_or_cpu_target<std::size_t>((1u << 21) + 3, 70001)}) {
+    std::vector<float> v(n);
+    for (float& x : v) {
+      const double u = uniform01(rng);
+      if (u < 0.05)
+        x = 0.0f;
+      else if (u < 0.052)
+        x = float_of(0x7F800001u | static_cast<std::uint32_t>(rng() & 0x807FFFFFu));
+      else if (u < 0.054)
+        x = rng() & 1 ? std::numeric_limits<float>::infinity() : -std::numeric_limits<float>::infinity();
+      else if (u < 0.06)
+        x = float_of(static_cast<std::uint32_t>(rng() & 0x807FFFFFu));
+      else
+        x = static_cast<float>(std::exp2(-150.0 + 279.0 * uniform01(rng)) * (rng() & 1 ? 1.0 : -1.0));
+    }
+    tensors.push_back(v);
+  }
+  // 1 (no product), powers of two both ways (into overflow and below the subnormals), and 3 (inexact).
+  const std::vector<float> multipliers = {1.0f, 0x1p-9f, 0x1p24f, 3.0f};
+  SECTION("against the unfused passes, and against lib/numeric and lib/instrument") {
+    for (std::size_t t = 0; t < tensors.size(); ++t) {
+      const std::vector<float>& host = tensors[t];
+      const std::size_t n = host.size();
+      const auto src = test::to_device(host, ctx);
+      for (const FormatCase& fc : format_cases()) {
+        for (float m : multipliers) {
+          for (bool round : {true, false}) {
+            for (bool on_device : {false, true}) {
+              const bool in_place = (t + static_cast<std::size_t>(on_device)) % 2 == 0;
+              INFO("tensor " << t << " (" << n << " values), " << fc.name() << ", multiplier " << m
+                             << (on_device ? " from the device" : "")
+                             << (round ? ", rounded" : ", not rounded") << (in_place ? ", in place" : ""));
+              // The unfused passes: the multiplication, the statistics, the rounding.
+              cuda::DeviceBuffer<float> want(n);
+              const auto entry = test::to_device(std::vector<cuda::DeviceScale>{{5.0, m, 7.0, 0}}, ctx);
+              if (on_device)
+                cuda::apply_local_scale(src.data(), want.data(), n, entry.data(), ctx.stream());
+              else
+                cuda::quantize(src.data(), want.data(), n, Format::fp32, fc.round, m, ctx.stream());
+              auto want_stats = test::sentinel_buffer<cuda::DeviceStats>(1, ctx);
+              cuda::tensor_stats(ctx, want.data(), n, fc.format, fc.round, want_stats.data());
+              if (round) cuda::quantize(want.data(), want.data(), n, fc.format, fc.round, 1.0f, ctx.stream());
+              // The one pass.
+              auto got = test::sentinel_buffer<float>(n, ctx);
+              if (in_place) got = test::to_device(host, ctx);
+              auto got_stats = test::sentinel_buffer<cuda::DeviceStats>(1, ctx);
+              cuda::StoredRounding stored{got.data(), round, on_device ? 1.0f : m, nullptr};
+              if (on_device) stored.device_multiplier = &entry.data()->local;
+              cuda::measure_and_round(ctx, {in_place ? got.data() : src.data(), n, fc.format, fc.round},
+                                      stored, got_stats.data());
+              const std::vector<cuda::DeviceStats> a = test::to_host(got_stats, ctx),
+                                                   b = test::to_host(want_stats, ctx);
+              CHECK(std::memcmp(a.data(), b.data(), sizeof(cuda::DeviceStats)) == 0);
+              const std::vector<float> got_host = test::to_host(got, ctx),
+                                       want_host = test::to_host(want, ctx);
+              CHECK(bit_mismatches(got_host, want_host, &host) == "");
+              // And against lib/numeric and lib/instrument directly: the product in fp32, then quantize().
+              std::vector<float> v(host);
+              for (float& x : v) x = m == 1.0f ? x : x * m;
+              const TensorStats cpu = tensor_stats(v.data(), n, fc.format, fc.round);
+              check_stats_equal(cuda::to_tensor_stats(a[0]), cpu, v, "against lib/instrument");
+              if (round)
+                for (float& x : v) x = quantize(x, fc.format, fc.round);
+              std::size_t differ = 0;  // NaNs: a multiplication may canonicalise them (cuda::quantize's note)
+              for (std::size_t i = 0; i < n; ++i)
+                differ +=
+                    !(bits_of(got_host[i]) == bits_of(v[i]) || (std::isnan(got_host[i]) && std::isnan(v[i])));
+              CHECK(differ == 0);
+            }
+          }
+        }
+      }
+    }
+  }
+  SECTION("nothing to store: the values stay as they were, the statistics are tensor_stats's") {
+    auto d = test::to_device(tensors[1], ctx);
+    auto a = test::sentinel_buffer<cuda::DeviceStats>(1, ctx),
+         b = test::sentinel_buffer<cuda::DeviceStats>(1, ctx);
+    cuda::measure_and_round(ctx, {d.data(), tensors[1].size(), Format::fp32, {}},
+                            {d.data(), true, 1.0f, nullptr}, a.data());
+    cuda::tensor_stats(ctx, d.data(), tensors[1].size(), Format::fp32, {}, b.data());
+    const auto ha = test::to_host(a, ctx), hb = test::to_host(b, ctx);
+    CHECK(std::memcmp(ha.data(), hb.data(), sizeof(cuda::DeviceStats)) == 0);
+    CHECK(bit_mismatches(test::to_host(d, ctx), tensors[1]) == "");
+  }
+  SECTION("a null destination is named") {
+    const auto d = test::to_device(tensors[0], ctx);
+    auto a = test::sentinel_buffer<cuda::DeviceStats>(1, ctx);
+    CHECK_THROWS_WITH(cuda::measure_and_round(ctx, {d.data(), 5, Format::fp16, {}},
+                                              {nullptr, true, 2.0f, nullptr}, a.data()),
+                      Contains("measure_and_round") && Contains("null"));
+  }
+}
+
+TEST_CASE("cuda::max_abs_bits gives lib/instrument's max_abs bit for bit, inf for a value not finite",
+          "[cuda]") {
   test::require_cuda_device();
   cuda::CudaContext ctx;
   std::vector<std::vector<float>> tensors = stats_tensors();
@@ -201,13 +310,15 @@ TEST_CASE("cuda::max_abs_bits gives lib/instrument's max_abs bit for bit, inf fo
     const float gpu = cuda::max_abs_of_bits(test::to_host(out, ctx)[0]);
     const float cpu = max_abs(tensors[i].data(), tensors[i].size());
     INFO("tensor " << i << " of " << tensors[i].size() << " values: gpu " << gpu << ", cpu " << cpu);
-    CHECK(test::bits_of(gpu) == test::bits_of(std::isnan(cpu) ? std::numeric_limits<float>::infinity() : cpu));
+    CHECK(test::bits_of(gpu) ==
+          test::bits_of(std::isnan(cpu) ? std::numeric_limits<float>::infinity() : cpu));
     finite_cases += std::isfinite(cpu) && cpu > 0;
   }
   CHECK(finite_cases >= 4);  // the finite maxima are compared too, not only inf
 }
 
-TEST_CASE("cuda::count_about_edge adds the CPU's counts about an edge, for every format and option", "[cuda]") {
+TEST_CASE("cuda::count_about_edge adds the CPU's counts about an edge, for every format and option",
+          "[cuda]") {
   test::require_cuda_device();
   cuda::CudaContext ctx;
   const std::vector<std::vector<float>> tensors = stats_tensors();
@@ -216,7 +327,8 @@ TEST_CASE("cuda::count_about_edge adds the CPU's counts about an edge, for every
     const cuda::DeviceBuffer<float> d = test::to_device(tensors[i], ctx);
     for (const FormatCase& fc : format_cases()) {
       // popart_als's edge (bin_edge · max_finite(F)), a small one and one at a format's threshold.
-      const double top = std::isfinite(format_info(fc.format).max_finite) ? format_info(fc.format).max_finite : 1e30;
+      const double top =
+          std::isfinite(format_info(fc.format).max_finite) ? format_info(fc.format).max_finite : 1e30;
       for (const double edge : {top / 16, 1e-6, 0x1p-24, 1.0}) {
         INFO("tensor " << i << ", " << fc.name() << ", edge " << edge);
         const auto e = static_cast<float>(edge);
@@ -226,7 +338,8 @@ TEST_CASE("cuda::count_about_edge adds the CPU's counts about an edge, for every
         cuda::count_about_edge(d.data(), tensors[i].size(), t, out.data(), ctx.stream());
         cuda::count_about_edge(d.data(), tensors[i].size(), t, out.data(), ctx.stream());
         const cuda::DeviceEdgeCounts got = test::to_host(out, ctx)[0];
-        const EdgeCounts want = count_about_edge(tensors[i].data(), tensors[i].size(), e, fc.format, fc.round);
+        const EdgeCounts want =
+            count_about_edge(tensors[i].data(), tensors[i].size(), e, fc.format, fc.round);
         CHECK(got.below == 2 * want.below);
         CHECK(got.above == 2 * want.above);
       }

@@ -120,6 +120,16 @@ int bench_cuda(std::size_t n, int repeats) {
   for (Format f : {Format::fp16, Format::bf16, Format::fp8_e5m2, Format::fp8_e4m3})
     row(std::string("quantize ") + format_name(f) + " (fp32 -> fp32)", 8,
         [&] { cuda::quantize(in.data(), out.data(), n, f, {}, 1.0f, ctx.stream()); });
+  // A gradient's rounding with its local scale (the backend's round_gradient): the product, the
+  // statistics and the rounding as three passes, and as measure_and_round's one.
+  row("x s, tensor_stats, quantize fp16 (3 passes)", 8, [&] {
+    cuda::quantize(in.data(), out.data(), n, Format::fp32, {}, 0.5f, ctx.stream());
+    cuda::tensor_stats(ctx, out.data(), n, Format::fp16, {}, stats.data());
+    cuda::quantize(out.data(), out.data(), n, Format::fp16, {}, 1.0f, ctx.stream());
+  });
+  row("measure_and_round fp16 (x s, one pass)", 8, [&] {
+    cuda::measure_and_round(ctx, {in.data(), n, Format::fp16, {}}, {out.data(), true, 0.5f, nullptr}, stats.data());
+  });
   row("to_fp16 (fp32 -> __half)", 6, [&] { cuda::to_fp16(in.data(), half.data(), n, ctx.stream()); });
   row("to_bf16 (fp32 -> __nv_bfloat16)", 6, [&] { cuda::to_bf16(in.data(), bf16.data(), n, ctx.stream()); });
   row("unscale_accumulate (g, master -> master)", 12, [&] {

@@ -33,39 +33,7 @@ class CudaArrayOps final : public ArrayOps {
   void queue_rounding(const float* src, float* d, std::size_t n, float multiplier, GradSite site, int node,
                       const Precision& p, StepMonitor& monitor, std::function<void(float)> then) override {
     select_device();
-    const Format f = p.gradient_format();
-    Queued e;
-    e.rounding = true;
-    e.site = site;
-    e.node = node;
-    e.quantized = site != GradSite::weight || p.quantize_weight_grads;
-    e.precision = p;
-    e.monitor = &monitor;
-    e.then = std::move(then);
-    e.slot = rounding_count_++;
-    cudaStream_t stream = ctx_.stream();
-    // v: the fp32 values after the multiplier (src itself without one: the rounding then writes d).
-    const float* v = src;
-    if (multiplier != 1.0f) {
-      cuda::quantize(src, d, n, Format::fp32, p.round, multiplier, stream);  // d = src·multiplier
-      v = d;
-    }
-    tensor_stats(ctx_, v, n, f, p.round, slot(e.slot));
-    e.edge = site == GradSite::weight && monitor.gradient_edge > 0;
-    any_edge_ = any_edge_ || e.edge;
-    if (e.edge) {  // popart_als counts the weight gradients about its edge as they will be stored
-      DeviceEdgeCounts* counts = edge_slot(e.slot);
-      GS_CUDA_CHECK(cudaMemsetAsync(counts, 0, sizeof(DeviceEdgeCounts), stream));
-      count_about_edge(v, n,
-                       edge_threshold_bits(static_cast<float>(monitor.gradient_edge),
-                                           e.quantized ? f : Format::fp32, p.round),
-                       counts, stream);
-    }
-    if (e.quantized)
-      cuda::quantize(v, d, n, f, p.round, 1.0f, stream);
-    else if (v != d && n > 0)
-      GS_CUDA_CHECK(cudaMemcpyAsync(d, v, n * sizeof(float), cudaMemcpyDeviceToDevice, stream));
-    queued_.push_back(std::move(e));
+    queue_rounding_by(src, d, n, multiplier, nullptr, site, node, p, monitor, std::move(then));
   }
 
   void queue(std::function<void()> f) override {
@@ -240,8 +208,7 @@ class CudaArrayOps final : public ArrayOps {
     tensor_stats(ctx_, src, n, p.gradient_format(), p.round, max_slot);
     const std::size_t out = scale_count_++;
     decide_weight_grad_scale(max_slot, 1, u_max, scale_entry(table_index(in)), scale_entry(out), stream);
-    apply_local_scale(src, d, n, scale_entry(out), stream);  // d = r·src, one pass
-    queue_rounding(d, d, n, 1.0f, GradSite::weight, node, p, monitor, {});
+    queue_rounding_by(src, d, n, 1.0f, scale_entry(out), GradSite::weight, node, p, monitor, {});  // d = r·src
     cuda::divide_by_scale(d, n, scale_entry(out), stream);
     Queued e;  // after the rounding's records: r, and the range of r·S_in
     e.scale_entry = out;
@@ -405,6 +372,52 @@ class CudaArrayOps final : public ArrayOps {
     return first;
   }
   DeviceEdgeCounts* edge_slot(std::size_t i) { return edge_chunks_[i / kChunk].data() + i % kChunk; }
+  // queue_rounding with the multiplier factor->local (read on the device) when `factor` is not null.
+  void queue_rounding_by(const float* src, float* d, std::size_t n, float multiplier, const DeviceScale* factor,
+                         GradSite site, int node, const Precision& p, StepMonitor& monitor,
+                         std::function<void(float)> then) {
+    const Format f = p.gradient_format();
+    Queued e;
+    e.rounding = true;
+    e.site = site;
+    e.node = node;
+    e.quantized = site != GradSite::weight || p.quantize_weight_grads;
+    e.precision = p;
+    e.monitor = &monitor;
+    e.then = std::move(then);
+    e.slot = rounding_count_++;
+    e.edge = site == GradSite::weight && monitor.gradient_edge > 0;
+    any_edge_ = any_edge_ || e.edge;
+    cudaStream_t stream = ctx_.stream();
+    if (!e.edge) {  // the multiplication, the statistics and the rounding (or the copy) in one pass
+      measure_and_round(ctx_, StatsJob{src, n, f, p.round},
+                        StoredRounding{d, e.quantized, multiplier, factor ? &factor->local : nullptr},
+                        slot(e.slot));
+      queued_.push_back(std::move(e));
+      return;
+    }
+    // popart_als counts the weight gradients about its edge as they will be stored: between the passes.
+    // v: the fp32 values after the multiplier (src itself without one: the rounding then writes d).
+    const float* v = src;
+    if (factor != nullptr) {
+      apply_local_scale(src, d, n, factor, stream);  // d = src·factor
+      v = d;
+    } else if (multiplier != 1.0f) {
+      cuda::quantize(src, d, n, Format::fp32, p.round, multiplier, stream);  // d = src·multiplier
+      v = d;
+    }
+    tensor_stats(ctx_, v, n, f, p.round, slot(e.slot));
+    DeviceEdgeCounts* counts = edge_slot(e.slot);
+    GS_CUDA_CHECK(cudaMemsetAsync(counts, 0, sizeof(DeviceEdgeCounts), stream));
+    const Format stored = e.quantized ? f : Format::fp32;
+    count_about_edge(v, n, edge_threshold_bits(static_cast<float>(monitor.gradient_edge), stored, p.round), counts,
+                     stream);
+    if (e.quantized)
+      cuda::quantize(v, d, n, f, p.round, 1.0f, stream);
+    else if (v != d && n > 0)
+      GS_CUDA_CHECK(cudaMemcpyAsync(d, v, n * sizeof(float), cudaMemcpyDeviceToDevice, stream));
+    queued_.push_back(std::move(e));
+  }
   // An entry number from the caller, checked against the step's table.
   std::size_t table_index(int entry) const {
     GS_CHECK(entry >= 0 && static_cast<std::size_t>(entry) < scale_count_,

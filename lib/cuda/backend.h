@@ -2,8 +2,8 @@
 // cuBLAS and the lib/cuda kernels, and the precision model's shared steps (SPEC §4–§5) on the device.
 //
 // Measurement without a synchronisation per rounding: every gradient rounding queues its SPEC §3
-// statistics (one stats kernel over the fp32 values before rounding, which also yields max|g| and the
-// non-finite count) into a slot of the step's record array, and finish_backward copies that array to
+// statistics (of the fp32 values before rounding, which also yield max|g| and the non-finite count;
+// measured by the pass that rounds them, cuda::measure_and_round) into a slot of the step's record array, and finish_backward copies that array to
 // the host in one piece (page-locked memory) and fills the StepMonitor in the order the roundings
 // happened — found_inf, the first non-finite layer, max|g| per layer and, on recording steps, the
 // statistics: the records the CPU's round_gradient writes as it goes. The same copy brings the step's
@@ -107,9 +107,11 @@ class CudaBackend final : public Backend {
   CudaContext& context() { return ctx_; }
 
   // ---- the precision model's shared steps on device tensors (the twins of lib/layers/precision_ops.h) ----
-  // d (device) ← quantize(multiplier·d, gradient format), measured as round_gradient does (queued).
+  // d (device) ← quantize(multiplier·d, gradient format), measured as round_gradient does (queued); with
+  // `factor`, the multiplier is factor->local, read on the device. One pass (cuda::measure_and_round),
+  // except for popart_als's weight gradients, whose edge counts read the values between the passes.
   void round_gradient(float* d, std::size_t n, float multiplier, GradSite site, int node, const Precision& p,
-                      StepMonitor& monitor);
+                      StepMonitor& monitor, const DeviceScale* factor = nullptr);
   void round_activation_grad(Tensor& t, int layer_id, const Precision& p, StepMonitor& monitor);
   void round_output(Tensor& t, const Precision& p);
   void round_working_copy(const Parameter& master, Tensor& working, const Precision& p);

@@ -18,22 +18,31 @@
 namespace gradscale::cuda {
 
 void CudaBackend::round_gradient(float* d, std::size_t n, float multiplier, GradSite site, int node,
-                                 const Precision& p, StepMonitor& monitor) {
+                                 const Precision& p, StepMonitor& monitor, const DeviceScale* factor) {
   const Format f = p.gradient_format();
   const bool quantized = site != GradSite::weight || p.quantize_weight_grads;
+  const bool edge = site == GradSite::weight && monitor.gradient_edge > 0;  // popart_als: added up in the header
   cudaStream_t stream = ctx_.stream();
-  if (multiplier != 1.0f) quantize(d, d, n, Format::fp32, p.round, multiplier, stream);  // fp32: d·multiplier
-  tensor_stats(ctx_, d, n, f, p.round, next_slot());
+  const StatsJob job{d, n, f, p.round};
+  DeviceStats* slot = next_slot();  // the slot of the record pushed next
   pending_.push_back(Pending{site, node, quantized, p});
-  if (site == GradSite::weight && monitor.gradient_edge > 0) {  // popart_als: added up in the header
-    if (!edge_counting_) {
-      GS_CUDA_CHECK(cudaMemsetAsync(&header()->edge, 0, sizeof(DeviceEdgeCounts), stream));
-      edge_counting_ = true;
-    }
-    const std::uint32_t t =
-        edge_threshold_bits(static_cast<float>(monitor.gradient_edge), quantized ? f : Format::fp32, p.round);
-    count_about_edge(d, n, t, &header()->edge, stream);
+  if (!edge) {  // the multiplication, the statistics and the rounding in one pass
+    measure_and_round(ctx_, job, StoredRounding{d, quantized, multiplier, factor ? &factor->local : nullptr},
+                      slot);
+    return;
   }
+  if (factor != nullptr)
+    apply_local_scale(d, n, factor, stream);
+  else if (multiplier != 1.0f)
+    quantize(d, d, n, Format::fp32, p.round, multiplier, stream);  // fp32: d·multiplier
+  tensor_stats(ctx_, &job, 1, slot);
+  if (!edge_counting_) {
+    GS_CUDA_CHECK(cudaMemsetAsync(&header()->edge, 0, sizeof(DeviceEdgeCounts), stream));
+    edge_counting_ = true;
+  }
+  const std::uint32_t t =
+      edge_threshold_bits(static_cast<float>(monitor.gradient_edge), quantized ? f : Format::fp32, p.round);
+  count_about_edge(d, n, t, &header()->edge, stream);
   if (quantized) quantize(d, d, n, f, p.round, 1.0f, stream);
 }
 
@@ -125,9 +134,8 @@ void CudaBackend::decide_on_device(ScaleRule rule, LayerController& controller, 
   decisions_.push_back(PendingDecision{e, layer.id(), &controller, ctx.scaler.policy(), layer.name()});
   ctx.monitor.record_of(layer.id()).sent_grad = true;
   // s multiplies the fp32 accumulator before the one rounding, so s·g itself never overflows.
-  const auto n = static_cast<std::size_t>(gx.g.size());
-  apply_local_scale(gx.g.data(), n, scale_at(e), ctx_.stream());
-  round_gradient(gx.g.data(), n, 1.0f, GradSite::upstream, layer.id(), ctx.precision, ctx.monitor);
+  round_gradient(gx.g.data(), static_cast<std::size_t>(gx.g.size()), 1.0f, GradSite::upstream, layer.id(),
+                 ctx.precision, ctx.monitor, scale_at(e));
   gx.scale = std::numeric_limits<double>::quiet_NaN();  // known on the host after the step's copy
   gx.device_scale = e;
   ctx.monitor.scaler_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -179,8 +187,7 @@ void CudaBackend::accumulate_weight_grads(const Layer& layer, std::initializer_l
       decide_weight_grad_scale(query_stats_.data(), 1, *bound, in, scale_at(e), ctx_.stream());
       weight_grad_scales_.push_back(PendingNote{e, layer.id()});  // resolve_scales keeps the smallest r
       unscaled_at_.push_back(PendingNote{e, layer.id()});
-      apply_local_scale(w.grad->data(), n, scale_at(e), ctx_.stream());
-      round_gradient(w.grad->data(), n, 1.0f, GradSite::weight, layer.id(), p, ctx.monitor);
+      round_gradient(w.grad->data(), n, 1.0f, GradSite::weight, layer.id(), p, ctx.monitor, scale_at(e));
       UnscaleJob unscale{w.grad->data(), w.param->grad.data(), n, 1.0};
       unscale.scale_on_device = &scale_at(e)->scale;
       unscale_accumulate(&unscale, 1, found_inf_.data(), ctx_.stream());

@@ -10,6 +10,10 @@
 // For the memory's speed a thread loads kUnroll elements of its grid-stride walk before it uses the
 // first (one load in flight per resident thread leaves the memory idle part of the time), and visits
 // them in the walk's order, so its sums are those of the plain loop.
+//
+// measure_and_round is the same kernel with a store: each thread multiplies the values it loaded, visits
+// them, and writes them (rounded) back; the grid, the walk and the reductions are tensor_stats', so the
+// statistics are the same bits as those of the unfused passes.
 #include "lib/cuda/stats.h"
 
 #include <cstring>
@@ -18,6 +22,7 @@
 #include "lib/cuda/check.h"
 #include "lib/cuda/launch.h"
 #include "lib/cuda/reduce.cuh"
+#include "lib/cuda/round.cuh"
 #include "lib/instrument/class_counts.h"
 
 namespace gradscale::cuda {
@@ -38,6 +43,14 @@ struct StatsTable {
   RoundThresholds thresholds[kJobsPerLaunch];
   DeviceStats* out;  // out[j] for job j of this launch
   int count;
+};
+
+// What measure_and_round's pass stores (the launch of one tensor): v = m·x into dst, rounded.
+struct Store {
+  float* dst = nullptr;
+  float multiplier = 1.0f;
+  const double* device_multiplier = nullptr;  // m read from the device when not null
+  DeviceRounding rounding{};                  // identity: v itself
 };
 
 // One block's share of one tensor.
@@ -104,7 +117,10 @@ __device__ void finalize(const StatsTable& table, int job, const BlockPartial* p
       (nonzero_m1 + 1u < kInf && nonzero_m1 != 0xFFFFFFFFu) ? __uint_as_float(nonzero_m1 + 1u) : 0.0;
 }
 
-__global__ void __launch_bounds__(kBlock) stats_partial_kernel(StatsTable table, BlockPartial* partials) {
+// kStore: the launch has one tensor, and each value is multiplied before its visit and stored after it.
+template <bool kStore>
+__global__ void __launch_bounds__(kBlock) stats_partial_kernel(StatsTable table, BlockPartial* partials,
+                                                               Store store) {
   __shared__ unsigned hist[kWarps][kBinadeCount];
   for (unsigned i = threadIdx.x; i < kWarps * kBinadeCount; i += blockDim.x) (&hist[0][0])[i] = 0;
   __syncthreads();
@@ -135,15 +151,32 @@ __global__ void __launch_bounds__(kBlock) stats_partial_kernel(StatsTable table,
       if (a != 0u) atomicAdd(&my_hist[bin_of(a)], 1u);
     }
   };
+  // As cuda::quantize and apply_local_scale multiply: one fp32 product, none for a factor of 1.
+  float m = 1.0f;
+  if constexpr (kStore)
+    m = store.device_multiplier != nullptr ? static_cast<float>(*store.device_multiplier) : store.multiplier;
+  const auto scaled = [m](float x) { return m == 1.0f ? x : x * m; };
   // The thread's walk, i, i + stride, i + 2·stride, ..., visited in that order, kUnroll loads at a time.
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
   std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   for (; i + (kUnroll - 1) * stride < n; i += kUnroll * stride) {
     float x[kUnroll];
     for (unsigned k = 0; k < kUnroll; ++k) x[k] = v[i + k * stride];
+    if constexpr (kStore)
+      for (unsigned k = 0; k < kUnroll; ++k) x[k] = scaled(x[k]);
     for (unsigned k = 0; k < kUnroll; ++k) visit(x[k]);
+    if constexpr (kStore)
+      for (unsigned k = 0; k < kUnroll; ++k) store.dst[i + k * stride] = device::round_to_format(x[k], store.rounding);
   }
-  for (; i < n; i += stride) visit(v[i]);
+  for (; i < n; i += stride) {
+    if constexpr (kStore) {
+      const float x = scaled(v[i]);
+      visit(x);
+      store.dst[i] = device::round_to_format(x, store.rounding);
+    } else {
+      visit(v[i]);
+    }
+  }
 
   BlockPartial p;
   for (int k = 0; k < 5; ++k)
@@ -187,24 +220,28 @@ __global__ void __launch_bounds__(kBlock) max_abs_bits_kernel(const float* v, st
   if (threadIdx.x == 0 && m != 0) atomicMax(out, m);
 }
 
-void launch_stats(const StatsTable& table, unsigned blocks, BlockPartial* partials, cudaStream_t stream) {
-  stats_partial_kernel<<<dim3(blocks, static_cast<unsigned>(table.count)), kBlock, 0, stream>>>(table,
-                                                                                                partials);
+void launch_stats(const StatsTable& table, unsigned blocks, BlockPartial* partials, const Store* store,
+                  cudaStream_t stream) {
+  const dim3 grid(blocks, static_cast<unsigned>(table.count));
+  if (store != nullptr)
+    stats_partial_kernel<true><<<grid, kBlock, 0, stream>>>(table, partials, *store);
+  else
+    stats_partial_kernel<false><<<grid, kBlock, 0, stream>>>(table, partials, Store{});
   GS_CUDA_CHECK_LAUNCH();
 }
 
-}  // namespace
-
-void tensor_stats(CudaContext& ctx, const StatsJob* jobs, std::size_t count, DeviceStats* out) {
-  if (count == 0) return;
-  GS_CHECK(jobs != nullptr && out != nullptr,
-           "cuda::tensor_stats of " << count << " tensors got a null pointer");
+void check_jobs(const char* entry, const StatsJob* jobs, std::size_t count) {
   for (std::size_t i = 0; i < count; ++i) {
     GS_CHECK(jobs[i].data != nullptr || jobs[i].n == 0,
-             "cuda::tensor_stats: tensor " << i << " of " << jobs[i].n << " elements is null");
+             "cuda::" << entry << ": tensor " << i << " of " << jobs[i].n << " elements is null");
     GS_CHECK(jobs[i].n <= kMaxElements,
-             "cuda::tensor_stats: tensor " << i << " has " << jobs[i].n << " elements, more than 2^40");
+             "cuda::" << entry << ": tensor " << i << " has " << jobs[i].n << " elements, more than 2^40");
   }
+}
+
+// The statistics of `count` tensors (at most kJobsPerLaunch when `store` is given) into out[0..count).
+void launch_tensor_stats(CudaContext& ctx, const StatsJob* jobs, std::size_t count, DeviceStats* out,
+                         const Store* store) {
   // The bins add up, and `count` counts the blocks arrived until the last one sets it.
   GS_CUDA_CHECK(cudaMemsetAsync(out, 0, count * sizeof(DeviceStats), ctx.stream()));
   for (std::size_t first = 0; first < count; first += kJobsPerLaunch) {
@@ -222,8 +259,35 @@ void tensor_stats(CudaContext& ctx, const StatsJob* jobs, std::size_t count, Dev
     const unsigned blocks = grid_for(largest, 8, kMaxBlocksPerJob);
     auto* partials = static_cast<BlockPartial*>(
         ctx.scratch(static_cast<std::size_t>(table.count) * blocks * sizeof(BlockPartial)));
-    launch_stats(table, blocks, partials, ctx.stream());
+    launch_stats(table, blocks, partials, store, ctx.stream());
   }
+}
+
+}  // namespace
+
+void tensor_stats(CudaContext& ctx, const StatsJob* jobs, std::size_t count, DeviceStats* out) {
+  if (count == 0) return;
+  GS_CHECK(jobs != nullptr && out != nullptr,
+           "cuda::tensor_stats of " << count << " tensors got a null pointer");
+  check_jobs("tensor_stats", jobs, count);
+  launch_tensor_stats(ctx, jobs, count, out, nullptr);
+}
+
+void measure_and_round(CudaContext& ctx, const StatsJob& job, const StoredRounding& stored, DeviceStats* out) {
+  GS_CHECK(out != nullptr && (stored.dst != nullptr || job.n == 0),
+           "cuda::measure_and_round of " << job.n << " elements got a null pointer");
+  check_jobs("measure_and_round", &job, 1);
+  const bool rounds = stored.round && job.format != Format::fp32;
+  if (stored.dst == job.data && !rounds && stored.multiplier == 1.0f && stored.device_multiplier == nullptr) {
+    launch_tensor_stats(ctx, &job, 1, out, nullptr);  // nothing to store: the values stay as they are
+    return;
+  }
+  Store store;
+  store.dst = stored.dst;
+  store.multiplier = stored.multiplier;
+  store.device_multiplier = stored.device_multiplier;
+  store.rounding = device_rounding(rounds ? job.format : Format::fp32, job.round);
+  launch_tensor_stats(ctx, &job, 1, out, &store);
 }
 
 void max_abs_bits(const float* data, std::size_t n, unsigned* out, cudaStream_t stream) {

@@ -51,6 +51,22 @@ inline void tensor_stats(CudaContext& ctx, const std::vector<StatsJob>& jobs, De
 void tensor_stats(CudaContext& ctx, const float* data, std::size_t n, Format f, RoundOptions opt,
                   DeviceStats* out);
 
+// How measure_and_round stores the values it measures.
+struct StoredRounding {
+  float* dst = nullptr;  // may be the job's data
+  bool round = true;     // dst[i] ← quantize(v, F); false: v itself
+  float multiplier = 1.0f;
+  const double* device_multiplier = nullptr;  // when not null, m is this device value (a scale entry's
+                                              // `local`, local_scale.h) instead of `multiplier`
+};
+// A gradient's rounding in one pass (SPEC §4–§5): for i < job.n, v = m·job.data[i] (one fp32
+// multiplication, none when m is 1, as cuda::quantize's multiplier and apply_local_scale), *out ← the
+// statistics of v for job.format, and dst[i] ← quantize(v, F) (or v). The statistics are tensor_stats's
+// bits (the same kernel, grid and order); the stored values are those of the multiplication and
+// quantize(). One read and one write instead of the multiplication's, the statistics' and the rounding's
+// passes. Queued on ctx.stream(); throws as tensor_stats, and for a null dst with n > 0.
+void measure_and_round(CudaContext& ctx, const StatsJob& job, const StoredRounding& stored, DeviceStats* out);
+
 // The largest |v| alone, without the rest of the pass: *out (device memory) ← the largest of the
 // values' bits with the sign cleared (order-free, so exact), queued on `stream`; 0 for n = 0. Bits at or
 // above 0x7F800000 mean a value was not finite (lib/instrument's max_abs reads that as +inf:
