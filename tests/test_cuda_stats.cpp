@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <random>
 #include <string>
@@ -287,6 +288,143 @@ TEST_CASE("cuda::measure_and_round is the multiplication, tensor_stats and quant
     CHECK_THROWS_WITH(cuda::measure_and_round(ctx, {d.data(), 5, Format::fp16, {}},
                                               {nullptr, true, 2.0f, nullptr}, a.data()),
                       Contains("measure_and_round") && Contains("null"));
+  }
+}
+
+TEST_CASE(
+    "cuda::tensor_stats with a decision takes local_scale.h's decision in the statistics' launch, bit for "
+    "bit",
+    "[cuda]") {
+  test::require_cuda_device();
+  cuda::CudaContext ctx;
+  std::mt19937_64 rng(7);
+  // g, W and an upstream product of gradient-like magnitudes (several blocks each, sizes apart).
+  const auto draw = [&](std::size_t n, double lo, double hi) {
+    std::vector<float> v(n);
+    for (float& x : v)
+      x = uniform01(rng) < 0.03
+              ? 0.0f
+              : static_cast<float>(std::exp2(lo + (hi - lo) * uniform01(rng)) * (rng() & 1 ? 1.0 : -1.0));
+    return v;
+  };
+  const std::vector<std::vector<float>> host = {
+      draw(test::gpu_or_cpu_target<std::size_t>(300007, 40009), -30, -8), draw(2311, -9, -2),
+      draw(test::gpu_or_cpu_target<std::size_t>(500009, 30011), -34, -6)};
+  std::vector<cuda::DeviceBuffer<float>> data;
+  for (const auto& h : host) data.push_back(test::to_device(h, ctx));
+  const Format f = Format::fp16;
+  const auto job = [&](std::size_t i) {
+    return cuda::job_of(data[i].data(), static_cast<std::int64_t>(host[i].size()), f, {});
+  };
+  const FormatInfo& fi = format_info(f);
+  ScaleRule rule;
+  rule.reduction = 512;
+  rule.params.u_min = fi.min_subnormal;
+  rule.params.u_max = fi.max_finite;
+  rule.params.c = 3.29;
+  rule.bounds.accum_upper_bound = 1e30;
+  rule.bounds.scale_upper_bound = 1e30;
+  const auto in = test::to_device(std::vector<cuda::DeviceScale>{{8.0, 1, 1, 0}}, ctx);
+  // The decision in the statistics' launch against tensor_stats and the decision's own kernel.
+  const auto compare =
+      [&](const std::vector<cuda::StatsJob>& jobs, cuda::StatsDecision d,
+          const std::function<void(const cuda::DeviceStats*, cuda::DeviceScale*)>& separately) {
+        auto got = test::sentinel_buffer<cuda::DeviceScale>(1, ctx),
+             want = test::sentinel_buffer<cuda::DeviceScale>(1, ctx);
+        auto got_stats = test::sentinel_buffer<cuda::DeviceStats>(jobs.size(), ctx);
+        auto want_stats = test::sentinel_buffer<cuda::DeviceStats>(jobs.size(), ctx);
+        d.out = got.data();
+        cuda::tensor_stats(ctx, jobs.data(), jobs.size(), got_stats.data(), d);
+        cuda::tensor_stats(ctx, jobs, want_stats.data());
+        separately(want_stats.data(), want.data());
+        const auto a = test::to_host(got, ctx), b = test::to_host(want, ctx);
+        CHECK(std::memcmp(a.data(), b.data(), sizeof(cuda::DeviceScale)) == 0);
+        CHECK(a[0].local == b[0].local);  // (named in a failure)
+        CHECK(std::isfinite(a[0].scale));
+        CHECK(a[0].unbound == b[0].unbound);
+        // The statistics are tensor_stats's (a launch with more than one tensor counts them in its first
+        // record).
+        std::vector<cuda::DeviceStats> sa = test::to_host(got_stats, ctx),
+                                       sb = test::to_host(want_stats, ctx);
+        CHECK(sa[0].finished == (jobs.size() > 1 ? jobs.size() : 0));
+        for (auto& r : sa) r.finished = 0;
+        CHECK(std::memcmp(sa.data(), sb.data(), sa.size() * sizeof(cuda::DeviceStats)) == 0);
+      };
+  cuda::StatsDecision d;
+  d.in = in.data();
+  SECTION("a local scale from the moments of g and W (approx_range, abs_range), g and W in either order") {
+    for (int formula : {int{ScaleRule::kApproxRange}, int{ScaleRule::kAbsRange}}) {
+      for (bool swapped : {false, true}) {
+        INFO("formula " << formula << (swapped ? ", W first" : ""));
+        rule.formula = formula;
+        d.kind = cuda::StatsDecision::kLocalScale;
+        d.rule = rule;
+        d.grad = swapped ? 1 : 0;
+        d.weight = swapped ? 0 : 1;
+        const std::vector<cuda::StatsJob> jobs = swapped ? std::vector<cuda::StatsJob>{job(1), job(0)}
+                                                         : std::vector<cuda::StatsJob>{job(0), job(1)};
+        compare(jobs, d, [&](const cuda::DeviceStats* s, cuda::DeviceScale* out) {
+          cuda::decide_local_scale(rule, s + d.grad, s + d.weight, nullptr, in.data(), out, ctx.stream());
+        });
+      }
+    }
+  }
+  SECTION(
+      "a local scale from the upstream product's bins (measured), with and without the moments' tensors") {
+    rule.formula = ScaleRule::kMeasured;
+    d.kind = cuda::StatsDecision::kLocalScale;
+    d.rule = rule;
+    d.upstream = 0;
+    compare({job(2)}, d, [&](const cuda::DeviceStats* s, cuda::DeviceScale* out) {
+      cuda::decide_local_scale(rule, nullptr, nullptr, s, in.data(), out, ctx.stream());
+    });
+    d.grad = 0;
+    d.weight = 1;
+    d.upstream = 2;
+    compare({job(0), job(1), job(2)}, d, [&](const cuda::DeviceStats* s, cuda::DeviceScale* out) {
+      cuda::decide_local_scale(rule, s, s + 1, s + 2, in.data(), out, ctx.stream());
+    });
+  }
+  SECTION("a weight gradient's r, over one tensor and over two") {
+    d.kind = cuda::StatsDecision::kWeightGradScale;
+    d.u_max = fi.max_finite;
+    compare({job(1)}, d, [&](const cuda::DeviceStats* s, cuda::DeviceScale* out) {
+      cuda::decide_weight_grad_scale(s, 1, fi.max_finite, in.data(), out, ctx.stream());
+    });
+    compare({job(1), job(0)}, d, [&](const cuda::DeviceStats* s, cuda::DeviceScale* out) {
+      cuda::decide_weight_grad_scale(s, 2, fi.max_finite, in.data(), out, ctx.stream());
+    });
+  }
+  SECTION("S0 from the loss gradient's statistics") {
+    d.kind = cuda::StatsDecision::kLossScale;
+    d.in = nullptr;
+    d.loss.params = rule.params;
+    d.loss.phi = 2;
+    d.loss.base_is_floor = true;
+    compare({job(2)}, d, [&](const cuda::DeviceStats* s, cuda::DeviceScale* out) {
+      cuda::decide_loss_scale(d.loss, s, out, ctx.stream());
+    });
+  }
+  SECTION("a decision that lacks what it reads, or reads too many tensors, is refused before any launch") {
+    auto out = test::sentinel_buffer<cuda::DeviceScale>(1, ctx);
+    auto stats = test::sentinel_buffer<cuda::DeviceStats>(4, ctx);
+    d.out = out.data();
+    d.kind = cuda::StatsDecision::kLocalScale;
+    d.rule = rule;
+    d.rule.formula = ScaleRule::kMeasured;
+    const cuda::StatsJob one = job(0);
+    CHECK_THROWS_WITH(cuda::tensor_stats(ctx, &one, 1, stats.data(), d),
+                      Contains("reads the upstream statistics"));
+    d.rule.formula = ScaleRule::kApproxRange;
+    d.grad = 0;
+    d.weight = 1;
+    CHECK_THROWS_WITH(cuda::tensor_stats(ctx, &one, 1, stats.data(), d), Contains("moments of g and W"));
+    const std::vector<cuda::StatsJob> four = {job(0), job(1), job(2), job(0)};
+    CHECK_THROWS_WITH(cuda::tensor_stats(ctx, four.data(), 4, stats.data(), d), Contains("at most 3"));
+    d.out = nullptr;
+    CHECK_THROWS_WITH(cuda::tensor_stats(ctx, &one, 1, stats.data(), d), Contains("null scale entry"));
+    CHECK(test::to_host(out, ctx)[0].scale !=
+          test::to_host(out, ctx)[0].scale);  // the sentinel NaN: untouched
   }
 }
 

@@ -205,9 +205,14 @@ class CudaArrayOps final : public ArrayOps {
     // r from the maximum in src's own statistics (a slot of its own, read by the rule only), r·S_in in a
     // new entry: CudaBackend::accumulate_weight_grads's device path, in the same order.
     DeviceStats* max_slot = slot(rounding_count_++);
-    tensor_stats(ctx_, src, n, p.gradient_format(), p.round, max_slot);
     const std::size_t out = scale_count_++;
-    decide_weight_grad_scale(max_slot, 1, u_max, scale_entry(table_index(in)), scale_entry(out), stream);
+    StatsDecision decision;  // taken by the launch of the statistics it reads
+    decision.kind = StatsDecision::kWeightGradScale;
+    decision.u_max = u_max;
+    decision.in = scale_entry(table_index(in));
+    decision.out = scale_entry(out);
+    const StatsJob job{src, n, p.gradient_format(), p.round};
+    tensor_stats(ctx_, &job, 1, max_slot, decision);
     queue_rounding_by(src, d, n, 1.0f, scale_entry(out), GradSite::weight, node, p, monitor, {});  // d = r·src
     cuda::divide_by_scale(d, n, scale_entry(out), stream);
     Queued e;  // after the rounding's records: r, and the range of r·S_in
@@ -246,11 +251,16 @@ class CudaArrayOps final : public ArrayOps {
     }
     if (reads_upstream) jobs.push_back(StatsJob{upstream, upstream_n, f, round});
     DeviceStats* stats = jobs.empty() ? nullptr : slots(jobs.size());
-    if (!jobs.empty()) tensor_stats(ctx_, jobs, stats);
     const std::size_t out = scale_count_++;
-    decide_local_scale(rule, moments ? stats : nullptr, moments ? stats + 1 : nullptr,
-                       reads_upstream ? stats + (moments ? 2 : 0) : nullptr, scale_entry(table_index(in)),
-                       scale_entry(out), ctx_.stream());
+    StatsDecision decision;  // taken by the launch of the statistics it reads
+    decision.kind = StatsDecision::kLocalScale;
+    decision.rule = rule;
+    decision.grad = moments ? 0 : -1;
+    decision.weight = moments ? 1 : -1;
+    decision.upstream = reads_upstream ? (moments ? 2 : 0) : -1;
+    decision.in = scale_entry(table_index(in));
+    decision.out = scale_entry(out);
+    tensor_stats(ctx_, jobs.data(), jobs.size(), stats, decision);
     return static_cast<int>(out);
   }
 
@@ -258,10 +268,14 @@ class CudaArrayOps final : public ArrayOps {
                         RoundOptions round) override {
     select_device();
     GS_CHECK(src != nullptr || n == 0, "CudaArrayOps::decide_loss_scale: the loss gradient is null");
-    DeviceStats* stats = slots(1);  // read by the decision kernel, queued after the statistics
-    tensor_stats(ctx_, {StatsJob{src, n, f, round}}, stats);
+    DeviceStats* stats = slots(1);
     const std::size_t out = scale_count_++;
-    cuda::decide_loss_scale(rule, stats, scale_entry(out), ctx_.stream());
+    StatsDecision decision;  // S0, taken by the launch of the statistics it reads
+    decision.kind = StatsDecision::kLossScale;
+    decision.loss = rule;
+    decision.out = scale_entry(out);
+    const StatsJob job{src, n, f, round};
+    tensor_stats(ctx_, &job, 1, stats, decision);
     return static_cast<int>(out);
   }
 

@@ -78,10 +78,13 @@ bool CudaBackend::loss_backward_device_s0(const Tensor& logits, const std::vecto
   loss_grad_.resize(logits.shape());
   cuda::softmax_cross_entropy(ctx_, logits.data(), labels_.data(), n, classes, 1.0, loss_grad_.data(),
                               &header()->loss, mean_over);
-  tensor_stats(ctx_, {job_of(loss_grad_.data(), loss_grad_.size(), p.gradient_format(), p.round)},
-               query_stats_.data());
   loss_scale_entry_ = new_scale_entry();
-  decide_loss_scale(rule, query_stats_.data(), scale_at(loss_scale_entry_), ctx_.stream());
+  StatsDecision decision;  // S0, taken by the launch of the statistics it reads
+  decision.kind = StatsDecision::kLossScale;
+  decision.loss = rule;
+  decision.out = scale_at(loss_scale_entry_);
+  const StatsJob job = job_of(loss_grad_.data(), loss_grad_.size(), p.gradient_format(), p.round);
+  tensor_stats(ctx_, &job, 1, query_stats_.data(), decision);
   grad.g.resize(logits.shape());
   cuda::softmax_cross_entropy(ctx_, logits.data(), labels_.data(), n, classes, scale_at(loss_scale_entry_),
                               grad.g.data(), &header()->loss, mean_over);

@@ -125,12 +125,16 @@ void CudaBackend::decide_on_device(ScaleRule rule, LayerController& controller, 
     jobs.push_back(job_of(product.weight.data(), product.weight.size(), f, ctx.precision.round));
   }
   if (upstream) jobs.push_back(job_of(gx.g.data(), gx.g.size(), f, ctx.precision.round));
-  if (!jobs.empty()) tensor_stats(ctx_, jobs, query_stats_.data());
-  const DeviceStats* stats = query_stats_.data();
-  const DeviceScale* in = scale_entry(grad_output);
   const int e = new_scale_entry();
-  decide_local_scale(rule, moments ? stats : nullptr, moments ? stats + 1 : nullptr,
-                     upstream ? stats + (moments ? 2 : 0) : nullptr, in, scale_at(e), ctx_.stream());
+  StatsDecision decision;  // taken by the statistics' launch, once they are complete
+  decision.kind = StatsDecision::kLocalScale;
+  decision.rule = rule;
+  decision.grad = moments ? 0 : -1;
+  decision.weight = moments ? 1 : -1;
+  decision.upstream = upstream ? (moments ? 2 : 0) : -1;
+  decision.in = scale_entry(grad_output);
+  decision.out = scale_at(e);
+  tensor_stats(ctx_, jobs.data(), jobs.size(), query_stats_.data(), decision);
   decisions_.push_back(PendingDecision{e, layer.id(), &controller, ctx.scaler.policy(), layer.name()});
   ctx.monitor.record_of(layer.id()).sent_grad = true;
   // s multiplies the fp32 accumulator before the one rounding, so s·g itself never overflows.
@@ -180,11 +184,14 @@ void CudaBackend::accumulate_weight_grads(const Layer& layer, std::initializer_l
   for (const WeightGrad& w : grads) {
     const auto n = static_cast<std::size_t>(w.grad->size());
     const StatsJob job = job_of(w.grad->data(), w.grad->size(), p.gradient_format(), p.round);
-    if (bound && device_decisions_) {  // r on the device, from the maximum the stats kernel leaves there
-      tensor_stats(ctx_, &job, 1, query_stats_.data());
-      const DeviceScale* in = scale_entry(at);
+    if (bound && device_decisions_) {  // r on the device, decided by the launch of its statistics
       const int e = new_scale_entry();
-      decide_weight_grad_scale(query_stats_.data(), 1, *bound, in, scale_at(e), ctx_.stream());
+      StatsDecision decision;
+      decision.kind = StatsDecision::kWeightGradScale;
+      decision.u_max = *bound;
+      decision.in = scale_entry(at);
+      decision.out = scale_at(e);
+      tensor_stats(ctx_, &job, 1, query_stats_.data(), decision);
       weight_grad_scales_.push_back(PendingNote{e, layer.id()});  // resolve_scales keeps the smallest r
       unscaled_at_.push_back(PendingNote{e, layer.id()});
       round_gradient(w.grad->data(), n, 1.0f, GradSite::weight, layer.id(), p, ctx.monitor, scale_at(e));

@@ -3,48 +3,26 @@
 
 #include "lib/core/error.h"
 #include "lib/cuda/check.h"
+#include "lib/cuda/decide.cuh"
 #include "lib/cuda/launch.h"
 
 namespace gradscale::cuda {
 namespace {
 
-__device__ RuleMoments moments_of(const DeviceStats* s) {
-  if (s == nullptr) return RuleMoments{};
-  return RuleMoments{static_cast<double>(s->count), s->sum, s->sum_squares, s->min, s->max, s->max_abs,
-                     s->min_nonzero_abs};
-}
-
 __global__ void set_scale_kernel(DeviceScale* entry, double value) { *entry = DeviceScale{value, 1, 1}; }
 
 __global__ void decide_kernel(ScaleRule rule, const DeviceStats* grad, const DeviceStats* weight,
                               const DeviceStats* upstream, const DeviceScale* in, DeviceScale* out) {
-  RuleInputs inputs;
-  inputs.grad = moments_of(grad);
-  inputs.weight = moments_of(weight);
-  if (upstream != nullptr) {
-    // DeviceStats' bins are unsigned long long, TensorStats' std::uint64_t: the same 64-bit counts.
-    static_assert(sizeof(unsigned long long) == sizeof(std::uint64_t), "64-bit bins");
-    inputs.upstream_bins = reinterpret_cast<const std::uint64_t*>(upstream->binades);
-    inputs.upstream_nonzero = upstream->elements - upstream->zero - upstream->nonfinite;
-    inputs.upstream_max_abs = upstream->max_abs;
-  }
-  inputs.scale_in = in->scale;
-  const RuleDecision d = evaluate_rule(rule, inputs);
-  *out = DeviceScale{d.s * inputs.scale_in, d.s, d.unbound, static_cast<double>(d.limit)};
+  device::decide_local(rule, grad, weight, upstream, in, out);
 }
 
 __global__ void weight_grad_kernel(const DeviceStats* stats, int count, double u_max, const DeviceScale* in,
                                    DeviceScale* out) {
-  double m = 0;
-  for (int i = 0; i < count; ++i) m = stats[i].nonfinite > 0 ? INFINITY : rule_max(m, stats[i].max_abs);
-  const double r = weight_grad_range_scale(m, u_max, in->scale);
-  *out = DeviceScale{r * in->scale, r, r};
+  device::decide_weight_grad(stats, count, u_max, in, out);
 }
 
 __global__ void loss_scale_kernel(LossScaleRule rule, const DeviceStats* stats, DeviceScale* out) {
-  const LossScaleDecision d = loss_scale_decision(rule, reinterpret_cast<const std::uint64_t*>(stats->binades),
-                                                  stats->elements - stats->zero - stats->nonfinite, stats->max_abs);
-  *out = DeviceScale{d.s0, d.s0, d.floor, 0};  // s = S0 on S_in = 1: apply_local_scale applies it
+  device::decide_loss(rule, stats, out);
 }
 
 __global__ void apply_kernel(const float* src, float* d, std::size_t n, const DeviceScale* entry) {

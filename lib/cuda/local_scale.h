@@ -1,7 +1,8 @@
 // Local scales decided on the device (SPEC §5–§6 without a wait): a controller that describes its
-// decision as a rule (LayerController::device_rule, lib/scaler/scale_rule.h) has it evaluated here by
-// one thread, from statistics the stats kernel left in device memory, and the result is applied to the
-// upstream product on the device; the host reads it with the step's measurements (CudaBackend). Every
+// decision as a rule (LayerController::device_rule, lib/scaler/scale_rule.h) has it evaluated by one
+// thread (decide.cuh), from statistics in device memory — by the functions here after the statistics'
+// launch, or by that launch itself (stats.h: tensor_stats with a StatsDecision) — and the result is
+// applied to the upstream product on the device; the host reads it with the step's measurements (CudaBackend). Every
 // gradient's accumulated scale S lives in an entry of the backend's scale table for the pass.
 #pragma once
 

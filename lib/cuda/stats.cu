@@ -11,6 +11,9 @@
 // first (one load in flight per resident thread leaves the memory idle part of the time), and visits
 // them in the walk's order, so its sums are those of the plain loop.
 //
+// With a StatsDecision, the tensor that finishes last (an arrival count in the first record) has its
+// block copy the records the decision reads into shared memory and one thread take it (decide.cuh).
+//
 // measure_and_round is the same kernel with a store: each thread multiplies the values it loaded, visits
 // them, and writes them (rounded) back; the grid, the walk and the reductions are tensor_stats', so the
 // statistics are the same bits as those of the unfused passes.
@@ -20,6 +23,7 @@
 #include <limits>
 
 #include "lib/cuda/check.h"
+#include "lib/cuda/decide.cuh"
 #include "lib/cuda/launch.h"
 #include "lib/cuda/reduce.cuh"
 #include "lib/cuda/round.cuh"
@@ -52,6 +56,13 @@ struct Store {
   const double* device_multiplier = nullptr;  // m read from the device when not null
   DeviceRounding rounding{};                  // identity: v itself
 };
+
+// What the launch decides after its statistics (tensor_stats with a StatsDecision).
+struct Then {
+  bool decides = false;
+  StatsDecision decision;
+};
+constexpr int kMaxDecisionJobs = 3;  // the records a decision reads, copied into the histogram's memory
 
 // One block's share of one tensor.
 struct BlockPartial {
@@ -118,10 +129,60 @@ __device__ void finalize(const StatsTable& table, int job, const BlockPartial* p
 }
 
 // kStore: the launch has one tensor, and each value is multiplied before its visit and stored after it.
+// The launch's last tensor to finish (its last block; every thread) takes `then`'s decision: the records
+// it reads copied by the block from global memory (other blocks wrote them) into `words`, then one thread.
+__device__ void decide_after(const StatsTable& table, const StatsDecision& then, unsigned long long* words) {
+  bool last = false;
+  if (threadIdx.x == 0) {
+    if (table.count == 1) {
+      last = true;
+    } else {  // this tensor's record is written (finalize); the fence puts it before the arrival
+      __threadfence();
+      last = atomicAdd(&table.out[0].finished, 1ull) == static_cast<unsigned long long>(table.count) - 1;
+    }
+  }
+  if (!__syncthreads_or(last)) return;
+  __threadfence();
+  // Which records, in which order: the local rule's grad / weight / upstream, or every job.
+  int jobs[kMaxDecisionJobs] = {-1, -1, -1};
+  if (then.kind == StatsDecision::kLocalScale) {
+    jobs[0] = then.grad;
+    jobs[1] = then.weight;
+    jobs[2] = then.upstream;
+  } else {
+    for (int j = 0; j < table.count; ++j) jobs[j] = j;
+  }
+  constexpr unsigned kWords = sizeof(DeviceStats) / sizeof(unsigned long long);
+  for (int k = 0; k < kMaxDecisionJobs; ++k) {
+    if (jobs[k] < 0) continue;
+    const volatile unsigned long long* from =
+        reinterpret_cast<const volatile unsigned long long*>(table.out + jobs[k]);
+    for (unsigned w = threadIdx.x; w < kWords; w += blockDim.x) words[k * kWords + w] = from[w];
+  }
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  const auto* record = reinterpret_cast<const DeviceStats*>(words);
+  const auto at = [&](int k) { return jobs[k] < 0 ? nullptr : record + k; };
+  switch (then.kind) {
+    case StatsDecision::kLocalScale:
+      device::decide_local(then.rule, at(0), at(1), at(2), then.in, then.out);
+      break;
+    case StatsDecision::kWeightGradScale:
+      device::decide_weight_grad(record, table.count, then.u_max, then.in, then.out);
+      break;
+    case StatsDecision::kLossScale:
+      device::decide_loss(then.loss, record, then.out);
+      break;
+  }
+}
+
 template <bool kStore>
 __global__ void __launch_bounds__(kBlock) stats_partial_kernel(StatsTable table, BlockPartial* partials,
-                                                               Store store) {
-  __shared__ unsigned hist[kWarps][kBinadeCount];
+                                                               Store store, Then then) {
+  // The warps' histograms; after the block's arrival, the records a decision reads (decide_after).
+  alignas(8) __shared__ unsigned hist[kWarps][kBinadeCount];
+  static_assert(kMaxDecisionJobs * sizeof(DeviceStats) <= sizeof(hist), "a decision's records fit");
+  static_assert(sizeof(DeviceStats) % sizeof(unsigned long long) == 0, "records are whole words");
   for (unsigned i = threadIdx.x; i < kWarps * kBinadeCount; i += blockDim.x) (&hist[0][0])[i] = 0;
   __syncthreads();
 
@@ -203,6 +264,10 @@ __global__ void __launch_bounds__(kBlock) stats_partial_kernel(StatsTable table,
   if (!__syncthreads_or(last)) return;
   __threadfence();
   finalize(table, job, part, gridDim.x);
+  if (then.decides) {
+    __syncthreads();  // thread 0's record is written; every thread has left the histogram's memory
+    decide_after(table, then.decision, reinterpret_cast<unsigned long long*>(&hist[0][0]));
+  }
 }
 
 // max over the grid of (bits & kAbs): each block reduces its threads', then one atomicMax (exact).
@@ -221,12 +286,12 @@ __global__ void __launch_bounds__(kBlock) max_abs_bits_kernel(const float* v, st
 }
 
 void launch_stats(const StatsTable& table, unsigned blocks, BlockPartial* partials, const Store* store,
-                  cudaStream_t stream) {
+                  const Then& then, cudaStream_t stream) {
   const dim3 grid(blocks, static_cast<unsigned>(table.count));
   if (store != nullptr)
-    stats_partial_kernel<true><<<grid, kBlock, 0, stream>>>(table, partials, *store);
+    stats_partial_kernel<true><<<grid, kBlock, 0, stream>>>(table, partials, *store, then);
   else
-    stats_partial_kernel<false><<<grid, kBlock, 0, stream>>>(table, partials, Store{});
+    stats_partial_kernel<false><<<grid, kBlock, 0, stream>>>(table, partials, Store{}, then);
   GS_CUDA_CHECK_LAUNCH();
 }
 
@@ -241,7 +306,7 @@ void check_jobs(const char* entry, const StatsJob* jobs, std::size_t count) {
 
 // The statistics of `count` tensors (at most kJobsPerLaunch when `store` is given) into out[0..count).
 void launch_tensor_stats(CudaContext& ctx, const StatsJob* jobs, std::size_t count, DeviceStats* out,
-                         const Store* store) {
+                         const Store* store, const Then& then = {}) {
   // The bins add up, and `count` counts the blocks arrived until the last one sets it.
   GS_CUDA_CHECK(cudaMemsetAsync(out, 0, count * sizeof(DeviceStats), ctx.stream()));
   for (std::size_t first = 0; first < count; first += kJobsPerLaunch) {
@@ -259,7 +324,7 @@ void launch_tensor_stats(CudaContext& ctx, const StatsJob* jobs, std::size_t cou
     const unsigned blocks = grid_for(largest, 8, kMaxBlocksPerJob);
     auto* partials = static_cast<BlockPartial*>(
         ctx.scratch(static_cast<std::size_t>(table.count) * blocks * sizeof(BlockPartial)));
-    launch_stats(table, blocks, partials, store, ctx.stream());
+    launch_stats(table, blocks, partials, store, then, ctx.stream());
   }
 }
 
@@ -271,6 +336,38 @@ void tensor_stats(CudaContext& ctx, const StatsJob* jobs, std::size_t count, Dev
            "cuda::tensor_stats of " << count << " tensors got a null pointer");
   check_jobs("tensor_stats", jobs, count);
   launch_tensor_stats(ctx, jobs, count, out, nullptr);
+}
+
+void tensor_stats(CudaContext& ctx, const StatsJob* jobs, std::size_t count, DeviceStats* out,
+                  const StatsDecision& then) {
+  GS_CHECK(count <= static_cast<std::size_t>(kMaxDecisionJobs),
+           "cuda::tensor_stats with a decision: " << count << " tensors (at most " << kMaxDecisionJobs << ")");
+  GS_CHECK(then.out != nullptr && (then.in != nullptr || then.kind == StatsDecision::kLossScale),
+           "cuda::tensor_stats with a decision got a null scale entry");
+  const auto given = [count](int j) { return j >= 0 && static_cast<std::size_t>(j) < count; };
+  switch (then.kind) {
+    case StatsDecision::kLocalScale:
+      GS_CHECK(!rule_reads_moments(then.rule.formula) || (given(then.grad) && given(then.weight)),
+               "cuda::tensor_stats: formula " << then.rule.formula << " reads the moments of g and W");
+      GS_CHECK(!rule_reads_upstream(then.rule.formula) || given(then.upstream),
+               "cuda::tensor_stats: formula " << then.rule.formula << " reads the upstream statistics");
+      GS_CHECK((then.grad < 0 || given(then.grad)) && (then.weight < 0 || given(then.weight)) &&
+                   (then.upstream < 0 || given(then.upstream)),
+               "cuda::tensor_stats: a decision reads a tensor that is not among the " << count << " given");
+      break;
+    case StatsDecision::kWeightGradScale:
+    case StatsDecision::kLossScale:
+      GS_CHECK(count >= 1 && (then.kind == StatsDecision::kWeightGradScale || count == 1),
+               "cuda::tensor_stats: decision " << then.kind << " on " << count << " tensors");
+      break;
+  }
+  if (count == 0) {  // a formula that reads nothing: the decision alone
+    decide_local_scale(then.rule, nullptr, nullptr, nullptr, then.in, then.out, ctx.stream());
+    return;
+  }
+  GS_CHECK(jobs != nullptr && out != nullptr, "cuda::tensor_stats of " << count << " tensors got a null pointer");
+  check_jobs("tensor_stats", jobs, count);
+  launch_tensor_stats(ctx, jobs, count, out, nullptr, Then{true, then});
 }
 
 void measure_and_round(CudaContext& ctx, const StatsJob& job, const StoredRounding& stored, DeviceStats* out) {

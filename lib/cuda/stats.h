@@ -17,6 +17,7 @@
 
 #include "lib/cuda/context.h"
 #include "lib/instrument/histogram.h"
+#include "lib/scaler/scale_rule.h"
 
 namespace gradscale::cuda {
 
@@ -25,6 +26,7 @@ struct DeviceStats {
   unsigned long long zero, underflow, subnormal, normal, overflow, nonfinite, elements, count;
   double sum, sum_squares, min, max, max_abs, min_nonzero_abs;
   unsigned long long binades[kBinadeCount];
+  unsigned long long finished;  // a deciding launch's tensors finished (in its first record; 0 otherwise)
 };
 TensorStats to_tensor_stats(const DeviceStats& d);
 
@@ -50,6 +52,31 @@ inline void tensor_stats(CudaContext& ctx, const std::vector<StatsJob>& jobs, De
 // One tensor.
 void tensor_stats(CudaContext& ctx, const float* data, std::size_t n, Format f, RoundOptions opt,
                   DeviceStats* out);
+
+struct DeviceScale;  // an entry of a scale table (local_scale.h)
+
+// What a statistics launch decides once its statistics are complete: one of local_scale.h's decisions
+// (the same device function), taken by one thread of the launch's last block to finish, so the decision
+// has no kernel of its own. The statistics are also written to `out` as without it.
+struct StatsDecision {
+  enum Kind : int {
+    kLocalScale,       // decide_local_scale(rule, ...) from jobs grad / weight / upstream (-1: not read)
+    kWeightGradScale,  // decide_weight_grad_scale(all the jobs, u_max, in, out)
+    kLossScale,        // decide_loss_scale(loss, job 0, out)
+  };
+  Kind kind = kLocalScale;
+  ScaleRule rule;
+  int grad = -1, weight = -1, upstream = -1;
+  double u_max = 0;
+  LossScaleRule loss;
+  const DeviceScale* in = nullptr;  // S_in (kLocalScale, kWeightGradScale)
+  DeviceScale* out = nullptr;
+};
+// tensor_stats, then `then` (device memory for in and out), in one launch. At most 3 jobs (those a
+// decision reads). Throws Error for a job the decision's formula needs and was not given (as
+// decide_local_scale), a null entry, or more than 3 jobs.
+void tensor_stats(CudaContext& ctx, const StatsJob* jobs, std::size_t count, DeviceStats* out,
+                  const StatsDecision& then);
 
 // How measure_and_round stores the values it measures.
 struct StoredRounding {
