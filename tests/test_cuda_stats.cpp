@@ -289,6 +289,68 @@ TEST_CASE("cuda::measure_and_round is the multiplication, tensor_stats and quant
                                               {nullptr, true, 2.0f, nullptr}, a.data()),
                       Contains("measure_and_round") && Contains("null"));
   }
+  SECTION("with a master: the unscale_accumulate of what it stores, in the same pass, found_inf included") {
+    // A finite gradient (the flag stays clear) and the mixed one (NaNs and infs set it); S on the host, on
+    // the device, and one outside float32's normal range (sets the flag, accumulates as unscale does).
+    std::vector<float> finite = tensors[2];
+    for (float& x : finite)
+      if (!std::isfinite(x) || std::fabs(x) > 1e4f) x = 0.25f;  // and no overflow in fp16
+    const std::vector<float> master0 = [&] {
+      std::vector<float> m(finite.size());
+      for (std::size_t i = 0; i < m.size(); ++i)
+        m[i] = static_cast<float>(std::sin(static_cast<double>(i))) * 1e-3f;
+      return m;
+    }();
+    for (const std::vector<float>* host : {&finite, &tensors[2]}) {
+      for (int how = 0; how < 3; ++how) {
+        INFO((host == &finite ? "finite" : "with NaNs and infs")
+             << ", S "
+             << (how == 0   ? "on the host"
+                 : how == 1 ? "on the device"
+                            : "out of range, on the device"));
+        const std::size_t n = host->size();
+        const double scale = how == 2 ? 1e-300 : 1024.0;
+        const auto entry = test::to_device(std::vector<cuda::DeviceScale>{{scale, 0x1p-3, 1, 0}}, ctx);
+        // Separately: measure_and_round, then unscale_accumulate.
+        auto want = test::to_device(*host, ctx), want_master = test::to_device(master0, ctx);
+        auto want_flag = test::to_device(std::vector<int>{0}, ctx);
+        auto want_stats = test::sentinel_buffer<cuda::DeviceStats>(1, ctx);
+        cuda::measure_and_round(ctx, {want.data(), n, Format::fp16, {}}, {want.data(), true, 0.5f, nullptr},
+                                want_stats.data());
+        cuda::UnscaleJob job{want.data(), want_master.data(), n, scale};
+        if (how > 0) job.scale_on_device = &entry.data()->scale;
+        cuda::unscale_accumulate(&job, 1, want_flag.data(), ctx.stream());
+        // In one pass.
+        auto got = test::to_device(*host, ctx), got_master = test::to_device(master0, ctx);
+        auto got_flag = test::to_device(std::vector<int>{0}, ctx);
+        auto got_stats = test::sentinel_buffer<cuda::DeviceStats>(1, ctx);
+        cuda::StoredRounding stored{got.data(), true, 0.5f, nullptr};
+        stored.master = got_master.data();
+        stored.scale = scale;
+        if (how > 0) stored.device_scale = &entry.data()->scale;
+        stored.found_inf = got_flag.data();
+        cuda::measure_and_round(ctx, {got.data(), n, Format::fp16, {}}, stored, got_stats.data());
+        CHECK(bit_mismatches(test::to_host(got, ctx), test::to_host(want, ctx)) == "");
+        CHECK(bit_mismatches(test::to_host(got_master, ctx), test::to_host(want_master, ctx)) == "");
+        const int flag = test::to_host(got_flag, ctx)[0];
+        CHECK(flag == test::to_host(want_flag, ctx)[0]);
+        CHECK(flag == (host == &finite && how < 2 ? 0 : 1));
+        const auto a = test::to_host(got_stats, ctx), b = test::to_host(want_stats, ctx);
+        CHECK(std::memcmp(a.data(), b.data(), sizeof(cuda::DeviceStats)) == 0);
+      }
+    }
+    auto d = test::to_device(tensors[0], ctx), m = test::to_device(tensors[0], ctx);
+    auto a = test::sentinel_buffer<cuda::DeviceStats>(1, ctx);
+    cuda::StoredRounding stored{d.data(), true, 1.0f, nullptr};
+    stored.master = m.data();
+    CHECK_THROWS_WITH(cuda::measure_and_round(ctx, {d.data(), 5, Format::fp16, {}}, stored, a.data()),
+                      Contains("found_inf"));
+    auto flag = test::to_device(std::vector<int>{0}, ctx);
+    stored.found_inf = flag.data();
+    stored.scale = 0;
+    CHECK_THROWS_AS(cuda::measure_and_round(ctx, {d.data(), 5, Format::fp16, {}}, stored, a.data()),
+                    NumericError);
+  }
 }
 
 TEST_CASE(

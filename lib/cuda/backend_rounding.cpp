@@ -18,7 +18,8 @@
 namespace gradscale::cuda {
 
 void CudaBackend::round_gradient(float* d, std::size_t n, float multiplier, GradSite site, int node,
-                                 const Precision& p, StepMonitor& monitor, const DeviceScale* factor) {
+                                 const Precision& p, StepMonitor& monitor, const DeviceScale* factor,
+                                 const UnscaleJob* unscale) {
   const Format f = p.gradient_format();
   const bool quantized = site != GradSite::weight || p.quantize_weight_grads;
   const bool edge = site == GradSite::weight && monitor.gradient_edge > 0;  // popart_als: added up in the header
@@ -26,9 +27,16 @@ void CudaBackend::round_gradient(float* d, std::size_t n, float multiplier, Grad
   const StatsJob job{d, n, f, p.round};
   DeviceStats* slot = next_slot();  // the slot of the record pushed next
   pending_.push_back(Pending{site, node, quantized, p});
-  if (!edge) {  // the multiplication, the statistics and the rounding in one pass
-    measure_and_round(ctx_, job, StoredRounding{d, quantized, multiplier, factor ? &factor->local : nullptr},
-                      slot);
+  GS_CHECK(unscale == nullptr || unscale->grad == d, "CudaBackend::round_gradient: the unscale reads another array");
+  if (!edge) {  // the multiplication, the statistics, the rounding (and the unscale) in one pass
+    StoredRounding stored{d, quantized, multiplier, factor ? &factor->local : nullptr};
+    if (unscale != nullptr) {
+      stored.master = unscale->master;
+      stored.scale = unscale->scale;
+      stored.device_scale = unscale->scale_on_device;
+      stored.found_inf = found_inf_.data();
+    }
+    measure_and_round(ctx_, job, stored, slot);
     return;
   }
   if (factor != nullptr)
@@ -44,6 +52,7 @@ void CudaBackend::round_gradient(float* d, std::size_t n, float multiplier, Grad
       edge_threshold_bits(static_cast<float>(monitor.gradient_edge), quantized ? f : Format::fp32, p.round);
   count_about_edge(d, n, t, &header()->edge, stream);
   if (quantized) quantize(d, d, n, f, p.round, 1.0f, stream);
+  if (unscale != nullptr) unscale_accumulate(unscale, 1, found_inf_.data(), stream);
 }
 
 void CudaBackend::round_activation_grad(Tensor& t, int layer_id, const Precision& p, StepMonitor& monitor) {
@@ -151,10 +160,11 @@ void CudaBackend::accumulate_weight_grad(Tensor& g, const ScaledGrad& at, Parame
                  "gradient of " << param.name << " has shape " << shape_string(g.shape())
                                 << ", parameter has " << shape_string(param.grad.shape()));
   const auto n = static_cast<std::size_t>(g.size());
-  round_gradient(g.data(), n, 1.0f, GradSite::weight, layer_id, p, monitor);
   // As the CPU's accumulate_weight_grad: a host scale outside float32's range cannot be divided out, so
-  // the step counts as non-finite (the scaler skips it) instead of failing.
+  // the step counts as non-finite (the scaler skips it) instead of failing; the gradient is still rounded
+  // and measured.
   if (at.device_scale < 0 && !scale_in_float_range(at.scale)) {
+    round_gradient(g.data(), n, 1.0f, GradSite::weight, layer_id, p, monitor);
     monitor.note_nonfinite(layer_id);
     return;
   }
@@ -163,7 +173,7 @@ void CudaBackend::accumulate_weight_grad(Tensor& g, const ScaledGrad& at, Parame
     job.scale_on_device = &scale_at(at.device_scale)->scale;
     unscaled_at_.push_back(PendingNote{at.device_scale, layer_id});  // its range is checked with the records
   }
-  unscale_accumulate(&job, 1, found_inf_.data(), ctx_.stream());
+  round_gradient(g.data(), n, 1.0f, GradSite::weight, layer_id, p, monitor, nullptr, &job);
 }
 
 void CudaBackend::accumulate_weight_grads(const Layer& layer, std::initializer_list<WeightGrad> grads,
@@ -194,10 +204,9 @@ void CudaBackend::accumulate_weight_grads(const Layer& layer, std::initializer_l
       tensor_stats(ctx_, &job, 1, query_stats_.data(), decision);
       weight_grad_scales_.push_back(PendingNote{e, layer.id()});  // resolve_scales keeps the smallest r
       unscaled_at_.push_back(PendingNote{e, layer.id()});
-      round_gradient(w.grad->data(), n, 1.0f, GradSite::weight, layer.id(), p, ctx.monitor, scale_at(e));
       UnscaleJob unscale{w.grad->data(), w.param->grad.data(), n, 1.0};
       unscale.scale_on_device = &scale_at(e)->scale;
-      unscale_accumulate(&unscale, 1, found_inf_.data(), ctx_.stream());
+      round_gradient(w.grad->data(), n, 1.0f, GradSite::weight, layer.id(), p, ctx.monitor, scale_at(e), &unscale);
       continue;
     }
     // The host decides: the maximum now (one wait), S_in on the host.
@@ -210,14 +219,15 @@ void CudaBackend::accumulate_weight_grads(const Layer& layer, std::initializer_l
     ctx.monitor.scaler_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     keep_smallest_weight_grad_scale(record, r, first);
     first = false;
-    round_gradient(w.grad->data(), n, static_cast<float>(r), GradSite::weight, layer.id(), p, ctx.monitor);
     // As the CPU's accumulate_weight_grad: a scale outside float32's range cannot be divided out.
     if (!scale_in_float_range(r * scale_in)) {
+      round_gradient(w.grad->data(), n, static_cast<float>(r), GradSite::weight, layer.id(), p, ctx.monitor);
       ctx.monitor.note_nonfinite(layer.id());
       continue;
     }
     UnscaleJob unscale{w.grad->data(), w.param->grad.data(), n, r * scale_in};
-    unscale_accumulate(&unscale, 1, found_inf_.data(), ctx_.stream());
+    round_gradient(w.grad->data(), n, static_cast<float>(r), GradSite::weight, layer.id(), p, ctx.monitor,
+                   nullptr, &unscale);
   }
 }
 

@@ -19,6 +19,7 @@
 // statistics are the same bits as those of the unfused passes.
 #include "lib/cuda/stats.h"
 
+#include <cmath>
 #include <cstring>
 #include <limits>
 
@@ -55,6 +56,10 @@ struct Store {
   float multiplier = 1.0f;
   const double* device_multiplier = nullptr;  // m read from the device when not null
   DeviceRounding rounding{};                  // identity: v itself
+  float* master = nullptr;                    // unscaled into (StoredRounding::master) when not null
+  float scale = 1.0f;
+  const double* device_scale = nullptr;
+  int* found_inf = nullptr;
 };
 
 // What the launch decides after its statistics (tensor_stats with a StatsDecision).
@@ -217,6 +222,25 @@ __global__ void __launch_bounds__(kBlock) stats_partial_kernel(StatsTable table,
   if constexpr (kStore)
     m = store.device_multiplier != nullptr ? static_cast<float>(*store.device_multiplier) : store.multiplier;
   const auto scaled = [m](float x) { return m == 1.0f ? x : x * m; };
+  // The unscale: unscale_accumulate's operations, in the same order, on each stored value.
+  float unscale = 1.0f;
+  bool bad = false;
+  if constexpr (kStore) {
+    if (store.master != nullptr) {
+      unscale = store.device_scale != nullptr ? static_cast<float>(*store.device_scale) : store.scale;
+      bad = !(unscale >= 1.17549435e-38f && unscale <= 3.40282347e+38f);
+    }
+  }
+  const auto put = [&](std::size_t at, float x) {
+    const float r = device::round_to_format(x, store.rounding);
+    store.dst[at] = r;
+    if (store.master != nullptr) {
+      bad |= !isfinite(r);
+      const float accumulated = store.master[at] + r / unscale;
+      store.master[at] = accumulated;
+      bad |= !isfinite(accumulated);
+    }
+  };
   // The thread's walk, i, i + stride, i + 2·stride, ..., visited in that order, kUnroll loads at a time.
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
   std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -227,18 +251,24 @@ __global__ void __launch_bounds__(kBlock) stats_partial_kernel(StatsTable table,
       for (unsigned k = 0; k < kUnroll; ++k) x[k] = scaled(x[k]);
     for (unsigned k = 0; k < kUnroll; ++k) visit(x[k]);
     if constexpr (kStore)
-      for (unsigned k = 0; k < kUnroll; ++k) store.dst[i + k * stride] = device::round_to_format(x[k], store.rounding);
+      for (unsigned k = 0; k < kUnroll; ++k) put(i + k * stride, x[k]);
   }
   for (; i < n; i += stride) {
     if constexpr (kStore) {
       const float x = scaled(v[i]);
       visit(x);
-      store.dst[i] = device::round_to_format(x, store.rounding);
+      put(i, x);
     } else {
       visit(v[i]);
     }
   }
 
+  if constexpr (kStore) {
+    if (store.master != nullptr && __syncthreads_or(bad) && threadIdx.x == 0) *store.found_inf = 1;
+  }
+  if constexpr (kStore) {
+    if (store.master != nullptr && __syncthreads_or(bad) && threadIdx.x == 0) *store.found_inf = 1;
+  }
   BlockPartial p;
   for (int k = 0; k < 5; ++k)
     p.reached[k] = device::block_reduce<unsigned long long>(reached[k], device::Sum());
@@ -375,7 +405,8 @@ void measure_and_round(CudaContext& ctx, const StatsJob& job, const StoredRoundi
            "cuda::measure_and_round of " << job.n << " elements got a null pointer");
   check_jobs("measure_and_round", &job, 1);
   const bool rounds = stored.round && job.format != Format::fp32;
-  if (stored.dst == job.data && !rounds && stored.multiplier == 1.0f && stored.device_multiplier == nullptr) {
+  if (stored.dst == job.data && !rounds && stored.multiplier == 1.0f && stored.device_multiplier == nullptr &&
+      stored.master == nullptr) {
     launch_tensor_stats(ctx, &job, 1, out, nullptr);  // nothing to store: the values stay as they are
     return;
   }
@@ -384,6 +415,19 @@ void measure_and_round(CudaContext& ctx, const StatsJob& job, const StoredRoundi
   store.multiplier = stored.multiplier;
   store.device_multiplier = stored.device_multiplier;
   store.rounding = device_rounding(rounds ? job.format : Format::fp32, job.round);
+  if (stored.master != nullptr) {
+    GS_CHECK(stored.found_inf != nullptr, "cuda::measure_and_round: an unscale into a master needs a found_inf flag");
+    if (stored.device_scale == nullptr) {
+      const auto s = static_cast<float>(stored.scale);  // the CPU divides by float(S) too
+      GS_CHECK_NUMERIC(std::isfinite(s) && s > 0,
+                       "cuda::measure_and_round: the unscale's scale must be finite and > 0 as a float, got "
+                           << stored.scale);
+    }
+    store.master = stored.master;
+    store.scale = static_cast<float>(stored.scale);
+    store.device_scale = stored.device_scale;
+    store.found_inf = stored.found_inf;
+  }
   launch_tensor_stats(ctx, &job, 1, out, &store);
 }
 

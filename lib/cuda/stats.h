@@ -85,13 +85,21 @@ struct StoredRounding {
   float multiplier = 1.0f;
   const double* device_multiplier = nullptr;  // when not null, m is this device value (a scale entry's
                                               // `local`, local_scale.h) instead of `multiplier`
+  // With `master`, each stored value is also unscaled into it as unscale_accumulate does (unscale.h:
+  // master[i] ← master[i] + dst[i] / float(S), *found_inf ← 1 when a stored value or a result is not
+  // finite or S is outside float32's normal range), S being `scale`, or *device_scale when not null.
+  float* master = nullptr;
+  double scale = 1;
+  const double* device_scale = nullptr;
+  int* found_inf = nullptr;
 };
 // A gradient's rounding in one pass (SPEC §4–§5): for i < job.n, v = m·job.data[i] (one fp32
 // multiplication, none when m is 1, as cuda::quantize's multiplier and apply_local_scale), *out ← the
 // statistics of v for job.format, and dst[i] ← quantize(v, F) (or v). The statistics are tensor_stats's
 // bits (the same kernel, grid and order); the stored values are those of the multiplication and
 // quantize(). One read and one write instead of the multiplication's, the statistics' and the rounding's
-// passes. Queued on ctx.stream(); throws as tensor_stats, and for a null dst with n > 0.
+// passes (and the unscale's, with `master`). Queued on ctx.stream(); throws as tensor_stats, for a null dst
+// with n > 0, and as unscale_accumulate for the unscale.
 void measure_and_round(CudaContext& ctx, const StatsJob& job, const StoredRounding& stored, DeviceStats* out);
 
 // The largest |v| alone, without the rest of the pass: *out (device memory) ← the largest of the
