@@ -133,7 +133,6 @@ __device__ void finalize(const StatsTable& table, int job, const BlockPartial* p
       (nonzero_m1 + 1u < kInf && nonzero_m1 != 0xFFFFFFFFu) ? __uint_as_float(nonzero_m1 + 1u) : 0.0;
 }
 
-// kStore: the launch has one tensor, and each value is multiplied before its visit and stored after it.
 // The launch's last tensor to finish (its last block; every thread) takes `then`'s decision: the records
 // it reads copied by the block from global memory (other blocks wrote them) into `words`, then one thread.
 __device__ void decide_after(const StatsTable& table, const StatsDecision& then, unsigned long long* words) {
@@ -181,6 +180,7 @@ __device__ void decide_after(const StatsTable& table, const StatsDecision& then,
   }
 }
 
+// kStore: the launch has one tensor, and each value is multiplied before its visit and stored after it.
 template <bool kStore>
 __global__ void __launch_bounds__(kBlock) stats_partial_kernel(StatsTable table, BlockPartial* partials,
                                                                Store store, Then then) {
@@ -263,10 +263,7 @@ __global__ void __launch_bounds__(kBlock) stats_partial_kernel(StatsTable table,
     }
   }
 
-  if constexpr (kStore) {
-    if (store.master != nullptr && __syncthreads_or(bad) && threadIdx.x == 0) *store.found_inf = 1;
-  }
-  if constexpr (kStore) {
+  if constexpr (kStore) {  // the unscale's flag: any thread's non-finite value
     if (store.master != nullptr && __syncthreads_or(bad) && threadIdx.x == 0) *store.found_inf = 1;
   }
   BlockPartial p;
