@@ -27,6 +27,10 @@ inline void require_cuda_device() {
 // links one definition of this (tests/cuda_target_gpu.cpp, tests/cuda_on_cpu/cuda_target_cpu.cpp).
 bool on_cpu_execution_target() noexcept;
 
+// Kernel launches so far in this process, where the execution target counts them (the CPU target), or
+// -1 (a GPU: the runtime does not count them). For a case that asserts how many kernels an operation takes.
+long long kernel_launches() noexcept;
+
 // First statement of a case that only a real GPU can answer (speed, the real cuBLAS, a program other
 // than this test binary): on the CPU execution target of lib/cuda the case is reported as Skipped with
 // `why`.

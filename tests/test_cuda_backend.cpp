@@ -191,6 +191,54 @@ TEST_CASE("CUDA backend: a rounding measured on the GPU fills the monitor as the
   }
 }
 
+TEST_CASE("CUDA backend: a gradient's rounding is one kernel, its unscale and its scale decisions none of "
+          "their own (counted on the CPU execution target)",
+          "[cuda][backend]") {
+  test::require_cuda_device();
+  if (test::kernel_launches() < 0) test::skip_test("kernel launches are counted on the CPU execution target only");
+  cuda::CudaBackend backend(0);
+  cuda::CudaContext& ctx = backend.context();
+  Precision p;
+  p.format = Format::fp16;
+  const Tensor values = gradient_values(70001, 5);
+  Tensor d = values.to(backend.memory()), master(values.shape(), 0.0f, backend.memory());
+  StepMonitor monitor;
+  monitor.reset(3, true, 0.0);
+  const auto n = static_cast<std::size_t>(d.size());
+  const auto launches = [](const std::function<void()>& f) {
+    const long long before = test::kernel_launches();
+    f();
+    return test::kernel_launches() - before;
+  };
+  // The multiplier, the statistics and the rounding.
+  CHECK(launches([&] { backend.round_gradient(d.data(), n, 1024.0f, GradSite::upstream, 1, p, monitor); }) == 1);
+  // A weight gradient's: the same, and its unscale into the master.
+  const cuda::UnscaleJob unscale{d.data(), master.data(), n, 1024.0};
+  CHECK(launches([&] {
+          backend.round_gradient(d.data(), n, 1.0f, GradSite::weight, 1, p, monitor, nullptr, &unscale);
+        }) == 1);
+  // A decision: the statistics' launch takes it (a local scale from g and W, an r, S0).
+  auto entries = test::to_device(std::vector<cuda::DeviceScale>(2), ctx);
+  auto stats = test::sentinel_buffer<cuda::DeviceStats>(3, ctx);
+  const std::vector<cuda::StatsJob> jobs = {cuda::job_of(d.data(), d.size(), p.format, {}),
+                                            cuda::job_of(master.data(), master.size(), p.format, {})};
+  cuda::StatsDecision decision;
+  decision.kind = cuda::StatsDecision::kLocalScale;
+  decision.rule.formula = ScaleRule::kApproxRange;
+  decision.grad = 0;
+  decision.weight = 1;
+  decision.in = entries.data();
+  decision.out = entries.data() + 1;
+  CHECK(launches([&] { cuda::tensor_stats(ctx, jobs.data(), 2, stats.data(), decision); }) == 1);
+  decision.kind = cuda::StatsDecision::kWeightGradScale;
+  decision.u_max = 65504;
+  CHECK(launches([&] { cuda::tensor_stats(ctx, jobs.data(), 1, stats.data(), decision); }) == 1);
+  decision.kind = cuda::StatsDecision::kLossScale;
+  CHECK(launches([&] { cuda::tensor_stats(ctx, jobs.data(), 1, stats.data(), decision); }) == 1);
+  backend.finish_backward(monitor);
+  CHECK_FALSE(monitor.found_inf);
+}
+
 TEST_CASE("CUDA backend: every built-in layer kind has a GPU twin, other layers run on the host", "[cuda][backend]") {
   // Needs no GPU: which kinds have twins is a property of the build.
   for (const char* kind : {"linear", "relu", "flatten", "add", "conv2d", "maxpool2d", "global_avgpool",

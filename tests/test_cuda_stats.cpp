@@ -1,5 +1,6 @@
 // Tests of lib/cuda's statistics and found_inf against lib/instrument (built only with CUDA; a case that
 // needs a GPU skips visibly without one): tensor_stats counts and bins exactly, sums within SPEC §3's 1e-6;
+// measure_and_round and tensor_stats with a decision against the separate passes, bit for bit;
 // max_abs_bits, count_about_edge, first_nonfinite; the fused unscale + found_inf flag.
 #include <catch2/catch.hpp>
 
@@ -81,8 +82,7 @@ void check_stats_equal(const TensorStats& gpu, const TensorStats& cpu, const std
 
 // Tensors for the statistics: empty, single values, all zeros, all NaN, a large mixed tensor (every
 // binade, float subnormals, zeros, NaN/inf with payloads and signs), values crowded in three binades, values
-// packed around each format's underflow and overflow thresholds, and sizes that are no multiple of any block
-// size.
+// packed around each format's underflow and overflow thresholds, and sizes that are no multiple of any block size.
 std::vector<std::vector<float>> stats_tensors() {
   std::vector<std::vector<float>> t;
   t.push_back({});
@@ -112,16 +112,13 @@ std::vector<std::vector<float>> stats_tensors() {
   t.push_back(mixed(257));
   t.push_back(mixed(test::gpu_or_cpu_target<std::size_t>(1000003, 100003)));
   // More than one grid-stride pass per thread (the GPU's size also reaches the grids' caps of blocks).
-  t.push_back(
-      mixed(test::gpu_or_cpu_target<std::size_t>((std::size_t{1} << 22) + 17, (std::size_t{1} << 18) + 17)));
+  t.push_back(mixed(test::gpu_or_cpu_target<std::size_t>((std::size_t{1} << 22) + 17, (std::size_t{1} << 18) + 17)));
   // Crowded, as gradients are: nearly every value in one of three binades, so the lanes of a warp share
   // their binade's counter (the kernel adds each group's count once); zeros and a tail of 13.
-  std::vector<float> crowded(
-      test::gpu_or_cpu_target<std::size_t>((std::size_t{1} << 22) + 13, (std::size_t{1} << 16) + 13));
+  std::vector<float> crowded(test::gpu_or_cpu_target<std::size_t>((std::size_t{1} << 22) + 13, (std::size_t{1} << 16) + 13));
   for (float& x : crowded) {
     const double u = uniform01(rng);
-    x = u < 0.02 ? 0.0f
-                 : static_cast<float>(std::exp2(-20.0 + 3.0 * uniform01(rng)) * (rng() & 1 ? 1.0 : -1.0));
+    x = u < 0.02 ? 0.0f : static_cast<float>(std::exp2(-20.0 + 3.0 * uniform01(rng)) * (rng() & 1 ? 1.0 : -1.0));
   }
   t.push_back(crowded);
   // Around every format's thresholds: log-uniform over [min_subnormal/8, 4·min_normal] and
@@ -490,8 +487,7 @@ TEST_CASE(
   }
 }
 
-TEST_CASE("cuda::max_abs_bits gives lib/instrument's max_abs bit for bit, inf for a value not finite",
-          "[cuda]") {
+TEST_CASE("cuda::max_abs_bits gives lib/instrument's max_abs bit for bit, inf for a value not finite", "[cuda]") {
   test::require_cuda_device();
   cuda::CudaContext ctx;
   std::vector<std::vector<float>> tensors = stats_tensors();
@@ -510,15 +506,13 @@ TEST_CASE("cuda::max_abs_bits gives lib/instrument's max_abs bit for bit, inf fo
     const float gpu = cuda::max_abs_of_bits(test::to_host(out, ctx)[0]);
     const float cpu = max_abs(tensors[i].data(), tensors[i].size());
     INFO("tensor " << i << " of " << tensors[i].size() << " values: gpu " << gpu << ", cpu " << cpu);
-    CHECK(test::bits_of(gpu) ==
-          test::bits_of(std::isnan(cpu) ? std::numeric_limits<float>::infinity() : cpu));
+    CHECK(test::bits_of(gpu) == test::bits_of(std::isnan(cpu) ? std::numeric_limits<float>::infinity() : cpu));
     finite_cases += std::isfinite(cpu) && cpu > 0;
   }
   CHECK(finite_cases >= 4);  // the finite maxima are compared too, not only inf
 }
 
-TEST_CASE("cuda::count_about_edge adds the CPU's counts about an edge, for every format and option",
-          "[cuda]") {
+TEST_CASE("cuda::count_about_edge adds the CPU's counts about an edge, for every format and option", "[cuda]") {
   test::require_cuda_device();
   cuda::CudaContext ctx;
   const std::vector<std::vector<float>> tensors = stats_tensors();
@@ -527,8 +521,7 @@ TEST_CASE("cuda::count_about_edge adds the CPU's counts about an edge, for every
     const cuda::DeviceBuffer<float> d = test::to_device(tensors[i], ctx);
     for (const FormatCase& fc : format_cases()) {
       // popart_als's edge (bin_edge · max_finite(F)), a small one and one at a format's threshold.
-      const double top =
-          std::isfinite(format_info(fc.format).max_finite) ? format_info(fc.format).max_finite : 1e30;
+      const double top = std::isfinite(format_info(fc.format).max_finite) ? format_info(fc.format).max_finite : 1e30;
       for (const double edge : {top / 16, 1e-6, 0x1p-24, 1.0}) {
         INFO("tensor " << i << ", " << fc.name() << ", edge " << edge);
         const auto e = static_cast<float>(edge);
@@ -538,8 +531,7 @@ TEST_CASE("cuda::count_about_edge adds the CPU's counts about an edge, for every
         cuda::count_about_edge(d.data(), tensors[i].size(), t, out.data(), ctx.stream());
         cuda::count_about_edge(d.data(), tensors[i].size(), t, out.data(), ctx.stream());
         const cuda::DeviceEdgeCounts got = test::to_host(out, ctx)[0];
-        const EdgeCounts want =
-            count_about_edge(tensors[i].data(), tensors[i].size(), e, fc.format, fc.round);
+        const EdgeCounts want = count_about_edge(tensors[i].data(), tensors[i].size(), e, fc.format, fc.round);
         CHECK(got.below == 2 * want.below);
         CHECK(got.above == 2 * want.above);
       }

@@ -53,5 +53,8 @@ void note_pointer(LaunchConfig& c, int index, const void* p);
 // Runs body(data) as every thread of the launch c, twice (see above). Reports a fault through the
 // runtime's last error (cudaGetLastError).
 void run_kernel(const LaunchConfig& c, void (*body)(void*), void* data);
+// Kernel launches run (or refused) so far in this process: what a test counts to see how many kernels
+// an operation takes.
+unsigned long long launches() noexcept;
 
 }  // namespace gs_emu

@@ -2,6 +2,7 @@
 // arguments are checked, its blocks run one after the other, and it runs a second time, threads and
 // blocks reversed, over the same starting bytes: different bytes written are a race or a missing barrier.
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -73,8 +74,17 @@ void note_pointer(LaunchConfig& c, int index, const void* p) {
   ++c.pointer_count;
 }
 
+namespace {
+std::atomic<unsigned long long> launch_count{0};
+}  // namespace
+
+unsigned long long launches() noexcept {
+  return launch_count.load();
+}
+
 void run_kernel(const LaunchConfig& c, void (*body)(void*), void* data) {
   const std::lock_guard<std::recursive_mutex> device(device_lock());
+  ++launch_count;
   const unsigned long long threads = static_cast<unsigned long long>(c.block.x) * c.block.y * c.block.z;
   if (threads == 0 || threads > kMaxThreads || c.block.z > 64 || c.grid.x == 0 || c.grid.y == 0 ||
       c.grid.z == 0 || c.grid.y > 65535 || c.grid.z > 65535) {
