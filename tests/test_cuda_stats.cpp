@@ -487,6 +487,74 @@ TEST_CASE(
   }
 }
 
+TEST_CASE("cuda::col2im_measured writes col2im's sums and tensor_stats's statistics of them in one launch, bit "
+          "for bit",
+          "[cuda]") {
+  test::require_cuda_device();
+  cuda::CudaContext ctx;
+  std::mt19937_64 rng(11);
+  // Strides 1 and 2 (and 3: taps that skip), paddings 0..2, kernels 1..5, planes of odd sizes, batches
+  // whose element count leaves a tail; both column layouts.
+  const std::vector<cuda::ConvGeometry> geometries = {
+      {3, 4, 9, 7, 3, 1, 1}, {2, 3, 11, 10, 3, 2, 1}, {2, 2, 8, 9, 5, 1, 2}, {1, 5, 7, 7, 1, 1, 0},
+      {2, 3, 13, 12, 3, 3, 0}, {test::gpu_or_cpu_target<std::int64_t>(64, 8), 16, 28, 28, 3, 1, 1}};
+  const FormatInfo& fi = format_info(Format::fp16);
+  int decided_above_1 = 0;  // decisions of their own, not S_in passed on
+  for (const cuda::ConvGeometry& g : geometries) {
+    for (cuda::ColumnLayout layout : {cuda::ColumnLayout::per_sample, cuda::ColumnLayout::batch_wide}) {
+      INFO("n " << g.n << " C " << g.channels << " " << g.h << "x" << g.w << " k " << g.kernel << " stride "
+                << g.stride << " pad " << g.pad << (layout == cuda::ColumnLayout::batch_wide ? ", batch-wide" : ""));
+      std::vector<float> cols(static_cast<std::size_t>(g.n * g.col_rows() * g.col_cols()));
+      for (float& x : cols)
+        x = uniform01(rng) < 0.05 ? 0.0f
+                                  : static_cast<float>(std::exp2(-40.0 + 36.0 * uniform01(rng)) * (rng() & 1 ? 1.0 : -1.0));
+      const auto d_cols = test::to_device(cols, ctx);
+      const auto n = static_cast<std::size_t>(g.n * g.channels * g.h * g.w);
+      auto want = test::sentinel_buffer<float>(n, ctx), got = test::sentinel_buffer<float>(n, ctx);
+      auto want_stats = test::sentinel_buffer<cuda::DeviceStats>(1, ctx);
+      auto got_stats = test::sentinel_buffer<cuda::DeviceStats>(1, ctx);
+      // measured's decision, as a convolution's controller takes it on the device.
+      const auto in = test::to_device(std::vector<cuda::DeviceScale>{{4.0, 1, 1, 0}}, ctx);
+      auto want_scale = test::sentinel_buffer<cuda::DeviceScale>(1, ctx), got_scale = test::sentinel_buffer<cuda::DeviceScale>(1, ctx);
+      ScaleRule rule;
+      rule.formula = ScaleRule::kMeasured;
+      rule.reduction = static_cast<double>(g.col_rows());
+      rule.params.u_min = fi.min_subnormal;
+      rule.params.u_max = fi.max_finite;
+      cuda::col2im(d_cols.data(), g, want.data(), ctx.stream(), layout);
+      cuda::tensor_stats(ctx, want.data(), n, Format::fp16, {}, want_stats.data());
+      cuda::decide_local_scale(rule, nullptr, nullptr, want_stats.data(), in.data(), want_scale.data(), ctx.stream());
+      cuda::StatsDecision decision;
+      decision.rule = rule;
+      decision.upstream = 0;
+      decision.in = in.data();
+      decision.out = got_scale.data();
+      const long long before = test::kernel_launches();
+      cuda::col2im_measured(ctx, d_cols.data(), g, layout, got.data(), Format::fp16, {}, got_stats.data(), &decision);
+      if (before >= 0) CHECK(test::kernel_launches() - before == 1);
+      CHECK(bit_mismatches(test::to_host(got, ctx), test::to_host(want, ctx)) == "");
+      const auto a = test::to_host(got_stats, ctx), b = test::to_host(want_stats, ctx);
+      CHECK(std::memcmp(a.data(), b.data(), sizeof(cuda::DeviceStats)) == 0);
+      const auto sa = test::to_host(got_scale, ctx), sb = test::to_host(want_scale, ctx);
+      CHECK(std::memcmp(sa.data(), sb.data(), sizeof(cuda::DeviceScale)) == 0);
+      decided_above_1 += sa[0].local > 1.0;
+      // Without a decision: the same sums and statistics.
+      auto plain = test::sentinel_buffer<float>(n, ctx);
+      auto plain_stats = test::sentinel_buffer<cuda::DeviceStats>(1, ctx);
+      cuda::col2im_measured(ctx, d_cols.data(), g, layout, plain.data(), Format::fp16, {}, plain_stats.data(), nullptr);
+      CHECK(bit_mismatches(test::to_host(plain, ctx), test::to_host(want, ctx)) == "");
+      const auto c = test::to_host(plain_stats, ctx);
+      CHECK(std::memcmp(c.data(), b.data(), sizeof(cuda::DeviceStats)) == 0);
+    }
+  }
+  CHECK(decided_above_1 >= 8);
+  float none = 0;
+  auto stats = test::sentinel_buffer<cuda::DeviceStats>(1, ctx);
+  CHECK_THROWS_AS(cuda::col2im_measured(ctx, &none, {1, 1, 2, 2, 3, 1, 0}, cuda::ColumnLayout::per_sample, &none,
+                                        Format::fp16, {}, stats.data(), nullptr),
+                  ShapeError);
+}
+
 TEST_CASE("cuda::max_abs_bits gives lib/instrument's max_abs bit for bit, inf for a value not finite", "[cuda]") {
   test::require_cuda_device();
   cuda::CudaContext ctx;

@@ -35,6 +35,7 @@
 #endif
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -118,9 +119,16 @@ class CudaBackend final : public Backend {
   void round_activation_grad(Tensor& t, int layer_id, const Precision& p, StepMonitor& monitor);
   void round_output(Tensor& t, const Precision& p);
   void round_working_copy(const Parameter& master, Tensor& working, const Precision& p);
-  // SPEC §5 steps 1–2 with gx.g holding the fp32 upstream product at S_in (see scale_upstream_grad).
+  // The last pass that writes a layer's fp32 upstream product into gx.g (a convolution's col2im), when
+  // the layer leaves it to scale_upstream_grad: write(nullptr, nullptr, nullptr) writes gx.g;
+  // write(job, out, then) also measures it as tensor_stats would for job's format into *out and takes
+  // `then` in the same launch (cuda::col2im_measured). Run once, before anything reads gx.g.
+  using UpstreamWrite = std::function<void(const StatsJob* job, DeviceStats* out, const StatsDecision* then)>;
+  // SPEC §5 steps 1–2 with gx.g holding the fp32 upstream product at S_in (see scale_upstream_grad), or
+  // written by `write` first: a controller that decides on the device from that product's statistics
+  // gets them from the pass that writes it.
   void scale_upstream_grad(const Layer& layer, const ScaledGrad& grad_output, const UpstreamProduct& product,
-                           ScaledGrad& gx, BackwardContext& ctx);
+                           ScaledGrad& gx, BackwardContext& ctx, const UpstreamWrite& write = {});
   // g (the layer's fp32 weight gradient) rounded, then unscaled by the scale of `at` (its output
   // gradient: on the host or in the scale table) into param.grad.
   void accumulate_weight_grad(Tensor& g, const ScaledGrad& at, Parameter& param, int layer_id, const Precision& p,
@@ -202,7 +210,7 @@ class CudaBackend final : public Backend {
                  StepMonitor& monitor, int node_id, StatisticsReducer* reducer);
   void decide_on_device(ScaleRule rule, LayerController& controller, const Layer& layer,
                         const ScaledGrad& grad_output, const UpstreamProduct& product, ScaledGrad& gx,
-                        BackwardContext& ctx);
+                        BackwardContext& ctx, const UpstreamWrite& write);
   StepHeader* header() { return reinterpret_cast<StepHeader*>(records_.data()); }
   DeviceStats* next_slot();
   void start_pass();  // loss_backward: nothing of an abandoned pass is reported

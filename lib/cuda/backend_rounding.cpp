@@ -72,14 +72,16 @@ void CudaBackend::round_working_copy(const Parameter& master, Tensor& working, c
            p.round, 1.0f, ctx_.stream());
 }
 void CudaBackend::scale_upstream_grad(const Layer& layer, const ScaledGrad& grad_output,
-                                      const UpstreamProduct& product, ScaledGrad& gx, BackwardContext& ctx) {
+                                      const UpstreamProduct& product, ScaledGrad& gx, BackwardContext& ctx,
+                                      const UpstreamWrite& write) {
   LayerController* controller = ctx.scaler.layer_controller();
   if (controller != nullptr && device_decisions_ && ctx.reducer == nullptr) {  // data-parallel: the host's
     if (std::optional<ScaleRule> rule = controller->device_rule(layer.id())) {
-      decide_on_device(*rule, *controller, layer, grad_output, product, gx, ctx);
+      decide_on_device(*rule, *controller, layer, grad_output, product, gx, ctx, write);
       return;
     }
   }
+  if (write) write(nullptr, nullptr, nullptr);  // gx.g, before anything below reads it
   const auto round_upstream = [&](float s) {
     round_gradient(gx.g.data(), static_cast<std::size_t>(gx.g.size()), s, GradSite::upstream, layer.id(),
                    ctx.precision, ctx.monitor);
@@ -121,7 +123,7 @@ void CudaBackend::scale_upstream_grad(const Layer& layer, const ScaledGrad& grad
 
 void CudaBackend::decide_on_device(ScaleRule rule, LayerController& controller, const Layer& layer,
                                    const ScaledGrad& grad_output, const UpstreamProduct& product,
-                                   ScaledGrad& gx, BackwardContext& ctx) {
+                                   ScaledGrad& gx, BackwardContext& ctx, const UpstreamWrite& write) {
   const auto t0 = std::chrono::steady_clock::now();
   rule.reduction = static_cast<double>(product.reduction);
   // The statistics the formula reads stay in query_stats_ (the stream keeps them until the decision
@@ -143,7 +145,12 @@ void CudaBackend::decide_on_device(ScaleRule rule, LayerController& controller, 
   decision.upstream = upstream ? (moments ? 2 : 0) : -1;
   decision.in = scale_entry(grad_output);
   decision.out = scale_at(e);
-  tensor_stats(ctx_, jobs.data(), jobs.size(), query_stats_.data(), decision);
+  if (write && upstream && !moments) {  // the product's own pass measures it and decides
+    write(&jobs[0], query_stats_.data(), &decision);
+  } else {
+    if (write) write(nullptr, nullptr, nullptr);
+    tensor_stats(ctx_, jobs.data(), jobs.size(), query_stats_.data(), decision);
+  }
   decisions_.push_back(PendingDecision{e, layer.id(), &controller, ctx.scaler.policy(), layer.name()});
   ctx.monitor.record_of(layer.id()).sent_grad = true;
   // s multiplies the fp32 accumulator before the one rounding, so s·g itself never overflows.

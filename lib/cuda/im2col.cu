@@ -3,9 +3,10 @@
 // for k·k entries; the threads of a warp write k·k coalesced runs); col2im one thread per input element,
 // which gathers its entries in (ki, kj) order, no atomics (a stride of 1 needs no division at all, any
 // other stride one per axis). A plane's own index is divided in 64 bits once per plane; a position in
-// it is 32-bit arithmetic (check_geometry: a plane fits in an int). An earlier version ran one thread
+// it is 32-bit arithmetic (check_conv_geometry: a plane fits in an int). An earlier version ran one thread
 // per column entry, with divisions for every entry (for col2im up to four per kernel tap), and was
-// bound by that arithmetic, not by memory.
+// bound by that arithmetic, not by memory. The per-element sum is im2col.cuh's col2im_sum, which
+// stats.cu's col2im_measured shares.
 #include "lib/cuda/im2col.h"
 
 #include <algorithm>
@@ -13,20 +14,11 @@
 #include "lib/core/error.h"
 #include "lib/cuda/check.h"
 #include "lib/cuda/convert.cuh"
+#include "lib/cuda/im2col.cuh"
 #include "lib/cuda/launch.h"
 
 namespace gradscale::cuda {
 namespace {
-
-// Offset of sample b's column matrix, and the distance between its rows, in `layout`.
-struct ColumnStrides {
-  std::int64_t sample, row;
-};
-ColumnStrides column_strides(const ConvGeometry& g, ColumnLayout layout) {
-  const std::int64_t plane = g.col_cols();
-  if (layout == ColumnLayout::batch_wide) return {plane, g.n * plane};
-  return {g.col_rows() * plane, plane};
-}
 
 // How im2col stores a value: as it is, or as the fp16 / bf16 bits of convert.cuh.
 struct StoreF32 {
@@ -74,13 +66,11 @@ __global__ void im2col_kernel(const float* x, ConvGeometry g, int ho, int wo, Co
   }
 }
 
-// Input element (ih, iw) receives the entry (ki, kj, oh, ow) where oh·stride + ki = ih + pad (and the
-// same across): for each ki ≡ ih + pad (mod stride), ascending, oh falls by one. UnitStride: every ki.
+// One thread per input element of a plane: col2im_sum (im2col.cuh).
 template <bool UnitStride>
 __global__ void col2im_kernel(const float* cols, ConvGeometry g, int ho, int wo, ColumnStrides cs,
                               float* gx) {
-  const int k = static_cast<int>(g.kernel), stride = UnitStride ? 1 : static_cast<int>(g.stride),
-            pad = static_cast<int>(g.pad);
+  const int k = static_cast<int>(g.kernel), stride = static_cast<int>(g.stride), pad = static_cast<int>(g.pad);
   const int w = static_cast<int>(g.w), plane = static_cast<int>(g.h) * w;
   const std::int64_t planes = g.n * g.channels;
   const std::int64_t first = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x,
@@ -89,22 +79,8 @@ __global__ void col2im_kernel(const float* cols, ConvGeometry g, int ho, int wo,
     const std::int64_t b = p / g.channels, c = p - b * g.channels;
     const float* rows = cols + b * cs.sample + c * k * k * cs.row;
     float* out = gx + p * plane;
-    for (std::int64_t i = first; i < plane; i += step) {
-      const int t = static_cast<int>(i);
-      const int ih = t / w, iw = t - ih * w;
-      const int th = ih + pad, tw = iw + pad;  // = oh·stride + ki, ow·stride + kj
-      const int ki0 = UnitStride ? 0 : th % stride, kj0 = UnitStride ? 0 : tw % stride;
-      const int oh0 = UnitStride ? th : th / stride, ow0 = UnitStride ? tw : tw / stride;
-      float sum = 0.0f;
-      for (int ki = ki0, oh = oh0; ki < k && oh >= 0; ki += stride, --oh) {
-        if (oh >= ho) continue;
-        const float* row =
-            rows + static_cast<std::int64_t>(ki * k) * cs.row + static_cast<std::int64_t>(oh) * wo;
-        for (int kj = kj0, ow = ow0; kj < k && ow >= 0; kj += stride, --ow)
-          if (ow < wo) sum += row[kj * cs.row + ow];
-      }
-      out[t] = sum;
-    }
+    for (std::int64_t i = first; i < plane; i += step)
+      out[i] = device::col2im_sum<UnitStride>(rows, k, stride, pad, w, ho, wo, cs.row, static_cast<int>(i));
   }
 }
 
@@ -117,19 +93,6 @@ dim3 grid_2d(std::int64_t per_row, std::int64_t rows) {
   return dim3(x, static_cast<unsigned>(y));
 }
 
-void check_geometry(const ConvGeometry& g, const char* what) {
-  GS_CHECK_SHAPE(g.n >= 0 && g.channels > 0 && g.h > 0 && g.w > 0 && g.kernel > 0 && g.stride > 0 &&
-                     g.pad >= 0 && g.h + 2 * g.pad >= g.kernel && g.w + 2 * g.pad >= g.kernel,
-                 "cuda::" << what << ": kernel " << g.kernel << ", stride " << g.stride << ", padding "
-                          << g.pad << " do not fit input [" << g.n << ", " << g.channels << ", " << g.h
-                          << ", " << g.w << "]");
-  constexpr std::int64_t kInt = 2147483647;
-  GS_CHECK_SHAPE(g.h <= kInt && g.w <= kInt && g.stride <= kInt && g.pad <= kInt && g.h + 2 * g.pad <= kInt &&
-                     g.w + 2 * g.pad <= kInt && g.h * g.w <= kInt && g.ho() * g.wo() <= kInt &&
-                     g.kernel * g.kernel <= kInt,
-                 "cuda::" << what << ": a plane of " << g.h << "x" << g.w << " values (or its kernel "
-                          << g.kernel << ", padding " << g.pad << ") does not fit in 32-bit indices");
-}
 
 template <class Store>
 void launch_im2col(const float* x, const ConvGeometry& g, Store cols, cudaStream_t stream, ColumnLayout layout) {
@@ -151,7 +114,7 @@ void launch_col2im(const float* cols, const ConvGeometry& g, float* gx, cudaStre
 }  // namespace
 
 void im2col(const float* x, const ConvGeometry& g, float* cols, cudaStream_t stream, ColumnLayout layout) {
-  check_geometry(g, "im2col");
+  check_conv_geometry(g, "im2col");
   if (g.n == 0) return;
   GS_CHECK(x != nullptr && cols != nullptr, "cuda::im2col got a null pointer");
   launch_im2col(x, g, StoreF32{cols}, stream, layout);
@@ -159,7 +122,7 @@ void im2col(const float* x, const ConvGeometry& g, float* cols, cudaStream_t str
 
 void im2col_16bit(const float* x, const ConvGeometry& g, std::uint16_t* cols, DeviceType type, cudaStream_t stream,
                   ColumnLayout layout) {
-  check_geometry(g, "im2col_16bit");
+  check_conv_geometry(g, "im2col_16bit");
   GS_CHECK(type == DeviceType::f16 || type == DeviceType::bf16,
            "cuda::im2col_16bit: " << device_type_name(type) << " is not a 16-bit type");
   if (g.n == 0) return;
@@ -171,10 +134,24 @@ void im2col_16bit(const float* x, const ConvGeometry& g, std::uint16_t* cols, De
 }
 
 void col2im(const float* cols, const ConvGeometry& g, float* gx, cudaStream_t stream, ColumnLayout layout) {
-  check_geometry(g, "col2im");
+  check_conv_geometry(g, "col2im");
   if (g.n == 0) return;
   GS_CHECK(cols != nullptr && gx != nullptr, "cuda::col2im got a null pointer");
   launch_col2im(cols, g, gx, stream, layout);
+}
+
+void check_conv_geometry(const ConvGeometry& g, const char* what) {
+  GS_CHECK_SHAPE(g.n >= 0 && g.channels > 0 && g.h > 0 && g.w > 0 && g.kernel > 0 && g.stride > 0 &&
+                     g.pad >= 0 && g.h + 2 * g.pad >= g.kernel && g.w + 2 * g.pad >= g.kernel,
+                 "cuda::" << what << ": kernel " << g.kernel << ", stride " << g.stride << ", padding "
+                          << g.pad << " do not fit input [" << g.n << ", " << g.channels << ", " << g.h
+                          << ", " << g.w << "]");
+  constexpr std::int64_t kInt = 2147483647;
+  GS_CHECK_SHAPE(g.h <= kInt && g.w <= kInt && g.stride <= kInt && g.pad <= kInt && g.h + 2 * g.pad <= kInt &&
+                     g.w + 2 * g.pad <= kInt && g.h * g.w <= kInt && g.ho() * g.wo() <= kInt &&
+                     g.kernel * g.kernel <= kInt,
+                 "cuda::" << what << ": a plane of " << g.h << "x" << g.w << " values (or its kernel "
+                          << g.kernel << ", padding " << g.pad << ") does not fit in 32-bit indices");
 }
 
 }  // namespace gradscale::cuda

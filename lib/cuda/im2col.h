@@ -31,6 +31,20 @@ struct ConvGeometry {
 // b·Ho·Wo), so that one GEMM with K = n·Ho·Wo sums over the batch.
 enum class ColumnLayout : std::uint8_t { per_sample, batch_wide };
 
+// Offset of sample b's column matrix, and the distance between its rows, in `layout`.
+struct ColumnStrides {
+  std::int64_t sample, row;
+};
+inline ColumnStrides column_strides(const ConvGeometry& g, ColumnLayout layout) {
+  const std::int64_t plane = g.col_cols();
+  if (layout == ColumnLayout::batch_wide) return {plane, g.n * plane};
+  return {g.col_rows() * plane, plane};
+}
+
+// Throws ShapeError (naming `what`) when the geometry does not describe a convolution whose planes fit
+// in 32-bit indices (the kernels' position arithmetic).
+void check_conv_geometry(const ConvGeometry& g, const char* what);
+
 // cols ← per sample, row (c·k + ki)·k + kj, column oh·Wo + ow: the input at
 // (c, oh·stride − pad + ki, ow·stride − pad + kj), 0 outside. Device pointers, queued on `stream`.
 // Throws ShapeError when the geometry does not describe a convolution.
@@ -44,5 +58,7 @@ void im2col_16bit(const float* x, const ConvGeometry& g, std::uint16_t* cols, De
 // (0 where none), overwriting gx.
 void col2im(const float* cols, const ConvGeometry& g, float* gx, cudaStream_t stream,
             ColumnLayout layout = ColumnLayout::per_sample);
+// col2im measured in the same pass (for a controller that reads the statistics of the upstream
+// product): stats.h's col2im_measured.
 
 }  // namespace gradscale::cuda

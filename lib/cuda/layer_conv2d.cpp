@@ -12,7 +12,8 @@ namespace {
 // each sample, y_b = W·cols_b as one batched GEMM (and + b as a batched rank-1 GEMM: one exact product,
 // then the CPU's one fp32 sum), rounded to F. Backward: the output gradient as [O, n·Ho·Wo] and the
 // columns of the whole batch side by side, so dW = g·colsᵀ and the upstream Wᵀ·g are one GEMM each
-// (K = n·Ho·Wo and O); col2im in the CPU's order, then the controller's s and one rounding; the weight
+// (K = n·Ho·Wo and O); col2im in the CPU's order (measured in the same pass when the controller decides
+// on the device from the product's statistics), then the controller's s and one rounding; the weight
 // and bias gradients are rounded and unscaled as Linear's. The columns are recomputed in backward, as
 // on the CPU, rather than kept from forward (C·k²·n·Ho·Wo floats per layer). When a GEMM reads them in
 // 16 bits, im2col writes them so, into the backend's scratch slot, in one pass (the input's values are
@@ -84,14 +85,21 @@ class CudaConv2d final : public ParametricLayer {
       const GemmInput g_x = tg == tw ? g_w : operand(g_wide_, tg, 0);  // slot 0 still holds g when tg == tw
       cols_.resize({rows, wide});
       gemm(c, rows, wide, out_, 1.0f, weight_operand(tg, 1, true), g_x, 0.0f, {cols_.data()});
-      col2im(cols_.data(), geo, gx->g.data(), c.stream(), ColumnLayout::batch_wide);
       const gradscale::ConvGeometry cg{n,    in_,   out_,  kernel_,  stride_,
                                        pad_, geo.h, geo.w, geo.ho(), geo.wo()};
       const UpstreamProduct product{weight_work_, reduction_length(), [&g, this, cg] {
                                       const Tensor hg = g.to_host(), hw = weight_work_.to_host();
                                       return conv_product_range(hg.data(), hw.data(), cg);
                                     }};
-      backend_.scale_upstream_grad(*this, grad_output, product, *gx, ctx);
+      // col2im in the CPU's order, measured in the same pass when the controller reads the product.
+      const auto write = [&](const StatsJob* job, DeviceStats* out, const StatsDecision* then) {
+        if (job != nullptr)
+          col2im_measured(c, cols_.data(), geo, ColumnLayout::batch_wide, gx->g.data(), job->format, job->round,
+                          out, then);
+        else
+          col2im(cols_.data(), geo, gx->g.data(), c.stream(), ColumnLayout::batch_wide);
+      };
+      backend_.scale_upstream_grad(*this, grad_output, product, *gx, ctx, write);
     }
     accumulate_parameter_grads(grad_output, ctx);
   }

@@ -16,7 +16,10 @@
 //
 // measure_and_round is the same kernel with a store: each thread multiplies the values it loaded, visits
 // them, and writes them (rounded) back; the grid, the walk and the reductions are tensor_stats', so the
-// statistics are the same bits as those of the unfused passes.
+// statistics are the same bits as those of the unfused passes. col2im_measured stores col2im's sums
+// (im2col.cuh) as its values: the walk is tensor_stats's over gx, so each index is divided by the plane's
+// size and the channel count in 64 bits, where col2im's own kernel divides once per plane; whether the
+// one pass is faster than col2im and tensor_stats apart is for a GPU to say.
 #include "lib/cuda/stats.h"
 
 #include <cmath>
@@ -25,6 +28,7 @@
 
 #include "lib/cuda/check.h"
 #include "lib/cuda/decide.cuh"
+#include "lib/cuda/im2col.cuh"
 #include "lib/cuda/launch.h"
 #include "lib/cuda/reduce.cuh"
 #include "lib/cuda/round.cuh"
@@ -60,6 +64,16 @@ struct Store {
   float scale = 1.0f;
   const double* device_scale = nullptr;
   int* found_inf = nullptr;
+};
+
+// Where a launch's values come from: the tensors' arrays, or (col2im_measured, one tensor) col2im's sum
+// over the columns of a convolution, for the element i of [n, C, h, w].
+enum SourceKind : int { kArray, kColumnsUnitStride, kColumns };
+struct Columns {
+  const float* cols = nullptr;
+  std::int64_t channels = 0, plane = 0;  // C, h·w
+  int k = 1, stride = 1, pad = 0, w = 1, ho = 1, wo = 1;
+  ColumnStrides cs{0, 0};
 };
 
 // What the launch decides after its statistics (tensor_stats with a StatsDecision).
@@ -181,9 +195,10 @@ __device__ void decide_after(const StatsTable& table, const StatsDecision& then,
 }
 
 // kStore: the launch has one tensor, and each value is multiplied before its visit and stored after it.
-template <bool kStore>
+// kSource: where the values come from (a column source has one tensor, and kStore writes its sums).
+template <bool kStore, int kSource>
 __global__ void __launch_bounds__(kBlock) stats_partial_kernel(StatsTable table, BlockPartial* partials,
-                                                               Store store, Then then) {
+                                                               Store store, Then then, Columns columns) {
   // The warps' histograms; after the block's arrival, the records a decision reads (decide_after).
   alignas(8) __shared__ unsigned hist[kWarps][kBinadeCount];
   static_assert(kMaxDecisionJobs * sizeof(DeviceStats) <= sizeof(hist), "a decision's records fit");
@@ -193,6 +208,19 @@ __global__ void __launch_bounds__(kBlock) stats_partial_kernel(StatsTable table,
 
   const int job = static_cast<int>(blockIdx.y);
   const float* v = table.data[job];
+  // Value i of the tensor: the array's, or the sum col2im writes there (im2col.cuh).
+  const auto load = [&](std::size_t i) -> float {
+    if constexpr (kSource == kArray) {
+      return v[i];
+    } else {
+      const auto e = static_cast<std::int64_t>(i);
+      const std::int64_t p = e / columns.plane, b = p / columns.channels, c = p - b * columns.channels;
+      const float* rows = columns.cols + b * columns.cs.sample + c * columns.k * columns.k * columns.cs.row;
+      return device::col2im_sum<kSource == kColumnsUnitStride>(rows, columns.k, columns.stride, columns.pad,
+                                                               columns.w, columns.ho, columns.wo, columns.cs.row,
+                                                               static_cast<int>(e - p * columns.plane));
+    }
+  };
   const std::size_t n = table.n[job];
   const RoundThresholds th = table.thresholds[job];
   unsigned* my_hist = hist[threadIdx.x / 32];
@@ -246,7 +274,7 @@ __global__ void __launch_bounds__(kBlock) stats_partial_kernel(StatsTable table,
   std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   for (; i + (kUnroll - 1) * stride < n; i += kUnroll * stride) {
     float x[kUnroll];
-    for (unsigned k = 0; k < kUnroll; ++k) x[k] = v[i + k * stride];
+    for (unsigned k = 0; k < kUnroll; ++k) x[k] = load(i + k * stride);
     if constexpr (kStore)
       for (unsigned k = 0; k < kUnroll; ++k) x[k] = scaled(x[k]);
     for (unsigned k = 0; k < kUnroll; ++k) visit(x[k]);
@@ -255,11 +283,11 @@ __global__ void __launch_bounds__(kBlock) stats_partial_kernel(StatsTable table,
   }
   for (; i < n; i += stride) {
     if constexpr (kStore) {
-      const float x = scaled(v[i]);
+      const float x = scaled(load(i));
       visit(x);
       put(i, x);
     } else {
-      visit(v[i]);
+      visit(load(i));
     }
   }
 
@@ -313,12 +341,16 @@ __global__ void __launch_bounds__(kBlock) max_abs_bits_kernel(const float* v, st
 }
 
 void launch_stats(const StatsTable& table, unsigned blocks, BlockPartial* partials, const Store* store,
-                  const Then& then, cudaStream_t stream) {
+                  const Then& then, const Columns* columns, cudaStream_t stream) {
   const dim3 grid(blocks, static_cast<unsigned>(table.count));
-  if (store != nullptr)
-    stats_partial_kernel<true><<<grid, kBlock, 0, stream>>>(table, partials, *store, then);
+  if (columns != nullptr && columns->stride == 1)
+    stats_partial_kernel<true, kColumnsUnitStride><<<grid, kBlock, 0, stream>>>(table, partials, *store, then, *columns);
+  else if (columns != nullptr)
+    stats_partial_kernel<true, kColumns><<<grid, kBlock, 0, stream>>>(table, partials, *store, then, *columns);
+  else if (store != nullptr)
+    stats_partial_kernel<true, kArray><<<grid, kBlock, 0, stream>>>(table, partials, *store, then, Columns{});
   else
-    stats_partial_kernel<false><<<grid, kBlock, 0, stream>>>(table, partials, Store{}, then);
+    stats_partial_kernel<false, kArray><<<grid, kBlock, 0, stream>>>(table, partials, Store{}, then, Columns{});
   GS_CUDA_CHECK_LAUNCH();
 }
 
@@ -333,7 +365,7 @@ void check_jobs(const char* entry, const StatsJob* jobs, std::size_t count) {
 
 // The statistics of `count` tensors (at most kJobsPerLaunch when `store` is given) into out[0..count).
 void launch_tensor_stats(CudaContext& ctx, const StatsJob* jobs, std::size_t count, DeviceStats* out,
-                         const Store* store, const Then& then = {}) {
+                         const Store* store, const Then& then = {}, const Columns* columns = nullptr) {
   // The bins add up, and `count` counts the blocks arrived until the last one sets it.
   GS_CUDA_CHECK(cudaMemsetAsync(out, 0, count * sizeof(DeviceStats), ctx.stream()));
   for (std::size_t first = 0; first < count; first += kJobsPerLaunch) {
@@ -351,7 +383,7 @@ void launch_tensor_stats(CudaContext& ctx, const StatsJob* jobs, std::size_t cou
     const unsigned blocks = grid_for(largest, 8, kMaxBlocksPerJob);
     auto* partials = static_cast<BlockPartial*>(
         ctx.scratch(static_cast<std::size_t>(table.count) * blocks * sizeof(BlockPartial)));
-    launch_stats(table, blocks, partials, store, then, ctx.stream());
+    launch_stats(table, blocks, partials, store, then, columns, ctx.stream());
   }
 }
 
@@ -365,8 +397,10 @@ void tensor_stats(CudaContext& ctx, const StatsJob* jobs, std::size_t count, Dev
   launch_tensor_stats(ctx, jobs, count, out, nullptr);
 }
 
-void tensor_stats(CudaContext& ctx, const StatsJob* jobs, std::size_t count, DeviceStats* out,
-                  const StatsDecision& then) {
+namespace {
+
+// tensor_stats with a decision: what the decision reads is among the `count` tensors.
+void check_decision(const StatsDecision& then, std::size_t count) {
   GS_CHECK(count <= static_cast<std::size_t>(kMaxDecisionJobs),
            "cuda::tensor_stats with a decision: " << count << " tensors (at most " << kMaxDecisionJobs << ")");
   GS_CHECK(then.out != nullptr && (then.in != nullptr || then.kind == StatsDecision::kLossScale),
@@ -388,6 +422,13 @@ void tensor_stats(CudaContext& ctx, const StatsJob* jobs, std::size_t count, Dev
                "cuda::tensor_stats: decision " << then.kind << " on " << count << " tensors");
       break;
   }
+}
+
+}  // namespace
+
+void tensor_stats(CudaContext& ctx, const StatsJob* jobs, std::size_t count, DeviceStats* out,
+                  const StatsDecision& then) {
+  check_decision(then, count);
   if (count == 0) {  // a formula that reads nothing: the decision alone
     decide_local_scale(then.rule, nullptr, nullptr, nullptr, then.in, then.out, ctx.stream());
     return;
@@ -395,6 +436,31 @@ void tensor_stats(CudaContext& ctx, const StatsJob* jobs, std::size_t count, Dev
   GS_CHECK(jobs != nullptr && out != nullptr, "cuda::tensor_stats of " << count << " tensors got a null pointer");
   check_jobs("tensor_stats", jobs, count);
   launch_tensor_stats(ctx, jobs, count, out, nullptr, Then{true, then});
+}
+
+void col2im_measured(CudaContext& ctx, const float* cols, const ConvGeometry& g, ColumnLayout layout, float* gx,
+                     Format f, RoundOptions round, DeviceStats* out, const StatsDecision* then) {
+  check_conv_geometry(g, "col2im_measured");
+  if (then != nullptr) check_decision(*then, 1);
+  const std::int64_t n = g.n * g.channels * g.h * g.w;
+  GS_CHECK(out != nullptr && (n == 0 || (cols != nullptr && gx != nullptr)),
+           "cuda::col2im_measured got a null pointer");
+  const StatsJob job{gx, static_cast<std::size_t>(n), f, round};
+  check_jobs("col2im_measured", &job, 1);
+  Columns columns;
+  columns.cols = cols;
+  columns.channels = g.channels;
+  columns.plane = g.h * g.w;
+  columns.k = static_cast<int>(g.kernel);
+  columns.stride = static_cast<int>(g.stride);
+  columns.pad = static_cast<int>(g.pad);
+  columns.w = static_cast<int>(g.w);
+  columns.ho = static_cast<int>(g.ho());
+  columns.wo = static_cast<int>(g.wo());
+  columns.cs = column_strides(g, layout);
+  Store store;  // the sums as they are: no multiplier, no rounding
+  store.dst = gx;
+  launch_tensor_stats(ctx, &job, 1, out, &store, then != nullptr ? Then{true, *then} : Then{}, &columns);
 }
 
 void measure_and_round(CudaContext& ctx, const StatsJob& job, const StoredRounding& stored, DeviceStats* out) {

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "lib/cuda/context.h"
+#include "lib/cuda/im2col.h"
 #include "lib/instrument/histogram.h"
 #include "lib/scaler/scale_rule.h"
 
@@ -77,6 +78,14 @@ struct StatsDecision {
 // decide_local_scale), a null entry, or more than 3 jobs.
 void tensor_stats(CudaContext& ctx, const StatsJob* jobs, std::size_t count, DeviceStats* out,
                   const StatsDecision& then);
+
+// col2im (im2col.h) measured in the same pass: gx ← col2im(cols, g, layout) (the same sums, im2col.cuh),
+// *out ← the statistics of those n·C·h·w values for F as tensor_stats computes them over gx (the same
+// kernel, grid and walk: the same bits), and then `then` when not null (on that one tensor) — a
+// convolution's upstream product measured for its controller without a pass of its own. Throws as
+// col2im and tensor_stats.
+void col2im_measured(CudaContext& ctx, const float* cols, const ConvGeometry& g, ColumnLayout layout, float* gx,
+                     Format f, RoundOptions round, DeviceStats* out, const StatsDecision* then);
 
 // How measure_and_round stores the values it measures.
 struct StoredRounding {
