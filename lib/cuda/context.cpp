@@ -60,6 +60,14 @@ void* CudaContext::scratch(std::size_t bytes) {
   return scratch_.data();
 }
 
+void* CudaContext::zeroed_scratch(std::size_t bytes) {
+  if (zeroed_.size() < bytes) {
+    zeroed_.resize(bytes);
+    GS_CUDA_CHECK(cudaMemsetAsync(zeroed_.data(), 0, bytes, stream()));
+  }
+  return zeroed_.data();
+}
+
 void CudaContext::set_stream(cudaStream_t s) {
   if (has_external_ ? s == external_ : s == stream_.get()) return;
   synchronize();

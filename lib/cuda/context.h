@@ -49,6 +49,10 @@ class CudaContext {
   // Device scratch of at least `bytes`, for work queued on stream(); valid until the next call. Entries
   // that need temporary memory (statistics partials, per-sample losses) take it from here.
   void* scratch(std::size_t bytes);
+  // Device memory of at least `bytes` that holds zeros whenever no work queued on stream() runs: an
+  // entry that uses it (the statistics' accumulators, stats.cu) leaves it zeroed again, so none needs a
+  // fill before its launch. Zeroed when it grows; valid until the next call.
+  void* zeroed_scratch(std::size_t bytes);
   // Waits for everything queued on stream(); throws CudaError for a fault of that work. Every wait of
   // the backend for its device goes through here (a copy to the host is queued, then waited for).
   void synchronize() const;
@@ -83,6 +87,7 @@ class CudaContext {
   cudaStream_t external_ = nullptr;  // set_stream's (not owned; null: the legacy default stream)
   bool has_external_ = false;
   DeviceBuffer<unsigned char> scratch_;
+  DeviceBuffer<unsigned char> zeroed_;
   struct EventDeleter {
     void operator()(cudaEvent_t e) const noexcept { (void)cudaEventDestroy(e); }
   };

@@ -2,16 +2,17 @@
 // stats_partial_kernel, grid (blocks, tensors): each thread walks its tensor with a grid-stride loop and
 // counts how many of the thresholds |v| reaches (the class of a value is that number, exactly as
 // histogram.cpp's class_index), adds the moments, and counts the binade of every non-zero finite value
-// in its warp's shared histogram. A block writes one partial record, adds its histogram to the output's
-// bins (integer atomics: exact in any order) and counts itself in; the tensor's last block to arrive
-// combines the partial records in a fixed order (the same sums whichever block is last), so no second
-// kernel waits on the first.
+// in its warp's shared histogram. A block writes one partial record, adds its histogram to the launch's
+// accumulators (integer atomics: exact in any order) and counts itself in; the tensor's last block to
+// arrive moves the bins into the output, combines the partial records in a fixed order (the same sums
+// whichever block is last) and writes every field of the output, so no second kernel waits on the
+// first and no fill precedes the launch (the accumulators are left zeroed, Accumulators below).
 //
 // For the memory's speed a thread loads kUnroll elements of its grid-stride walk before it uses the
 // first (one load in flight per resident thread leaves the memory idle part of the time), and visits
 // them in the walk's order, so its sums are those of the plain loop.
 //
-// With a StatsDecision, the tensor that finishes last (an arrival count in the first record) has its
+// With a StatsDecision, the tensor that finishes last (an arrival count in the accumulators) has its
 // block copy the records the decision reads into shared memory and one thread take it (decide.cuh).
 //
 // measure_and_round is the same kernel with a store: each thread multiplies the values it loaded, visits
@@ -83,6 +84,16 @@ struct Then {
 };
 constexpr int kMaxDecisionJobs = 3;  // the records a decision reads, copied into the histogram's memory
 
+// What the blocks of a launch add up across the grid, in ctx.zeroed_scratch(): each tensor's bins and
+// arrived blocks, and the tensors finished (a decision's arrival). The last block of a tensor moves its
+// bins into the output and zeroes them, and the decision's thread its count, so the memory is zero again
+// after every launch and no fill precedes one.
+struct Accumulators {
+  unsigned long long binades[kJobsPerLaunch][kBinadeCount];
+  unsigned long long arrived[kJobsPerLaunch];
+  unsigned long long finished;
+};
+
 // One block's share of one tensor.
 struct BlockPartial {
   unsigned long long reached[5];  // |v| != 0, >= first_nonzero, >= first_normal, >= first_overflow, >= inf
@@ -149,14 +160,16 @@ __device__ void finalize(const StatsTable& table, int job, const BlockPartial* p
 
 // The launch's last tensor to finish (its last block; every thread) takes `then`'s decision: the records
 // it reads copied by the block from global memory (other blocks wrote them) into `words`, then one thread.
-__device__ void decide_after(const StatsTable& table, const StatsDecision& then, unsigned long long* words) {
+__device__ void decide_after(const StatsTable& table, const StatsDecision& then, Accumulators* acc,
+                             unsigned long long* words) {
   bool last = false;
   if (threadIdx.x == 0) {
     if (table.count == 1) {
       last = true;
     } else {  // this tensor's record is written (finalize); the fence puts it before the arrival
       __threadfence();
-      last = atomicAdd(&table.out[0].finished, 1ull) == static_cast<unsigned long long>(table.count) - 1;
+      last = atomicAdd(&acc->finished, 1ull) == static_cast<unsigned long long>(table.count) - 1;
+      if (last) acc->finished = 0;  // every other tensor has arrived: zero again for the next launch
     }
   }
   if (!__syncthreads_or(last)) return;
@@ -198,7 +211,8 @@ __device__ void decide_after(const StatsTable& table, const StatsDecision& then,
 // kSource: where the values come from (a column source has one tensor, and kStore writes its sums).
 template <bool kStore, int kSource>
 __global__ void __launch_bounds__(kBlock) stats_partial_kernel(StatsTable table, BlockPartial* partials,
-                                                               Store store, Then then, Columns columns) {
+                                                               Accumulators* acc, Store store, Then then,
+                                                               Columns columns) {
   // The warps' histograms; after the block's arrival, the records a decision reads (decide_after).
   alignas(8) __shared__ unsigned hist[kWarps][kBinadeCount];
   static_assert(kMaxDecisionJobs * sizeof(DeviceStats) <= sizeof(hist), "a decision's records fit");
@@ -305,23 +319,32 @@ __global__ void __launch_bounds__(kBlock) stats_partial_kernel(StatsTable table,
   BlockPartial* part = partials + static_cast<std::size_t>(job) * gridDim.x;
   if (threadIdx.x == 0) part[blockIdx.x] = p;
   // block_reduce synchronised the block: every count of the shared histogram is in.
-  DeviceStats& out = table.out[job];
+  unsigned long long* bins = acc->binades[job];
   for (unsigned b = threadIdx.x; b < kBinadeCount; b += blockDim.x) {
     unsigned total = 0;
     for (unsigned w = 0; w < kWarps; ++w) total += hist[w][b];
-    if (total != 0) atomicAdd(&out.binades[b], static_cast<unsigned long long>(total));
+    if (total != 0) atomicAdd(&bins[b], static_cast<unsigned long long>(total));
   }
-  // Arrival: out.count (zeroed with the output, and written last by set_class_counts) counts the blocks
-  // done. The fence puts this block's record before its arrival for every other block.
+  // Arrival: the blocks done. The fence puts this block's record and bins before its arrival for every
+  // other block.
   __threadfence();
   bool last = false;
-  if (threadIdx.x == 0) last = atomicAdd(&out.count, 1ull) == gridDim.x - 1;
+  if (threadIdx.x == 0) last = atomicAdd(&acc->arrived[job], 1ull) == gridDim.x - 1;
   if (!__syncthreads_or(last)) return;
   __threadfence();
+  // The last block: the bins into the output (read past L1: other blocks added them), the accumulators
+  // zeroed again, then the rest of the record.
+  DeviceStats& out = table.out[job];
+  volatile unsigned long long* added = bins;
+  for (unsigned b = threadIdx.x; b < kBinadeCount; b += blockDim.x) {
+    out.binades[b] = added[b];
+    added[b] = 0;
+  }
+  if (threadIdx.x == 0) acc->arrived[job] = 0;
   finalize(table, job, part, gridDim.x);
   if (then.decides) {
     __syncthreads();  // thread 0's record is written; every thread has left the histogram's memory
-    decide_after(table, then.decision, reinterpret_cast<unsigned long long*>(&hist[0][0]));
+    decide_after(table, then.decision, acc, reinterpret_cast<unsigned long long*>(&hist[0][0]));
   }
 }
 
@@ -340,17 +363,17 @@ __global__ void __launch_bounds__(kBlock) max_abs_bits_kernel(const float* v, st
   if (threadIdx.x == 0 && m != 0) atomicMax(out, m);
 }
 
-void launch_stats(const StatsTable& table, unsigned blocks, BlockPartial* partials, const Store* store,
-                  const Then& then, const Columns* columns, cudaStream_t stream) {
+void launch_stats(const StatsTable& table, unsigned blocks, BlockPartial* partials, Accumulators* acc,
+                  const Store* store, const Then& then, const Columns* columns, cudaStream_t stream) {
   const dim3 grid(blocks, static_cast<unsigned>(table.count));
   if (columns != nullptr && columns->stride == 1)
-    stats_partial_kernel<true, kColumnsUnitStride><<<grid, kBlock, 0, stream>>>(table, partials, *store, then, *columns);
+    stats_partial_kernel<true, kColumnsUnitStride><<<grid, kBlock, 0, stream>>>(table, partials, acc, *store, then, *columns);
   else if (columns != nullptr)
-    stats_partial_kernel<true, kColumns><<<grid, kBlock, 0, stream>>>(table, partials, *store, then, *columns);
+    stats_partial_kernel<true, kColumns><<<grid, kBlock, 0, stream>>>(table, partials, acc, *store, then, *columns);
   else if (store != nullptr)
-    stats_partial_kernel<true, kArray><<<grid, kBlock, 0, stream>>>(table, partials, *store, then, Columns{});
+    stats_partial_kernel<true, kArray><<<grid, kBlock, 0, stream>>>(table, partials, acc, *store, then, Columns{});
   else
-    stats_partial_kernel<false, kArray><<<grid, kBlock, 0, stream>>>(table, partials, Store{}, then, Columns{});
+    stats_partial_kernel<false, kArray><<<grid, kBlock, 0, stream>>>(table, partials, acc, Store{}, then, Columns{});
   GS_CUDA_CHECK_LAUNCH();
 }
 
@@ -366,8 +389,8 @@ void check_jobs(const char* entry, const StatsJob* jobs, std::size_t count) {
 // The statistics of `count` tensors (at most kJobsPerLaunch when `store` is given) into out[0..count).
 void launch_tensor_stats(CudaContext& ctx, const StatsJob* jobs, std::size_t count, DeviceStats* out,
                          const Store* store, const Then& then = {}, const Columns* columns = nullptr) {
-  // The bins add up, and `count` counts the blocks arrived until the last one sets it.
-  GS_CUDA_CHECK(cudaMemsetAsync(out, 0, count * sizeof(DeviceStats), ctx.stream()));
+  // Every field of out[j] is written by its tensor's last block: no fill first (Accumulators).
+  auto* acc = static_cast<Accumulators*>(ctx.zeroed_scratch(sizeof(Accumulators)));
   for (std::size_t first = 0; first < count; first += kJobsPerLaunch) {
     StatsTable table{};
     table.count = static_cast<int>(std::min<std::size_t>(kJobsPerLaunch, count - first));
@@ -383,7 +406,7 @@ void launch_tensor_stats(CudaContext& ctx, const StatsJob* jobs, std::size_t cou
     const unsigned blocks = grid_for(largest, 8, kMaxBlocksPerJob);
     auto* partials = static_cast<BlockPartial*>(
         ctx.scratch(static_cast<std::size_t>(table.count) * blocks * sizeof(BlockPartial)));
-    launch_stats(table, blocks, partials, store, then, columns, ctx.stream());
+    launch_stats(table, blocks, partials, acc, store, then, columns, ctx.stream());
   }
 }
 

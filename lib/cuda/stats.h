@@ -27,7 +27,6 @@ struct DeviceStats {
   unsigned long long zero, underflow, subnormal, normal, overflow, nonfinite, elements, count;
   double sum, sum_squares, min, max, max_abs, min_nonzero_abs;
   unsigned long long binades[kBinadeCount];
-  unsigned long long finished;  // a deciding launch's tensors finished (in its first record; 0 otherwise)
 };
 TensorStats to_tensor_stats(const DeviceStats& d);
 
