@@ -441,15 +441,27 @@ TEST_CASE(
       cuda::decide_local_scale(rule, s, s + 1, s + 2, in.data(), out, ctx.stream());
     });
   }
+  // The host's own formulas (lib/scaler/scale_rule.h) on the statistics the device computed.
+  const auto stats_on_host = [&](const cuda::DeviceStats* s, std::size_t count) {
+    std::vector<cuda::DeviceStats> h(count);
+    GS_CUDA_CHECK(cudaMemcpy(h.data(), s, count * sizeof(cuda::DeviceStats), cudaMemcpyDeviceToHost));
+    return h;
+  };
+  const auto put = [&](cuda::DeviceScale* out, const cuda::DeviceScale& v) {
+    GS_CUDA_CHECK(cudaMemcpy(out, &v, sizeof v, cudaMemcpyHostToDevice));
+  };
   SECTION("a weight gradient's r, over one tensor and over two") {
     d.kind = cuda::StatsDecision::kWeightGradScale;
     d.u_max = fi.max_finite;
-    compare({job(1)}, d, [&](const cuda::DeviceStats* s, cuda::DeviceScale* out) {
-      cuda::decide_weight_grad_scale(s, 1, fi.max_finite, in.data(), out, ctx.stream());
-    });
-    compare({job(1), job(0)}, d, [&](const cuda::DeviceStats* s, cuda::DeviceScale* out) {
-      cuda::decide_weight_grad_scale(s, 2, fi.max_finite, in.data(), out, ctx.stream());
-    });
+    for (const std::vector<cuda::StatsJob>& jobs : {std::vector<cuda::StatsJob>{job(1)}, {job(0), job(1)}}) {  // the larger maximum second
+      compare(jobs, d, [&](const cuda::DeviceStats* s, cuda::DeviceScale* out) {
+        double m = 0;
+        for (const cuda::DeviceStats& h : stats_on_host(s, jobs.size()))
+          m = h.nonfinite > 0 ? INFINITY : rule_max(m, h.max_abs);
+        const double r = weight_grad_range_scale(m, fi.max_finite, 8.0);
+        put(out, {r * 8.0, r, r, 0});
+      });
+    }
   }
   SECTION("S0 from the loss gradient's statistics") {
     d.kind = cuda::StatsDecision::kLossScale;
@@ -458,7 +470,10 @@ TEST_CASE(
     d.loss.phi = 2;
     d.loss.base_is_floor = true;
     compare({job(2)}, d, [&](const cuda::DeviceStats* s, cuda::DeviceScale* out) {
-      cuda::decide_loss_scale(d.loss, s, out, ctx.stream());
+      const cuda::DeviceStats h = stats_on_host(s, 1)[0];
+      const LossScaleDecision s0 = loss_scale_decision(d.loss, reinterpret_cast<const std::uint64_t*>(h.binades),
+                                                       h.elements - h.zero - h.nonfinite, h.max_abs);
+      put(out, {s0.s0, s0.s0, s0.floor, 0});
     });
   }
   SECTION("a decision that lacks what it reads, or reads too many tensors, is refused before any launch") {

@@ -206,13 +206,9 @@ class CudaArrayOps final : public ArrayOps {
     // new entry: CudaBackend::accumulate_weight_grads's device path, in the same order.
     DeviceStats* max_slot = slot(rounding_count_++);
     const std::size_t out = scale_count_++;
-    StatsDecision decision;  // taken by the launch of the statistics it reads
-    decision.kind = StatsDecision::kWeightGradScale;
-    decision.u_max = u_max;
-    decision.in = scale_entry(table_index(in));
-    decision.out = scale_entry(out);
-    const StatsJob job{src, n, p.gradient_format(), p.round};
-    tensor_stats(ctx_, &job, 1, max_slot, decision);
+    const StatsJob job{src, n, p.gradient_format(), p.round};  // r, taken by the launch of its statistics
+    tensor_stats(ctx_, &job, 1, max_slot,
+                 StatsDecision::weight_grad_scale(u_max, scale_entry(table_index(in)), scale_entry(out)));
     queue_rounding_by(src, d, n, 1.0f, scale_entry(out), GradSite::weight, node, p, monitor, {});  // d = r·src
     cuda::divide_by_scale(d, n, scale_entry(out), stream);
     Queued e;  // after the rounding's records: r, and the range of r·S_in
@@ -252,15 +248,8 @@ class CudaArrayOps final : public ArrayOps {
     if (reads_upstream) jobs.push_back(StatsJob{upstream, upstream_n, f, round});
     DeviceStats* stats = jobs.empty() ? nullptr : slots(jobs.size());
     const std::size_t out = scale_count_++;
-    StatsDecision decision;  // taken by the launch of the statistics it reads
-    decision.kind = StatsDecision::kLocalScale;
-    decision.rule = rule;
-    decision.grad = moments ? 0 : -1;
-    decision.weight = moments ? 1 : -1;
-    decision.upstream = reads_upstream ? (moments ? 2 : 0) : -1;
-    decision.in = scale_entry(table_index(in));
-    decision.out = scale_entry(out);
-    tensor_stats(ctx_, jobs.data(), jobs.size(), stats, decision);
+    tensor_stats(ctx_, jobs.data(), jobs.size(), stats,  // taken by the launch of the statistics it reads
+                 StatsDecision::local_scale(rule, scale_entry(table_index(in)), scale_entry(out)));
     return static_cast<int>(out);
   }
 
@@ -270,12 +259,8 @@ class CudaArrayOps final : public ArrayOps {
     GS_CHECK(src != nullptr || n == 0, "CudaArrayOps::decide_loss_scale: the loss gradient is null");
     DeviceStats* stats = slots(1);
     const std::size_t out = scale_count_++;
-    StatsDecision decision;  // S0, taken by the launch of the statistics it reads
-    decision.kind = StatsDecision::kLossScale;
-    decision.loss = rule;
-    decision.out = scale_entry(out);
-    const StatsJob job{src, n, f, round};
-    tensor_stats(ctx_, &job, 1, stats, decision);
+    const StatsJob job{src, n, f, round};  // S0, taken by the launch of the statistics it reads
+    tensor_stats(ctx_, &job, 1, stats, StatsDecision::loss_scale(rule, scale_entry(out)));
     return static_cast<int>(out);
   }
 

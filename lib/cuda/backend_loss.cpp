@@ -79,12 +79,9 @@ bool CudaBackend::loss_backward_device_s0(const Tensor& logits, const std::vecto
   cuda::softmax_cross_entropy(ctx_, logits.data(), labels_.data(), n, classes, 1.0, loss_grad_.data(),
                               &header()->loss, mean_over);
   loss_scale_entry_ = new_scale_entry();
-  StatsDecision decision;  // S0, taken by the launch of the statistics it reads
-  decision.kind = StatsDecision::kLossScale;
-  decision.loss = rule;
-  decision.out = scale_at(loss_scale_entry_);
+  // S0, taken by the launch of the statistics it reads.
   const StatsJob job = job_of(loss_grad_.data(), loss_grad_.size(), p.gradient_format(), p.round);
-  tensor_stats(ctx_, &job, 1, query_stats_.data(), decision);
+  tensor_stats(ctx_, &job, 1, query_stats_.data(), StatsDecision::loss_scale(rule, scale_at(loss_scale_entry_)));
   grad.g.resize(logits.shape());
   cuda::softmax_cross_entropy(ctx_, logits.data(), labels_.data(), n, classes, scale_at(loss_scale_entry_),
                               grad.g.data(), &header()->loss, mean_over);

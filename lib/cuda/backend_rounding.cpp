@@ -126,8 +126,8 @@ void CudaBackend::decide_on_device(ScaleRule rule, LayerController& controller, 
                                    ScaledGrad& gx, BackwardContext& ctx, const UpstreamWrite& write) {
   const auto t0 = std::chrono::steady_clock::now();
   rule.reduction = static_cast<double>(product.reduction);
-  // The statistics the formula reads stay in query_stats_ (the stream keeps them until the decision
-  // kernel has read them): the moments of g and W, or those of the fp32 upstream product.
+  // The statistics the formula reads, into query_stats_ by the launch that then decides: the moments of
+  // g and W, or those of the fp32 upstream product (from the layer's own last pass when it hands one).
   const Format f = ctx.precision.gradient_format();
   const bool moments = rule_reads_moments(rule.formula), upstream = rule_reads_upstream(rule.formula);
   std::vector<StatsJob> jobs;
@@ -137,14 +137,8 @@ void CudaBackend::decide_on_device(ScaleRule rule, LayerController& controller, 
   }
   if (upstream) jobs.push_back(job_of(gx.g.data(), gx.g.size(), f, ctx.precision.round));
   const int e = new_scale_entry();
-  StatsDecision decision;  // taken by the statistics' launch, once they are complete
-  decision.kind = StatsDecision::kLocalScale;
-  decision.rule = rule;
-  decision.grad = moments ? 0 : -1;
-  decision.weight = moments ? 1 : -1;
-  decision.upstream = upstream ? (moments ? 2 : 0) : -1;
-  decision.in = scale_entry(grad_output);
-  decision.out = scale_at(e);
+  // Taken by the statistics' launch, once they are complete.
+  const StatsDecision decision = StatsDecision::local_scale(rule, scale_entry(grad_output), scale_at(e));
   if (write && upstream && !moments) {  // the product's own pass measures it and decides
     write(&jobs[0], query_stats_.data(), &decision);
   } else {
@@ -203,12 +197,8 @@ void CudaBackend::accumulate_weight_grads(const Layer& layer, std::initializer_l
     const StatsJob job = job_of(w.grad->data(), w.grad->size(), p.gradient_format(), p.round);
     if (bound && device_decisions_) {  // r on the device, decided by the launch of its statistics
       const int e = new_scale_entry();
-      StatsDecision decision;
-      decision.kind = StatsDecision::kWeightGradScale;
-      decision.u_max = *bound;
-      decision.in = scale_entry(at);
-      decision.out = scale_at(e);
-      tensor_stats(ctx_, &job, 1, query_stats_.data(), decision);
+      tensor_stats(ctx_, &job, 1, query_stats_.data(),
+                   StatsDecision::weight_grad_scale(*bound, scale_entry(at), scale_at(e)));
       weight_grad_scales_.push_back(PendingNote{e, layer.id()});  // resolve_scales keeps the smallest r
       unscaled_at_.push_back(PendingNote{e, layer.id()});
       UnscaleJob unscale{w.grad->data(), w.param->grad.data(), n, 1.0};

@@ -1,6 +1,7 @@
-// The device's decisions (local_scale.h) as device functions, for one thread: the one-thread kernels of
-// local_scale.cu and the statistics kernel's last block (stats.cu, tensor_stats with a StatsDecision)
-// both call them, so a decision has one implementation wherever it is taken.
+// The device's decisions as device functions, for one thread: the statistics kernel's last block calls
+// them (stats.cu, tensor_stats with a StatsDecision), and local_scale.cu's decide_local_scale kernel the
+// first (a formula that reads no statistics), so a decision has one implementation wherever it is taken.
+// Each evaluates lib/scaler/scale_rule.h's host function on the device's statistics.
 #pragma once
 
 #if !defined(__CUDACC__)
@@ -38,8 +39,8 @@ __device__ inline void decide_local(const ScaleRule& rule, const DeviceStats* gr
   *out = DeviceScale{d.s * inputs.scale_in, d.s, d.unbound, static_cast<double>(d.limit)};
 }
 
-// decide_weight_grad_scale: r from the largest maximum of `count` statistics (infinite when one of them
-// counted a non-finite value).
+// *out ← {r·S_in, r, r}: SPEC §6.5's weight-gradient factor r = weight_grad_range_scale(m, u_max, S_in)
+// with m the largest max_abs of `count` statistics (infinite when one of them counted a non-finite value).
 __device__ inline void decide_weight_grad(const DeviceStats* stats, int count, double u_max, const DeviceScale* in,
                                           DeviceScale* out) {
   double m = 0;
@@ -48,7 +49,8 @@ __device__ inline void decide_weight_grad(const DeviceStats* stats, int count, d
   *out = DeviceScale{r * in->scale, r, r};
 }
 
-// decide_loss_scale: S0 from the fp32 loss gradient's statistics.
+// *out ← {S0, S0, floor}: loss_scale_decision(rule, ...) from the fp32 loss gradient's statistics at scale 1
+// (Scaler::device_loss_rule); its s is S0 too (the loss gradient's S_in is 1).
 __device__ inline void decide_loss(const LossScaleRule& rule, const DeviceStats* stats, DeviceScale* out) {
   const LossScaleDecision d = loss_scale_decision(rule, reinterpret_cast<const std::uint64_t*>(stats->binades),
                                                   stats->elements - stats->zero - stats->nonfinite, stats->max_abs);

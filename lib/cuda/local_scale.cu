@@ -16,15 +16,6 @@ __global__ void decide_kernel(ScaleRule rule, const DeviceStats* grad, const Dev
   device::decide_local(rule, grad, weight, upstream, in, out);
 }
 
-__global__ void weight_grad_kernel(const DeviceStats* stats, int count, double u_max, const DeviceScale* in,
-                                   DeviceScale* out) {
-  device::decide_weight_grad(stats, count, u_max, in, out);
-}
-
-__global__ void loss_scale_kernel(LossScaleRule rule, const DeviceStats* stats, DeviceScale* out) {
-  device::decide_loss(rule, stats, out);
-}
-
 __global__ void apply_kernel(const float* src, float* d, std::size_t n, const DeviceScale* entry) {
   const float s = static_cast<float>(entry->local);
   if (s == 1.0f && src == d) return;  // as cuda::quantize's multiplier: 1 leaves every value as it is
@@ -66,20 +57,6 @@ void decide_local_scale(const ScaleRule& rule, const DeviceStats* grad, const De
   GS_CHECK(!rule_reads_upstream(rule.formula) || upstream != nullptr,
            "cuda::decide_local_scale: formula " << rule.formula << " reads the upstream statistics");
   decide_kernel<<<1, 1, 0, stream>>>(rule, grad, weight, upstream, in, out);
-  GS_CUDA_CHECK_LAUNCH();
-}
-
-void decide_weight_grad_scale(const DeviceStats* stats, int count, double u_max, const DeviceScale* in,
-                              DeviceScale* out, cudaStream_t stream) {
-  GS_CHECK(stats != nullptr && count > 0 && in != nullptr && out != nullptr,
-           "cuda::decide_weight_grad_scale got a null pointer or no statistics");
-  weight_grad_kernel<<<1, 1, 0, stream>>>(stats, count, u_max, in, out);
-  GS_CUDA_CHECK_LAUNCH();
-}
-
-void decide_loss_scale(const LossScaleRule& rule, const DeviceStats* stats, DeviceScale* out, cudaStream_t stream) {
-  GS_CHECK(stats != nullptr && out != nullptr, "cuda::decide_loss_scale got a null pointer");
-  loss_scale_kernel<<<1, 1, 0, stream>>>(rule, stats, out);
   GS_CUDA_CHECK_LAUNCH();
 }
 

@@ -37,18 +37,6 @@ void set_scale(DeviceScale* entry, double value, cudaStream_t stream);
 void decide_local_scale(const ScaleRule& rule, const DeviceStats* grad, const DeviceStats* weight,
                         const DeviceStats* upstream, const DeviceScale* in, DeviceScale* out, cudaStream_t stream);
 
-// *out ← {r·S_in, r, r}: SPEC §6.5's weight-gradient factor r = weight_grad_range_scale(m, u_max, S_in)
-// (lib/scaler/scale_rule.h) with m the largest max_abs of `count` statistics (infinite when one of them
-// counted a non-finite value) and S_in = in->scale. One thread, queued on `stream`.
-void decide_weight_grad_scale(const DeviceStats* stats, int count, double u_max, const DeviceScale* in,
-                              DeviceScale* out, cudaStream_t stream);
-
-// *out ← {S0, S0, floor}: loss_scale_decision(rule, ...) (lib/scaler/scale_rule.h) from `stats`, the
-// statistics of the fp32 loss gradient at scale 1 — S0 chosen where they are (Scaler::device_loss_rule);
-// its s is S0 too (the loss gradient's S_in is 1), so apply_local_scale multiplies by it. One thread,
-// queued on `stream`.
-void decide_loss_scale(const LossScaleRule& rule, const DeviceStats* stats, DeviceScale* out, cudaStream_t stream);
-
 // d[i] ← d[i] / float(entry->scale) for i < n in fp32 (SPEC §4's unscale by a scale decided on the
 // device), unless entry->scale is outside float32's normal range (scale_in_float_range) — then d is left as it is, and
 // the host, reading the entry with the step's measurements, counts the step as non-finite (as

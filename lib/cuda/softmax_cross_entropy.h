@@ -31,7 +31,7 @@ struct DeviceLoss {
 void softmax_cross_entropy(CudaContext& ctx, const float* logits, const std::int32_t* labels, std::int64_t n,
                            std::int64_t classes, double loss_scale, float* grad, DeviceLoss* result,
                            std::int64_t mean_over = 0);
-// The same with S0 read on the device (`loss_scale`: an entry of a scale table, decide_loss_scale's),
+// The same with S0 read on the device (`loss_scale`: an entry of a scale table: S0 decided there),
 // float(S0 / N) computed there as above: no wait for S0. grad must not be null.
 void softmax_cross_entropy(CudaContext& ctx, const float* logits, const std::int32_t* labels, std::int64_t n,
                            std::int64_t classes, const DeviceScale* loss_scale, float* grad, DeviceLoss* result,

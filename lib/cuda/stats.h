@@ -61,8 +61,8 @@ struct DeviceScale;  // an entry of a scale table (local_scale.h)
 struct StatsDecision {
   enum Kind : int {
     kLocalScale,       // decide_local_scale(rule, ...) from jobs grad / weight / upstream (-1: not read)
-    kWeightGradScale,  // decide_weight_grad_scale(all the jobs, u_max, in, out)
-    kLossScale,        // decide_loss_scale(loss, job 0, out)
+    kWeightGradScale,  // SPEC §6.5's r from the largest maximum of all the jobs, u_max and S_in
+    kLossScale,        // S0 = loss_scale_decision(loss, job 0's statistics)
   };
   Kind kind = kLocalScale;
   ScaleRule rule;
@@ -71,6 +71,35 @@ struct StatsDecision {
   LossScaleRule loss;
   const DeviceScale* in = nullptr;  // S_in (kLocalScale, kWeightGradScale)
   DeviceScale* out = nullptr;
+
+  // `rule`'s local scale, its statistics in the backend's order: g and W (jobs 0 and 1) when the formula
+  // reads moments, then the upstream product.
+  static StatsDecision local_scale(const ScaleRule& rule, const DeviceScale* in, DeviceScale* out) {
+    StatsDecision d;
+    d.rule = rule;
+    const bool moments = rule_reads_moments(rule.formula);
+    d.grad = moments ? 0 : -1;
+    d.weight = moments ? 1 : -1;
+    d.upstream = rule_reads_upstream(rule.formula) ? (moments ? 2 : 0) : -1;
+    d.in = in;
+    d.out = out;
+    return d;
+  }
+  static StatsDecision weight_grad_scale(double u_max, const DeviceScale* in, DeviceScale* out) {
+    StatsDecision d;
+    d.kind = kWeightGradScale;
+    d.u_max = u_max;
+    d.in = in;
+    d.out = out;
+    return d;
+  }
+  static StatsDecision loss_scale(const LossScaleRule& loss, DeviceScale* out) {
+    StatsDecision d;
+    d.kind = kLossScale;
+    d.loss = loss;
+    d.out = out;
+    return d;
+  }
 };
 // tensor_stats, then `then` (device memory for in and out), in one launch. At most 3 jobs (those a
 // decision reads). Throws Error for a job the decision's formula needs and was not given (as
