@@ -9,6 +9,7 @@
 #include <vector>
 
 #include <nlohmann/json.hpp>
+#include <omp.h>
 
 #include "lib/instrument/histogram.h"
 #include "lib/numeric/quantize.h"
@@ -110,6 +111,24 @@ TEST_CASE("tensor_stats equals the fp64 reference on tensors spanning 2^-40 .. 2
   REQUIRE(s.subnormal > 0);
   REQUIRE(s.overflow > 0);
   REQUIRE(s.zero > 0);
+}
+
+TEST_CASE("tensor_stats split over any number of threads reads every value", "[instrument]") {
+  // A large tensor is cut into t parts of whole blocks of 2048. With n = t·2^k + r (r < t) the parts
+  // must still reach the last r values: 2^17 + 3 over 16 threads is 16 parts of 8192 and a tail of 3.
+  const int saved = omp_get_max_threads();
+  for (int t : {2, 3, 7, 16}) {
+    omp_set_num_threads(t);
+    for (std::size_t n : {(std::size_t{1} << 17) + 3, (std::size_t{1} << 18) + 13, std::size_t{300007}}) {
+      INFO(t << " threads, n = " << n);
+      const auto v = wide_range(n, n + static_cast<std::size_t>(t));
+      const TensorStats s = tensor_stats(v.data(), v.size(), Format::fp16);
+      CHECK(s.elements == n);
+      require_equal(s, reference_stats(v, Format::fp16));
+      CHECK(tensor_moments(v.data(), v.size()).elements == n);
+    }
+  }
+  omp_set_num_threads(saved);
 }
 
 TEST_CASE("tensor_stats: empty tensor, NaN and infinities", "[instrument]") {

@@ -201,7 +201,9 @@ TensorStats split_pass(const float* v, std::size_t n, const RoundThresholds& th,
   const int threads = omp_get_max_threads();
   if (n < kParallelMin || threads == 1 || omp_in_parallel()) return stats_pass(v, n, th, histogram);
   const auto t = static_cast<std::size_t>(threads);
-  const std::size_t chunk = (n / t + kBlock - 1) / kBlock * kBlock;
+  // Whole blocks, and t of them cover n: ceil(n / t) rounded up to a block (ceil(n / t) first: with
+  // n / t rounded down, a multiple of kBlock, the last n % t values were read by no thread).
+  const std::size_t chunk = ((n + t - 1) / t + kBlock - 1) / kBlock * kBlock;
   std::vector<TensorStats> parts(t);
 #pragma omp parallel num_threads(threads)
   {
