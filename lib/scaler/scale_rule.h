@@ -123,12 +123,16 @@ GS_HOST_DEVICE inline double measured_unbound(const std::uint64_t* bins, std::ui
   // does not), i.e. b + e ≥ log2(u_min); below that, the whole binade is counted as underflowing.
   const int safe_from = rule_ceil_log2(p.u_min);
   const double allowed = static_cast<double>(nonzero) * p.n_uf;
-  // underflow(e) = Σ_{b < safe_from − e} bins[b] decreases as e grows: walk e up from 0.
+  // underflow(e) = Σ_{b < safe_from − e} bins[b] decreases as e grows: walk e up from 0, each step taking
+  // the one binade that becomes safe out of the sum (exact integer counts: the sum over the remaining
+  // binades; one pass over the bins, which the device's one deciding thread runs too).
+  std::uint64_t under = 0;
+  for (int b = kBinadeMin; b < safe_from && b <= kBinadeMax; ++b) under += bins[b - kBinadeMin];
   int e = 0;
-  for (;; ++e) {
-    std::uint64_t under = 0;
-    for (int b = kBinadeMin; b < safe_from - e && b <= kBinadeMax; ++b) under += bins[b - kBinadeMin];
-    if (static_cast<double>(under) <= allowed || safe_from - e <= kBinadeMin) break;
+  while (!(static_cast<double>(under) <= allowed) && safe_from - e > kBinadeMin) {
+    ++e;
+    const int leaving = safe_from - e;  // the binade now at or above the threshold
+    if (leaving <= kBinadeMax) under -= bins[leaving - kBinadeMin];
   }
   double s = ldexp(1.0, e);
   if (max_abs > 0) s = rule_min(s, ldexp(p.u_max, -p.margin) / max_abs);
