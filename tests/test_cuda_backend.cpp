@@ -191,6 +191,61 @@ TEST_CASE("CUDA backend: a rounding measured on the GPU fills the monitor as the
   }
 }
 
+TEST_CASE("CUDA ArrayOps: a rounding with its factor from the table and its division is one kernel, with the "
+          "separate calls' bits (counted on the CPU execution target)",
+          "[cuda][backend]") {
+  test::require_cuda_device();
+  if (test::kernel_launches() < 0) test::skip_test("kernel launches are counted on the CPU execution target only");
+  cuda::CudaBackend backend(0);
+  ArrayOps& ops = backend.array_ops();
+  Precision p;
+  p.format = Format::fp16;
+  const Tensor values = gradient_values(70001, 9);
+  const Tensor src = values.to(backend.memory());
+  const auto n = static_cast<std::size_t>(values.size());
+  StepMonitor monitor;
+  monitor.reset(4, true, 0.0);
+  const auto launches = [](const std::function<void()>& f) {
+    const long long before = test::kernel_launches();
+    f();
+    return test::kernel_launches() - before;
+  };
+  const int big = ops.new_scale(1024.0), odd = ops.new_scale(3.0);
+  RoundingScales by_entries;  // the plug-in's upstream gradient (s from the table), divided by an entry's S
+  by_entries.multiply_by = big;
+  by_entries.divide_by = odd;
+  RoundingScales by_values;  // a weight gradient at a host scale: r, then divided by r·S
+  by_values.multiplier = 0.5f;
+  by_values.divide = true;
+  by_values.divisor = 3.0f;
+  float fused_max[2] = {-1, -1}, separate_max[2] = {-1, -1};
+  std::vector<Tensor> fused, separate;
+  for (int k = 0; k < 2; ++k) {
+    fused.emplace_back(values.shape(), 0.0f, backend.memory());
+    separate.emplace_back(values.shape(), 0.0f, backend.memory());
+    const RoundingScales& scales = k == 0 ? by_entries : by_values;
+    CHECK(launches([&] {
+            ops.queue_scaled_rounding(src.data(), fused[k].data(), n, scales, GradSite::upstream, 1, p, monitor,
+                                      [&, k](float m) { fused_max[k] = m; });
+          }) == 1);
+    // ArrayOps' own composition: multiply_by_local, queue_rounding, divide or divide_by_scale.
+    ops.ArrayOps::queue_scaled_rounding(src.data(), separate[k].data(), n, scales, GradSite::upstream, 2, p,
+                                        monitor, [&, k](float m) { separate_max[k] = m; });
+  }
+  // r on the device: its statistics' launch decides it, then the rounding divides by r·S_in in its pass.
+  Tensor weight(values.shape(), 0.0f, backend.memory());
+  CHECK(launches([&] { ops.queue_weight_gradient(src.data(), weight.data(), n, 65504.0, big, 3, p, monitor, {}); }) ==
+        2);
+  ops.flush();
+  for (int k = 0; k < 2; ++k) {
+    INFO((k == 0 ? "factors from the table" : "host factors"));
+    CHECK(fused_max[k] == separate_max[k]);
+    CHECK(fused_max[k] > 0);
+    CHECK(test::bit_mismatches(host_values(fused[k]), host_values(separate[k])).empty());
+  }
+  CHECK_FALSE(monitor.found_inf);
+}
+
 TEST_CASE("CUDA backend: a gradient's rounding is one kernel, its unscale and its scale decisions none of "
           "their own (counted on the CPU execution target)",
           "[cuda][backend]") {

@@ -21,6 +21,7 @@
 #include "lib/cuda/convert.h"
 #include "lib/cuda/device_buffer.h"
 #include "lib/cuda/edge_counts.h"
+#include "lib/cuda/elementwise.h"
 #include "lib/cuda/gemm.h"
 #include "lib/cuda/im2col.h"
 #include "lib/cuda/local_scale.h"
@@ -347,6 +348,59 @@ TEST_CASE("cuda::measure_and_round is the multiplication, tensor_stats and quant
     stored.scale = 0;
     CHECK_THROWS_AS(cuda::measure_and_round(ctx, {d.data(), 5, Format::fp16, {}}, stored, a.data()),
                     NumericError);
+  }
+  SECTION("divided after the rounding: cuda::divide's or divide_by_scale's bits, in the same pass") {
+    // Two of the mixed tensors (NaNs, infs, subnormals); divisors a power of two and an inexact 3 on the
+    // host, and on the device an S inside float32's range and two outside it (left undivided).
+    for (std::size_t t : {std::size_t{1}, std::size_t{2}}) {
+      const std::vector<float>& host = tensors[t];
+      const std::size_t n = host.size();
+      for (int how = 0; how < 5; ++how) {
+        const double divisor = how == 0 ? 1024.0 : how == 1 ? 3.0 : how == 2 ? 0x1p-20 : how == 3 ? 1e-300 : 1e300;
+        const bool on_device = how >= 2;
+        for (bool multiplier_on_device : {false, true}) {
+          INFO("tensor " << t << ", divisor " << divisor << (on_device ? " from the device" : "")
+                         << (multiplier_on_device ? ", multiplier from the device" : ""));
+          const auto entry = test::to_device(std::vector<cuda::DeviceScale>{{divisor, 0x1p-3, 1, 0}}, ctx);
+          // Separately: measure_and_round, then the division's own kernel.
+          auto want = test::to_device(host, ctx);
+          auto want_stats = test::sentinel_buffer<cuda::DeviceStats>(1, ctx);
+          cuda::StoredRounding plain{want.data(), true, multiplier_on_device ? 1.0f : 0.5f, nullptr};
+          if (multiplier_on_device) plain.device_multiplier = &entry.data()->local;
+          cuda::measure_and_round(ctx, {want.data(), n, Format::fp16, {}}, plain, want_stats.data());
+          if (on_device)
+            cuda::divide_by_scale(want.data(), n, entry.data(), ctx.stream());
+          else
+            cuda::divide(want.data(), n, static_cast<float>(divisor), ctx.stream());
+          // In one pass, from a source (not in place).
+          const auto src = test::to_device(host, ctx);
+          auto got = test::sentinel_buffer<float>(n, ctx);
+          auto got_stats = test::sentinel_buffer<cuda::DeviceStats>(1, ctx);
+          cuda::StoredRounding stored = plain;
+          stored.dst = got.data();
+          if (on_device) {
+            stored.device_divisor = &entry.data()->scale;
+          } else {
+            stored.divide = true;
+            stored.divisor = static_cast<float>(divisor);
+          }
+          cuda::measure_and_round(ctx, {src.data(), n, Format::fp16, {}}, stored, got_stats.data());
+          CHECK(bit_mismatches(test::to_host(got, ctx), test::to_host(want, ctx), &host) == "");
+          const auto a = test::to_host(got_stats, ctx), b = test::to_host(want_stats, ctx);
+          CHECK(std::memcmp(a.data(), b.data(), sizeof(cuda::DeviceStats)) == 0);
+        }
+      }
+    }
+    auto d = test::to_device(tensors[1], ctx), m = test::to_device(tensors[1], ctx);
+    auto flag = test::to_device(std::vector<int>{0}, ctx);
+    auto a = test::sentinel_buffer<cuda::DeviceStats>(1, ctx);
+    cuda::StoredRounding both{d.data(), true, 1.0f, nullptr};
+    both.master = m.data();
+    both.found_inf = flag.data();
+    both.divide = true;
+    both.divisor = 2.0f;
+    CHECK_THROWS_WITH(cuda::measure_and_round(ctx, {d.data(), 1, Format::fp16, {}}, both, a.data()),
+                      Contains("divided or unscaled into a master, not both"));
   }
 }
 

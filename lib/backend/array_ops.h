@@ -22,6 +22,17 @@ struct ScaleEntry {
   int limit = 0;
 };
 
+// A rounding's factors (ArrayOps::queue_scaled_rounding): before the rounding, the fp32 multiplier or
+// the s of a scale entry (multiply_by_local's factor); after it, a division of the stored values by a
+// host divisor (divide's) or by the S of a scale entry (divide_by_scale's), or none.
+struct RoundingScales {
+  float multiplier = 1.0f;  // used when multiply_by is -1
+  int multiply_by = -1;     // a scale entry whose s multiplies instead
+  bool divide = false;      // d[i] / divisor after the rounding
+  float divisor = 1.0f;
+  int divide_by = -1;  // a scale entry whose S divides after the rounding (not together with `divide`)
+};
+
 class ArrayOps {
  public:
   virtual ~ArrayOps() = default;
@@ -34,6 +45,12 @@ class ArrayOps {
   virtual void queue_rounding(const float* src, float* d, std::size_t n, float multiplier, GradSite site,
                               int node, const Precision& p, StepMonitor& monitor,
                               std::function<void(float)> then) = 0;
+  // queue_rounding with `scales`' factors: multiply_by_local (or the multiplier), queue_rounding, then
+  // divide or divide_by_scale — the same values and records, in one pass over the data where the
+  // memory allows (a device, unless popart_als counts the weight gradient between the passes).
+  virtual void queue_scaled_rounding(const float* src, float* d, std::size_t n, const RoundingScales& scales,
+                                     GradSite site, int node, const Precision& p, StepMonitor& monitor,
+                                     std::function<void(float)> then);
   // `f` in order with the queued roundings' records (a monitor change whose order with theirs matters:
   // which layer was the first non-finite one). At once on the host.
   virtual void queue(std::function<void()> f) = 0;

@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <utility>
 
 #include "lib/backend/array_ops.h"
 #include "lib/core/error.h"
@@ -21,6 +22,25 @@ namespace {
   std::abort();  // not reached
 }
 }  // namespace
+
+void ArrayOps::queue_scaled_rounding(const float* src, float* d, std::size_t n, const RoundingScales& scales,
+                                     GradSite site, int node, const Precision& p, StepMonitor& monitor,
+                                     std::function<void(float)> then) {
+  GS_CHECK(!(scales.divide && scales.divide_by >= 0),
+           "ArrayOps::queue_scaled_rounding: a division by a host value or by an entry's S, not both");
+  const float* from = src;
+  float multiplier = scales.multiplier;
+  if (scales.multiply_by >= 0) {
+    multiply_by_local(src, d, n, scales.multiply_by);
+    from = d;
+    multiplier = 1.0f;
+  }
+  queue_rounding(from, d, n, multiplier, site, node, p, monitor, std::move(then));
+  if (scales.divide_by >= 0)
+    divide_by_scale(d, n, scales.divide_by);
+  else if (scales.divide)
+    divide(d, n, scales.divisor);
+}
 
 int ArrayOps::new_scale(double) {
   no_scale_table("new_scale");

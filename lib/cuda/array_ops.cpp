@@ -33,7 +33,22 @@ class CudaArrayOps final : public ArrayOps {
   void queue_rounding(const float* src, float* d, std::size_t n, float multiplier, GradSite site, int node,
                       const Precision& p, StepMonitor& monitor, std::function<void(float)> then) override {
     select_device();
-    queue_rounding_by(src, d, n, multiplier, nullptr, site, node, p, monitor, std::move(then));
+    queue_rounding_by(src, d, n, multiplier, nullptr, site, node, p, monitor, std::move(then), Division{});
+  }
+
+  void queue_scaled_rounding(const float* src, float* d, std::size_t n, const RoundingScales& scales,
+                             GradSite site, int node, const Precision& p, StepMonitor& monitor,
+                             std::function<void(float)> then) override {
+    select_device();
+    GS_CHECK(!(scales.divide && scales.divide_by >= 0),
+             "CudaArrayOps::queue_scaled_rounding: a division by a host value or by an entry's S, not both");
+    Division division;
+    division.by_value = scales.divide;
+    division.value = scales.divisor;
+    if (scales.divide_by >= 0) division.entry = scale_entry(table_index(scales.divide_by));
+    const DeviceScale* factor = scales.multiply_by >= 0 ? scale_entry(table_index(scales.multiply_by)) : nullptr;
+    queue_rounding_by(src, d, n, factor ? 1.0f : scales.multiplier, factor, site, node, p, monitor, std::move(then),
+                      division);
   }
 
   void queue(std::function<void()> f) override {
@@ -201,7 +216,6 @@ class CudaArrayOps final : public ArrayOps {
                              const Precision& p, StepMonitor& monitor,
                              std::function<void(double)> then) override {
     select_device();
-    cudaStream_t stream = ctx_.stream();
     // r from the maximum in src's own statistics (a slot of its own, read by the rule only), r·S_in in a
     // new entry: CudaBackend::accumulate_weight_grads's device path, in the same order.
     DeviceStats* max_slot = slot(rounding_count_++);
@@ -209,8 +223,9 @@ class CudaArrayOps final : public ArrayOps {
     const StatsJob job{src, n, p.gradient_format(), p.round};  // r, taken by the launch of its statistics
     tensor_stats(ctx_, &job, 1, max_slot,
                  StatsDecision::weight_grad_scale(u_max, scale_entry(table_index(in)), scale_entry(out)));
-    queue_rounding_by(src, d, n, 1.0f, scale_entry(out), GradSite::weight, node, p, monitor, {});  // d = r·src
-    cuda::divide_by_scale(d, n, scale_entry(out), stream);
+    Division by_scale;  // d = r·src rounded, then divided by r·S_in (one pass)
+    by_scale.entry = scale_entry(out);
+    queue_rounding_by(src, d, n, 1.0f, scale_entry(out), GradSite::weight, node, p, monitor, {}, by_scale);
     Queued e;  // after the rounding's records: r, and the range of r·S_in
     e.scale_entry = out;
     e.node = node;
@@ -371,10 +386,18 @@ class CudaArrayOps final : public ArrayOps {
     return first;
   }
   DeviceEdgeCounts* edge_slot(std::size_t i) { return edge_chunks_[i / kChunk].data() + i % kChunk; }
-  // queue_rounding with the multiplier factor->local (read on the device) when `factor` is not null.
+  // After a rounding: d divided by a host value, or by the S of a table entry (divide_by_scale's range
+  // check), or not at all.
+  struct Division {
+    bool by_value = false;
+    float value = 1.0f;
+    const DeviceScale* entry = nullptr;
+  };
+  // queue_rounding with the multiplier factor->local (read on the device) when `factor` is not null, and
+  // the stored values divided as `division` says.
   void queue_rounding_by(const float* src, float* d, std::size_t n, float multiplier, const DeviceScale* factor,
                          GradSite site, int node, const Precision& p, StepMonitor& monitor,
-                         std::function<void(float)> then) {
+                         std::function<void(float)> then, const Division& division) {
     const Format f = p.gradient_format();
     Queued e;
     e.rounding = true;
@@ -388,10 +411,12 @@ class CudaArrayOps final : public ArrayOps {
     e.edge = site == GradSite::weight && monitor.gradient_edge > 0;
     any_edge_ = any_edge_ || e.edge;
     cudaStream_t stream = ctx_.stream();
-    if (!e.edge) {  // the multiplication, the statistics and the rounding (or the copy) in one pass
-      measure_and_round(ctx_, StatsJob{src, n, f, p.round},
-                        StoredRounding{d, e.quantized, multiplier, factor ? &factor->local : nullptr},
-                        slot(e.slot));
+    if (!e.edge) {  // the multiplication, the statistics, the rounding (or the copy) and the division in one pass
+      StoredRounding stored{d, e.quantized, multiplier, factor ? &factor->local : nullptr};
+      stored.divide = division.by_value;
+      stored.divisor = division.value;
+      stored.device_divisor = division.entry ? &division.entry->scale : nullptr;
+      measure_and_round(ctx_, StatsJob{src, n, f, p.round}, stored, slot(e.slot));
       queued_.push_back(std::move(e));
       return;
     }
@@ -415,6 +440,10 @@ class CudaArrayOps final : public ArrayOps {
       cuda::quantize(v, d, n, f, p.round, 1.0f, stream);
     else if (v != d && n > 0)
       GS_CUDA_CHECK(cudaMemcpyAsync(d, v, n * sizeof(float), cudaMemcpyDeviceToDevice, stream));
+    if (division.entry != nullptr)
+      cuda::divide_by_scale(d, n, division.entry, stream);
+    else if (division.by_value)
+      cuda::divide(d, n, division.value, stream);
     queued_.push_back(std::move(e));
   }
   // An entry number from the caller, checked against the step's table.

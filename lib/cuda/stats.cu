@@ -65,6 +65,9 @@ struct Store {
   float scale = 1.0f;
   const double* device_scale = nullptr;
   int* found_inf = nullptr;
+  bool divide = false;                        // the stored values divided (StoredRounding::divide)
+  float divisor = 1.0f;
+  const double* device_divisor = nullptr;
 };
 
 // Where a launch's values come from: the tensors' arrays, or (col2im_measured, one tensor) col2im's sum
@@ -273,9 +276,22 @@ __global__ void __launch_bounds__(kBlock) stats_partial_kernel(StatsTable table,
       bad = !(unscale >= 1.17549435e-38f && unscale <= 3.40282347e+38f);
     }
   }
+  // The division after the rounding: divide_by_scale's range check on a device divisor, then one fp32
+  // division per value.
+  bool divided = false;
+  float divisor = 1.0f;
+  if constexpr (kStore) {
+    divided = store.divide;
+    divisor = store.divisor;
+    if (store.device_divisor != nullptr) {
+      const double d = *store.device_divisor;
+      divided = d >= 1.1754943508222875e-38 && d <= 3.4028234663852886e+38;
+      divisor = divided ? static_cast<float>(d) : 1.0f;
+    }
+  }
   const auto put = [&](std::size_t at, float x) {
     const float r = device::round_to_format(x, store.rounding);
-    store.dst[at] = r;
+    store.dst[at] = divided ? r / divisor : r;
     if (store.master != nullptr) {
       bad |= !isfinite(r);
       const float accumulated = store.master[at] + r / unscale;
@@ -491,8 +507,11 @@ void measure_and_round(CudaContext& ctx, const StatsJob& job, const StoredRoundi
            "cuda::measure_and_round of " << job.n << " elements got a null pointer");
   check_jobs("measure_and_round", &job, 1);
   const bool rounds = stored.round && job.format != Format::fp32;
+  const bool divides = stored.divide || stored.device_divisor != nullptr;
+  GS_CHECK(!(divides && stored.master != nullptr),
+           "cuda::measure_and_round: the stored values are divided or unscaled into a master, not both");
   if (stored.dst == job.data && !rounds && stored.multiplier == 1.0f && stored.device_multiplier == nullptr &&
-      stored.master == nullptr) {
+      stored.master == nullptr && !divides) {
     launch_tensor_stats(ctx, &job, 1, out, nullptr);  // nothing to store: the values stay as they are
     return;
   }
@@ -514,6 +533,9 @@ void measure_and_round(CudaContext& ctx, const StatsJob& job, const StoredRoundi
     store.device_scale = stored.device_scale;
     store.found_inf = stored.found_inf;
   }
+  store.divide = stored.divide;
+  store.divisor = stored.divisor;
+  store.device_divisor = stored.device_divisor;
   launch_tensor_stats(ctx, &job, 1, out, &store);
 }
 

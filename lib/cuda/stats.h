@@ -129,14 +129,23 @@ struct StoredRounding {
   double scale = 1;
   const double* device_scale = nullptr;
   int* found_inf = nullptr;
+  // Without a master, the stored values may be divided after their rounding (SPEC §4's unscale as
+  // ArrayOps' divide and divide_by_scale do it): dst[i] ← quantize(v, F) / divisor in fp32 when `divide`,
+  // or / float(*device_divisor) when that is not null (a scale entry's S) and S is inside float32's
+  // normal range (scale_in_float_range; outside it the values stay undivided, as divide_by_scale leaves
+  // them). The statistics are of v, as without a division.
+  bool divide = false;
+  float divisor = 1.0f;
+  const double* device_divisor = nullptr;
 };
 // A gradient's rounding in one pass (SPEC §4–§5): for i < job.n, v = m·job.data[i] (one fp32
 // multiplication, none when m is 1, as cuda::quantize's multiplier and apply_local_scale), *out ← the
 // statistics of v for job.format, and dst[i] ← quantize(v, F) (or v). The statistics are tensor_stats's
 // bits (the same kernel, grid and order); the stored values are those of the multiplication and
 // quantize(). One read and one write instead of the multiplication's, the statistics' and the rounding's
-// passes (and the unscale's, with `master`). Queued on ctx.stream(); throws as tensor_stats, for a null dst
-// with n > 0, and as unscale_accumulate for the unscale.
+// passes (and the unscale's, with `master`, or the division's). Queued on ctx.stream(); throws as
+// tensor_stats, for a null dst with n > 0, as unscale_accumulate for the unscale, and for a division
+// together with a master.
 void measure_and_round(CudaContext& ctx, const StatsJob& job, const StoredRounding& stored, DeviceStats* out);
 
 // The largest |v| alone, without the rest of the pass: *out (device memory) ← the largest of the

@@ -23,16 +23,22 @@ namespace gradscale {
 namespace {
 
 // round_gradient without statistics: the found_inf check, charged to `layer` (-1: outside every layer).
-void round_unrecorded(ArrayOps& ops, const float* src, float* d, std::size_t n, float multiplier, GradSite site,
-                      const Precision& p, StepMonitor& monitor, int layer) {
+void round_unrecorded(ArrayOps& ops, const float* src, float* d, std::size_t n, const RoundingScales& scales,
+                      GradSite site, const Precision& p, StepMonitor& monitor, int layer) {
   auto scratch = std::make_shared<StepMonitor>();  // lives until the records are made
   scratch->gradient_edge = monitor.gradient_edge;  // popart_als counts every weight gradient
   // Record off: the scratch's layer 0 is never read.
-  ops.queue_rounding(src, d, n, multiplier, site, 0, p, *scratch, [scratch, &monitor, site, layer](float m) {
+  ops.queue_scaled_rounding(src, d, n, scales, site, 0, p, *scratch, [scratch, &monitor, site, layer](float m) {
     monitor.grad_below_edge += scratch->grad_below_edge;
     monitor.grad_above_edge += scratch->grad_above_edge;
     if (scratch->found_inf) monitor.note_overflow(site, layer, m, scratch->nonfinite_stored);
   });
+}
+
+RoundingScales by(float multiplier) {
+  RoundingScales s;
+  s.multiplier = multiplier;
+  return s;
 }
 
 }  // namespace
@@ -136,8 +142,9 @@ ScaleHandle ExternalBackward::loss_gradient_held(const float* src, float* g, std
     return ScaleHandle{loss_held_};
   }
   // As the double form, with S0 read from the table: S0·g in fp32, then the one rounding at the loss site.
-  ops_->multiply_by_local(src, g, static_cast<std::size_t>(n), s0.entry);
-  round_loss_gradient(g, g, n, 1.0f);
+  RoundingScales scales;
+  scales.multiply_by = s0.entry;
+  round_loss_gradient(src, g, n, scales);
   return ScaleHandle{loss_held_};
 }
 
@@ -160,16 +167,17 @@ double ExternalBackward::loss_gradient(const float* src, float* g, std::int64_t 
     loss_scale_ = s0;
     monitor_.scaler_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
-  round_loss_gradient(src, g, n, static_cast<float>(loss_scale_));
+  round_loss_gradient(src, g, n, by(static_cast<float>(loss_scale_)));
   return loss_scale_;
 }
 
-void ExternalBackward::round_loss_gradient(const float* src, float* g, std::int64_t n, float multiplier) {
+void ExternalBackward::round_loss_gradient(const float* src, float* g, std::int64_t n,
+                                           const RoundingScales& scales) {
   // The loss gradient is attributed to the last layer (as gradscale's own models do: the layer whose
   // output the loss reads), so a non-finite loss gradient names it.
   const int last = static_cast<int>(layers_.size()) - 1;
-  ops_->queue_rounding(src, g, static_cast<std::size_t>(n), multiplier, GradSite::loss, last, precision_, monitor_,
-                       [this](float m) {
+  ops_->queue_scaled_rounding(src, g, static_cast<std::size_t>(n), scales, GradSite::loss, last, precision_, monitor_,
+                              [this](float m) {
                          if (m > monitor_.loss_grad_max_abs || std::isnan(m)) monitor_.loss_grad_max_abs = m;
                        });
 }
@@ -225,18 +233,18 @@ double ExternalBackward::upstream(int layer, const float* src, float* upstream, 
         reducer_, scaler_->policy(), monitor_, t0);  // with a reducer: every rank decides on the whole batch's
   }
   send_at_local_scale(monitor_, layer, decision, scale_in, [&](float s) {
-    round_upstream(layer, src, upstream, static_cast<std::size_t>(shape_size(upstream_shape)), s);
+    round_upstream(layer, src, upstream, static_cast<std::size_t>(shape_size(upstream_shape)), by(s));
   });
   return decision.s;
 }
 
 void ExternalBackward::round_upstream(int layer, const float* src, float* upstream, std::size_t n,
-                                      float multiplier) {
-  ops_->queue_rounding(src, upstream, n, multiplier, GradSite::upstream, layer, precision_, monitor_,
-                       [this, layer](float m) {
-                         LayerRecord& sent = monitor_.record_of(layer);
-                         if (m > sent.sent_max_abs || std::isnan(m)) sent.sent_max_abs = m;
-                       });
+                                      const RoundingScales& scales) {
+  ops_->queue_scaled_rounding(src, upstream, n, scales, GradSite::upstream, layer, precision_, monitor_,
+                              [this, layer](float m) {
+                                LayerRecord& sent = monitor_.record_of(layer);
+                                if (m > sent.sent_max_abs || std::isnan(m)) sent.sent_max_abs = m;
+                              });
 }
 
 double ExternalBackward::join_target(std::vector<double> max_abs, const std::vector<double>& scales) {
@@ -247,7 +255,7 @@ double ExternalBackward::join_target(std::vector<double> max_abs, const std::vec
 void ExternalBackward::round_join(int layer, float* sum, std::int64_t n) {
   check_layer(layer, true, "round_join");
   if (layer < 0)
-    round_unrecorded(*ops_, sum, sum, static_cast<std::size_t>(n), 1.0f, GradSite::join, precision_, monitor_, -1);
+    round_unrecorded(*ops_, sum, sum, static_cast<std::size_t>(n), by(1.0f), GradSite::join, precision_, monitor_, -1);
   else
     ops_->queue_rounding(sum, sum, static_cast<std::size_t>(n), 1.0f, GradSite::join, layer, precision_, monitor_,
                          {});
@@ -255,7 +263,8 @@ void ExternalBackward::round_join(int layer, float* sum, std::int64_t n) {
 
 void ExternalBackward::round_received(int layer, const float* src, float* g, std::int64_t n) {
   check_layer(layer, false, "round_received");
-  round_unrecorded(*ops_, src, g, static_cast<std::size_t>(n), 1.0f, GradSite::join, precision_, monitor_, layer);
+  round_unrecorded(*ops_, src, g, static_cast<std::size_t>(n), by(1.0f), GradSite::join, precision_, monitor_,
+                   layer);
 }
 
 void ExternalBackward::weight_gradient(int layer, const float* src, float* g, std::int64_t n, double scale) {
@@ -285,18 +294,18 @@ void ExternalBackward::weight_gradient(int layer, const float* src, float* g, st
     keep_smallest_weight_grad_scale(monitor_.record_of(layer), r, !wgrad_seen_[l]);
     wgrad_seen_[l] = 1;
   }
+  // Unscale in fp32 (SPEC §4), as accumulate_weight_grad does: g / (r·S), exact for powers of two, in
+  // the rounding's pass. As accumulate_weight_grad: a scale outside float32's range cannot be divided
+  // out, so the step counts as non-finite (the scaler skips it), after the rounding's own check.
+  const bool divides = scale_in_float_range(r * scale);
+  RoundingScales scales = by(static_cast<float>(r));  // r = 1 outside every layer
+  scales.divide = divides;
+  scales.divisor = static_cast<float>(r * scale);
   if (layer < 0)
-    round_unrecorded(*ops_, src, g, count, 1.0f, GradSite::weight, precision_, monitor_, -1);
+    round_unrecorded(*ops_, src, g, count, scales, GradSite::weight, precision_, monitor_, -1);
   else
-    ops_->queue_rounding(src, g, count, static_cast<float>(r), GradSite::weight, layer, precision_, monitor_, {});
-  // As accumulate_weight_grad: a scale outside float32's range cannot be divided out, so the step
-  // counts as non-finite (the scaler skips it), after the rounding's own check.
-  if (!scale_in_float_range(r * scale)) {
-    ops_->queue([this, layer] { monitor_.note_nonfinite(layer); });
-    return;
-  }
-  // Unscale in fp32 (SPEC §4), as accumulate_weight_grad does: g / (r·S), exact for powers of two.
-  ops_->divide(g, count, static_cast<float>(r * scale));
+    ops_->queue_scaled_rounding(src, g, count, scales, GradSite::weight, layer, precision_, monitor_, {});
+  if (!divides) ops_->queue([this, layer] { monitor_.note_nonfinite(layer); });
 }
 
 // ---- held scales ----------------------------------------------------------------------------------------
@@ -402,7 +411,7 @@ ScaleHandle ExternalBackward::upstream(int layer, const float* src, float* upstr
   note_layer(layer, scale_in);
   if (!rule) {  // s = 1 on a scale only the device knows: the gradient keeps it, S_out = S_in
     send_at_local_scale(monitor_, layer, LocalScale{}, std::numeric_limits<double>::quiet_NaN(),
-                        [&](float s) { round_upstream(layer, src, upstream, n, s); });
+                        [&](float s) { round_upstream(layer, src, upstream, n, by(s)); });
     return hold_entry(
         entry_of(scale_in),
         [this, layer](const ScaleEntry& v) {
@@ -435,8 +444,9 @@ ScaleHandle ExternalBackward::upstream(int layer, const float* src, float* upstr
         controller->accept(layer, LocalScale{d.local, d.unbound, d.limit});
       });
   // s multiplies the fp32 product before its one rounding, so s·g itself never overflows.
-  ops_->multiply_by_local(src, upstream, n, e);
-  round_upstream(layer, upstream, upstream, n, 1.0f);
+  RoundingScales scales;
+  scales.multiply_by = e;
+  round_upstream(layer, src, upstream, n, scales);
   monitor_.scaler_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return out;
 }
@@ -508,12 +518,13 @@ void ExternalBackward::weight_gradient(int layer, const float* src, float* g, st
   }
   // r = 1: rounded, then divided by S on the device; S's range is checked when it arrives (as the
   // double form checks it before dividing).
-  if (layer < 0)
-    round_unrecorded(*ops_, src, g, count, 1.0f, GradSite::weight, precision_, monitor_, -1);
-  else
-    ops_->queue_rounding(src, g, count, 1.0f, GradSite::weight, layer, precision_, monitor_, {});
   const int e = entry_of(scale);
-  ops_->divide_by_scale(g, count, e);
+  RoundingScales scales;  // rounded and divided in one pass
+  scales.divide_by = e;
+  if (layer < 0)
+    round_unrecorded(*ops_, src, g, count, scales, GradSite::weight, precision_, monitor_, -1);
+  else
+    ops_->queue_scaled_rounding(src, g, count, scales, GradSite::weight, layer, precision_, monitor_, {});
   ops_->queue_scale(e, [this, layer](const ScaleEntry& v) {
     if (!scale_in_float_range(v.scale)) monitor_.note_nonfinite(layer);
   });

@@ -202,10 +202,10 @@ class ExternalBackward {
   };
   HeldScale& held(ScaleHandle h, const char* call);
   ScaleHandle hold(double scale, double local = 1);
+  // S0·g rounded once at the loss site, queued (S0 the multiplier, or the s of a table entry).
+  void round_loss_gradient(const float* src, float* g, std::int64_t n, const RoundingScales& scales);
   // A device entry: its values (and `then`, for the records) at the next flush. `local`: the handle's
   // local scale when it is not the entry's own (a layer with s = 1 passes S_in's entry on), else NaN.
-  // S0·g (multiplier S0, or 1 for g already multiplied) rounded once at the loss site, queued.
-  void round_loss_gradient(const float* src, float* g, std::int64_t n, float multiplier);
   ScaleHandle hold_entry(int entry, std::function<void(const ScaleEntry&)> then = {},
                          double local = std::numeric_limits<double>::quiet_NaN());
   int entry_of(ScaleHandle h);  // its entry, made from its host value when it has none
@@ -216,7 +216,7 @@ class ExternalBackward {
   void queue_device_weight_gradient(int layer, const float* src, float* g, std::size_t n, double bound,
                                     int scale_entry);
   // The rounding of a gradient sent upstream (its maximum into the layer's record).
-  void round_upstream(int layer, const float* src, float* upstream, std::size_t n, float multiplier);
+  void round_upstream(int layer, const float* src, float* upstream, std::size_t n, const RoundingScales& scales);
   nlohmann::json layer_names() const;
 
   std::vector<LayerInfo> layers_;

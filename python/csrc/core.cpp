@@ -19,6 +19,7 @@
 #include "lib/optim/lr_schedule.h"
 #include "lib/optim/optimizer.h"
 #ifdef GS_CORE_CPU_TARGET
+#include "tests/cuda_on_cpu/executor.h"
 #include "tests/cuda_on_cpu/memory.h"
 #endif
 
@@ -216,6 +217,8 @@ PYBIND11_MODULE(GS_CORE_NAME, m) {
   m.doc() = "gradscale's C++ core (SPEC §2-§7) for the PyTorch plug-in";
 #ifdef GS_CORE_CPU_TARGET
   gs_emu::set_system_memory_is_device(true);  // CPU tensors stand in for device memory (memory.h)
+  m.def("kernel_launches", &gs_emu::launches,
+        "kernel launches run so far in this process (the CPU execution target counts them: executor.h)");
 #endif
   m.attr("__version__") = GRADSCALE_VERSION;
   // pybind11 tries the translators last-registered first: the base class goes first. Types and

@@ -85,6 +85,34 @@ def test_the_cuda_path_gives_the_host_paths_bits(policy):
 
 
 @needs_cpu_target
+def test_the_cuda_path_launches_one_kernel_per_rounding():
+    """Kernels launched per Linear layer and step on the CUDA path (the CPU execution target counts them).
+    One each for the roundings of the layer's input, output, working weight and bias (4), one for the
+    gradient it receives, and one per weight gradient for its rounding and its unscale together; an
+    adaptive policy adds its decision (the statistics' launch takes it), applies s in the upstream
+    gradient's rounding and takes r from each weight gradient's own statistics."""
+    from gradscale import _core_cpu_target as target
+    x = torch.randn(8, 32)
+    y = torch.randint(0, 10, (8,))
+
+    def per_step(policy, depth):
+        torch.manual_seed(0)
+        model = nn.Sequential(*[m for _ in range(depth) for m in (nn.Linear(32, 32), nn.ReLU())],
+                              nn.Linear(32, 10))
+        scaler = Scaler(model, scaler=policy, format="fp16", record_every=0, _cpu_target=True)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        _step(model, scaler, opt, x, y, None)  # the first step sets up what later ones reuse
+        before = target.kernel_launches()
+        for _ in range(2):
+            _step(model, scaler, opt, x, y, None)
+        return (target.kernel_launches() - before) / 2
+
+    for policy, most in (("torch", 8), ({"policy": "adaptive", "method": "measured"}, 11)):
+        per_layer = (per_step(policy, 6) - per_step(policy, 2)) / 4
+        assert 0 < per_layer <= most, (policy, per_layer)
+
+
+@needs_cpu_target
 def test_joins_and_tied_weights_on_the_cuda_path():
     """Joins take their parts' maxima on the device; tied weights' parts are unscaled there."""
     for cls in (Tied, ConvResidual):
