@@ -4,8 +4,12 @@ with --device cuda on a GPU, where PyTorch's own mixed precision (autocast fp16 
 the same turns for comparison.
 
     .venv/bin/python python/examples/bench_overhead.py [--steps 30] [--threads 1] [--device cuda] [--batch-mult K]
+                                                       [--only TEXT] [--cpu-time]
 
---threads N sets torch's threads and OpenBLAS's (gradscale._blas).
+--threads N sets torch's threads and OpenBLAS's (gradscale._blas). --only TEXT times the models whose
+name contains TEXT (one model per process: another model's allocations leave the heap differently).
+--cpu-time (CPU only) takes the thread's CPU time instead of the wall clock, so that another process on
+the machine moves the figures less.
 
 Prints one Markdown row per model: milliseconds per step of each configuration (median of --steps
 after 3 warm-up steps; the configurations take turns step by step; on a GPU each step ends with a
@@ -62,6 +66,10 @@ def models(mult=1):
         (torch.randn(n, 3, 32, 32, generator=g), torch.randint(0, 10, (n,), generator=g))
 
 
+# What a step's time is read from: the wall clock, or the thread's CPU time (--cpu-time).
+clock = time.perf_counter
+
+
 class Run:
     """One configuration: its own copy of the model, optimizer and (maybe) scaler."""
 
@@ -87,7 +95,7 @@ class Run:
     def step(self, record):
         self._sync()
         f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-        t0 = time.perf_counter()
+        t0 = clock()
         with torch.autocast("cuda", dtype=torch.float16) if self.amp else contextlib.nullcontext():
             out = self.model(self.x)
             loss = F.cross_entropy(out.reshape(-1, out.shape[-1]), self.y.reshape(-1))
@@ -101,7 +109,7 @@ class Run:
             self.opt.step()
         self._sync()
         if record:
-            self.times.append(time.perf_counter() - t0)
+            self.times.append(clock() - t0)
             self.faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
 
 
@@ -123,15 +131,27 @@ def main():
     ap.add_argument("--device", default="cpu", help="cpu, or cuda (adds PyTorch AMP to the comparison)")
     ap.add_argument("--batch-mult", type=int, default=1,
                     help="each model's batch this many times its default (larger steps: where the GEMMs lead)")
+    ap.add_argument("--only", default="", metavar="TEXT", help="only the models whose name contains TEXT")
+    ap.add_argument("--cpu-time", action="store_true", help="the thread's CPU time, not the wall clock (CPU only)")
     args = ap.parse_args()
     if args.batch_mult < 1:
         ap.error(f"--batch-mult must be at least 1, not {args.batch_mult}")
+    if args.steps < 1:
+        ap.error(f"--steps must be at least 1, not {args.steps}")
+    if args.only and not any(args.only in name for name, _, _ in models(args.batch_mult)):
+        ap.error(f"--only {args.only!r} names no model: "
+                 + ", ".join(repr(name) for name, _, _ in models(args.batch_mult)))
+    gpu = args.device.startswith("cuda")
+    if args.cpu_time and gpu:
+        ap.error("--cpu-time times the host's thread: it is for --device cpu (a GPU step ends with a wait)")
+    if args.cpu_time:
+        global clock
+        clock = time.thread_time
     torch.set_num_threads(args.threads)
     set_blas_threads(args.threads)  # OpenBLAS's pool, which torch's setting does not reach
-    gpu = args.device.startswith("cuda")
     where = (torch.cuda.get_device_name(torch.device(args.device)) if gpu else
              f"cpu, threads {args.threads} (torch's; OpenBLAS's: {blas_threads()})")
-    print(f"{where}, torch {torch.__version__}")
+    print(f"{where}, torch {torch.__version__}" + (", thread CPU time" if args.cpu_time else ""))
     configs = [None, "torch", {"policy": "adaptive", "method": "measured"}] + (["amp"] if gpu else [])
     amp_header = " PyTorch AMP (autocast fp16 + GradScaler) | measured / AMP |" if gpu else ""
     print("| model | plain PyTorch fp32 | plug-in fp16, `torch` | plug-in fp16, adaptive `measured` | torch / plain "
@@ -139,6 +159,8 @@ def main():
     print("|---|---|---|---|---|---|---|" + ("---|---|" if gpu else ""))
     per_layer = None
     for name, make, data in models(args.batch_mult):
+        if args.only not in name:
+            continue
         times, faults = time_configs(make, data, configs, args.steps, args.device)
         plain, glob, meas = times[:3]
         if name.startswith(DEEP_NAME):
@@ -153,6 +175,8 @@ def main():
               f"adaptive `measured` {per_layer[1]:.0f} us over plain PyTorch's")
     if gpu:  # the plug-in's waits for the device (each measured rounding, each controller's statistics)
         for name, make, data in models(args.batch_mult):
+            if args.only not in name:
+                continue
             run = Run(make, data, {"policy": "adaptive", "method": "measured"}, args.device)
             run.step(False)
             before = run.scaler.host_waits
