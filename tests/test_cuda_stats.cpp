@@ -517,6 +517,30 @@ TEST_CASE(
       });
     }
   }
+  SECTION("each weight gradient's own r, a layer's gradients in one launch") {
+    // Three tensors of different sizes and maxima in one launch: each outs[k] is what a launch over that
+    // tensor alone decides (weight_grad_scale), bit for bit.
+    const std::vector<cuda::StatsJob> jobs = {job(0), job(1), job(2)};
+    auto got = test::sentinel_buffer<cuda::DeviceScale>(3, ctx), want = test::sentinel_buffer<cuda::DeviceScale>(3, ctx);
+    auto stats = test::sentinel_buffer<cuda::DeviceStats>(3, ctx), alone = test::sentinel_buffer<cuda::DeviceStats>(1, ctx);
+    cuda::DeviceScale* outs[3] = {got.data(), got.data() + 1, got.data() + 2};
+    cuda::tensor_stats(ctx, jobs.data(), 3, stats.data(),
+                       cuda::StatsDecision::weight_grad_scale_each(fi.max_finite, in.data(), outs, 3));
+    for (std::size_t k = 0; k < 3; ++k)
+      cuda::tensor_stats(ctx, &jobs[k], 1, alone.data(),
+                         cuda::StatsDecision::weight_grad_scale(fi.max_finite, in.data(), want.data() + k));
+    const auto a = test::to_host(got, ctx), b = test::to_host(want, ctx);
+    for (std::size_t k = 0; k < 3; ++k) {
+      INFO("tensor " << k);
+      CHECK(std::memcmp(&a[k], &b[k], sizeof(cuda::DeviceScale)) == 0);
+      CHECK(a[k].local == b[k].local);  // (named in a failure)
+    }
+    CHECK((a[0].local != a[1].local || a[1].local != a[2].local));  // the tensors' own r, not one r for all
+    cuda::DeviceScale* missing[3] = {got.data(), nullptr, got.data() + 2};
+    CHECK_THROWS_WITH(cuda::tensor_stats(ctx, jobs.data(), 3, stats.data(),
+                                         cuda::StatsDecision::weight_grad_scale_each(fi.max_finite, in.data(), missing, 3)),
+                      Contains("null scale entry"));
+  }
   SECTION("S0 from the loss gradient's statistics") {
     d.kind = cuda::StatsDecision::kLossScale;
     d.in = nullptr;

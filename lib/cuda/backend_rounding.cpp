@@ -8,6 +8,7 @@
 #include <cmath>
 #include <limits>
 #include <optional>
+#include <vector>
 #include "lib/cuda/elementwise.h"
 #include "lib/cuda/quantize.h"
 #include "lib/cuda/unscale.h"
@@ -191,21 +192,41 @@ void CudaBackend::accumulate_weight_grads(const Layer& layer, std::initializer_l
     return;
   }
   const std::optional<double> bound = controller->device_weight_grad_bound(layer.id());
+  if (bound && device_decisions_) {
+    // Each r on the device from its gradient's own statistics, the layer's gradients in one launch (up
+    // to StatsDecision::kMaxTensors at a time) that decides them; then each rounding, in order.
+    const std::vector<WeightGrad> list(grads);
+    const DeviceScale* in = scale_entry(at);
+    for (std::size_t first = 0; first < list.size(); first += StatsDecision::kMaxTensors) {
+      const std::size_t count = std::min(list.size() - first, static_cast<std::size_t>(StatsDecision::kMaxTensors));
+      std::vector<StatsJob> jobs;
+      int entries[StatsDecision::kMaxTensors];
+      DeviceScale* outs[StatsDecision::kMaxTensors];
+      for (std::size_t k = 0; k < count; ++k) {
+        const Tensor& g = *list[first + k].grad;
+        jobs.push_back(job_of(g.data(), g.size(), p.gradient_format(), p.round));
+        entries[k] = new_scale_entry();
+        outs[k] = scale_at(entries[k]);
+      }
+      tensor_stats(ctx_, jobs.data(), count, query_stats_.data(),
+                   StatsDecision::weight_grad_scale_each(*bound, in, outs, static_cast<int>(count)));
+      for (std::size_t k = 0; k < count; ++k) {
+        const WeightGrad& w = list[first + k];
+        const int e = entries[k];
+        const auto n = static_cast<std::size_t>(w.grad->size());
+        weight_grad_scales_.push_back(PendingNote{e, layer.id()});  // resolve_scales keeps the smallest r
+        unscaled_at_.push_back(PendingNote{e, layer.id()});
+        UnscaleJob unscale{w.grad->data(), w.param->grad.data(), n, 1.0};
+        unscale.scale_on_device = &scale_at(e)->scale;
+        round_gradient(w.grad->data(), n, 1.0f, GradSite::weight, layer.id(), p, ctx.monitor, scale_at(e), &unscale);
+      }
+    }
+    return;
+  }
   bool first = true;
   for (const WeightGrad& w : grads) {
     const auto n = static_cast<std::size_t>(w.grad->size());
     const StatsJob job = job_of(w.grad->data(), w.grad->size(), p.gradient_format(), p.round);
-    if (bound && device_decisions_) {  // r on the device, decided by the launch of its statistics
-      const int e = new_scale_entry();
-      tensor_stats(ctx_, &job, 1, query_stats_.data(),
-                   StatsDecision::weight_grad_scale(*bound, scale_entry(at), scale_at(e)));
-      weight_grad_scales_.push_back(PendingNote{e, layer.id()});  // resolve_scales keeps the smallest r
-      unscaled_at_.push_back(PendingNote{e, layer.id()});
-      UnscaleJob unscale{w.grad->data(), w.param->grad.data(), n, 1.0};
-      unscale.scale_on_device = &scale_at(e)->scale;
-      round_gradient(w.grad->data(), n, 1.0f, GradSite::weight, layer.id(), p, ctx.monitor, scale_at(e), &unscale);
-      continue;
-    }
     // The host decides: the maximum now (one wait), S_in on the host.
     const auto t0 = std::chrono::steady_clock::now();
     const TensorStats s = statistics_now({job}).at(0);

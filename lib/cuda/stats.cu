@@ -85,7 +85,7 @@ struct Then {
   bool decides = false;
   StatsDecision decision;
 };
-constexpr int kMaxDecisionJobs = 3;  // the records a decision reads, copied into the histogram's memory
+constexpr int kMaxDecisionJobs = StatsDecision::kMaxTensors;  // records a decision reads (into the histogram's memory)
 
 // What the blocks of a launch add up across the grid, in ctx.zeroed_scratch(): each tensor's bins and
 // arrived blocks, and the tensors finished (a decision's arrival). The last block of a tensor moves its
@@ -163,8 +163,13 @@ __device__ void finalize(const StatsTable& table, int job, const BlockPartial* p
 
 // The launch's last tensor to finish (its last block; every thread) takes `then`'s decision: the records
 // it reads copied by the block from global memory (other blocks wrote them) into `words`, then one thread.
-__device__ void decide_after(const StatsTable& table, const StatsDecision& then, Accumulators* acc,
+__device__ void decide_after(const StatsTable& table, int job, const StatsDecision& then, Accumulators* acc,
                              unsigned long long* words) {
+  if (then.kind == StatsDecision::kWeightGradScaleEach) {  // this tensor's own r: no wait for the others
+    // Its record, written by this block's thread 0 in finalize, is read by that thread.
+    if (threadIdx.x == 0) device::decide_weight_grad(table.out + job, 1, then.u_max, then.in, then.outs[job]);
+    return;
+  }
   bool last = false;
   if (threadIdx.x == 0) {
     if (table.count == 1) {
@@ -206,6 +211,8 @@ __device__ void decide_after(const StatsTable& table, const StatsDecision& then,
       break;
     case StatsDecision::kLossScale:
       device::decide_loss(then.loss, record, then.out);
+      break;
+    case StatsDecision::kWeightGradScaleEach:  // each tensor's last block decided (above)
       break;
   }
 }
@@ -360,7 +367,7 @@ __global__ void __launch_bounds__(kBlock) stats_partial_kernel(StatsTable table,
   finalize(table, job, part, gridDim.x);
   if (then.decides) {
     __syncthreads();  // thread 0's record is written; every thread has left the histogram's memory
-    decide_after(table, then.decision, acc, reinterpret_cast<unsigned long long*>(&hist[0][0]));
+    decide_after(table, job, then.decision, acc, reinterpret_cast<unsigned long long*>(&hist[0][0]));
   }
 }
 
@@ -442,7 +449,10 @@ namespace {
 void check_decision(const StatsDecision& then, std::size_t count) {
   GS_CHECK(count <= static_cast<std::size_t>(kMaxDecisionJobs),
            "cuda::tensor_stats with a decision: " << count << " tensors (at most " << kMaxDecisionJobs << ")");
-  GS_CHECK(then.out != nullptr && (then.in != nullptr || then.kind == StatsDecision::kLossScale),
+  bool outs = then.kind != StatsDecision::kWeightGradScaleEach ? then.out != nullptr : count >= 1;
+  for (std::size_t k = 0; then.kind == StatsDecision::kWeightGradScaleEach && k < count; ++k)
+    outs = outs && then.outs[k] != nullptr;
+  GS_CHECK(outs && (then.in != nullptr || then.kind == StatsDecision::kLossScale),
            "cuda::tensor_stats with a decision got a null scale entry");
   const auto given = [count](int j) { return j >= 0 && static_cast<std::size_t>(j) < count; };
   switch (then.kind) {
@@ -456,8 +466,9 @@ void check_decision(const StatsDecision& then, std::size_t count) {
                "cuda::tensor_stats: a decision reads a tensor that is not among the " << count << " given");
       break;
     case StatsDecision::kWeightGradScale:
+    case StatsDecision::kWeightGradScaleEach:
     case StatsDecision::kLossScale:
-      GS_CHECK(count >= 1 && (then.kind == StatsDecision::kWeightGradScale || count == 1),
+      GS_CHECK(count >= 1 && (then.kind != StatsDecision::kLossScale || count == 1),
                "cuda::tensor_stats: decision " << then.kind << " on " << count << " tensors");
       break;
   }

@@ -61,16 +61,19 @@ struct DeviceScale;  // an entry of a scale table (local_scale.h)
 struct StatsDecision {
   enum Kind : int {
     kLocalScale,       // decide_local_scale(rule, ...) from jobs grad / weight / upstream (-1: not read)
-    kWeightGradScale,  // SPEC §6.5's r from the largest maximum of all the jobs, u_max and S_in
-    kLossScale,        // S0 = loss_scale_decision(loss, job 0's statistics)
+    kWeightGradScale,      // SPEC §6.5's r from the largest maximum of all the jobs, u_max and S_in
+    kLossScale,            // S0 = loss_scale_decision(loss, job 0's statistics)
+    kWeightGradScaleEach,  // each job's own r (its maximum, u_max and S_in) into outs[job]
   };
+  static constexpr int kMaxTensors = 3;  // the statistics a launch with a decision takes
   Kind kind = kLocalScale;
   ScaleRule rule;
   int grad = -1, weight = -1, upstream = -1;
   double u_max = 0;
   LossScaleRule loss;
-  const DeviceScale* in = nullptr;  // S_in (kLocalScale, kWeightGradScale)
-  DeviceScale* out = nullptr;
+  const DeviceScale* in = nullptr;  // S_in (kLocalScale, kWeightGradScale, kWeightGradScaleEach)
+  DeviceScale* out = nullptr;       // every kind but kWeightGradScaleEach
+  DeviceScale* outs[kMaxTensors] = {};  // kWeightGradScaleEach: job k's r into outs[k]
 
   // `rule`'s local scale, its statistics in the backend's order: g and W (jobs 0 and 1) when the formula
   // reads moments, then the upstream product.
@@ -91,6 +94,17 @@ struct StatsDecision {
     d.u_max = u_max;
     d.in = in;
     d.out = out;
+    return d;
+  }
+  // The r of each of `count` weight gradients from its own statistics (a layer's gradients, one launch):
+  // what `count` launches of weight_grad_scale, one tensor each, decide.
+  static StatsDecision weight_grad_scale_each(double u_max, const DeviceScale* in, DeviceScale* const* outs,
+                                              int count) {
+    StatsDecision d;
+    d.kind = kWeightGradScaleEach;
+    d.u_max = u_max;
+    d.in = in;
+    for (int k = 0; k < count && k < kMaxTensors; ++k) d.outs[k] = outs[k];
     return d;
   }
   static StatsDecision loss_scale(const LossScaleRule& loss, DeviceScale* out) {

@@ -178,8 +178,8 @@ void ExternalBackward::round_loss_gradient(const float* src, float* g, std::int6
   const int last = static_cast<int>(layers_.size()) - 1;
   ops_->queue_scaled_rounding(src, g, static_cast<std::size_t>(n), scales, GradSite::loss, last, precision_, monitor_,
                               [this](float m) {
-                         if (m > monitor_.loss_grad_max_abs || std::isnan(m)) monitor_.loss_grad_max_abs = m;
-                       });
+                                if (m > monitor_.loss_grad_max_abs || std::isnan(m)) monitor_.loss_grad_max_abs = m;
+                              });
 }
 
 void ExternalBackward::note_shadow(int layer, bool weight, const ShadowMetrics& metrics) {
