@@ -232,10 +232,13 @@ TEST_CASE("CUDA ArrayOps: a rounding with its factor from the table and its divi
     ops.ArrayOps::queue_scaled_rounding(src.data(), separate[k].data(), n, scales, GradSite::upstream, 2, p,
                                         monitor, [&, k](float m) { separate_max[k] = m; });
   }
-  // r on the device: its statistics' launch decides it, then the rounding divides by r·S_in in its pass.
+  // r on the device: its statistics' launch decides it, then the rounding divides by r·S_in in its pass;
+  // a gradient of one block's values takes r in its rounding's launch.
   Tensor weight(values.shape(), 0.0f, backend.memory());
   CHECK(launches([&] { ops.queue_weight_gradient(src.data(), weight.data(), n, 65504.0, big, 3, p, monitor, {}); }) ==
         2);
+  CHECK(launches([&] { ops.queue_weight_gradient(src.data(), weight.data(), 1000, 65504.0, big, 3, p, monitor, {}); }) ==
+        1);
   ops.flush();
   for (int k = 0; k < 2; ++k) {
     INFO((k == 0 ? "factors from the table" : "host factors"));

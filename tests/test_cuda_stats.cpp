@@ -349,6 +349,72 @@ TEST_CASE("cuda::measure_and_round is the multiplication, tensor_stats and quant
     CHECK_THROWS_AS(cuda::measure_and_round(ctx, {d.data(), 5, Format::fp16, {}}, stored, a.data()),
                     NumericError);
   }
+  SECTION("a weight gradient's r decided in the same launch: the two launches' entry, record and values") {
+    // Tensors of one block's values or fewer (the first 5 and 1 000 mixed values, with NaNs and infs; a
+    // finite one; an all-zero one), with a master or a division by r·S_in.
+    std::vector<float> finite = tensors[1];
+    for (float& x : finite)
+      if (!std::isfinite(x) || std::fabs(x) > 1e4f) x = 0.375f;
+    finite.resize(1000);
+    const std::vector<std::vector<float>> small = {tensors[0], std::vector<float>(tensors[1].begin(), tensors[1].begin() + 1000),
+                                                   finite, std::vector<float>(cuda::one_block_values(), 0.0f)};
+    for (std::size_t t = 0; t < small.size(); ++t) {
+      for (bool into_master : {true, false}) {
+        INFO("tensor " << t << " (" << small[t].size() << " values), " << (into_master ? "into a master" : "divided"));
+        const std::size_t n = small[t].size();
+        const std::vector<float> master0(n, 0.125f);
+        const auto in = test::to_device(std::vector<cuda::DeviceScale>{{8.0, 1, 1, 0}}, ctx);
+        auto entry_a = test::sentinel_buffer<cuda::DeviceScale>(1, ctx), entry_b = test::sentinel_buffer<cuda::DeviceScale>(1, ctx);
+        const auto stored_for = [&](float* dst, float* master, int* flag, cuda::DeviceScale* e) {
+          cuda::StoredRounding s{dst, true, 1.0f, &e->local};
+          if (into_master) {
+            s.master = master;
+            s.device_scale = &e->scale;
+            s.found_inf = flag;
+          } else {
+            s.device_divisor = &e->scale;
+          }
+          return s;
+        };
+        // Two launches: r from tensor_stats's record, then the rounding at r.
+        auto a = test::to_device(small[t], ctx), ma = test::to_device(master0, ctx);
+        auto fa = test::to_device(std::vector<int>{0}, ctx);
+        auto sa = test::sentinel_buffer<cuda::DeviceStats>(2, ctx);
+        const cuda::StatsJob ja{a.data(), n, Format::fp16, {}};
+        cuda::tensor_stats(ctx, &ja, 1, sa.data() + 1,
+                           cuda::StatsDecision::weight_grad_scale(65504.0, in.data(), entry_a.data()));
+        cuda::measure_and_round(ctx, ja, stored_for(a.data(), ma.data(), fa.data(), entry_a.data()), sa.data());
+        // One launch.
+        auto b = test::to_device(small[t], ctx), mb = test::to_device(master0, ctx);
+        auto fb = test::to_device(std::vector<int>{0}, ctx);
+        auto sb = test::sentinel_buffer<cuda::DeviceStats>(1, ctx);
+        const cuda::WeightGradDecision r{65504.0, in.data(), entry_b.data()};
+        cuda::StoredRounding one = stored_for(b.data(), mb.data(), fb.data(), entry_b.data());
+        one.decides_r = &r;
+        const long long before = test::kernel_launches();
+        cuda::measure_and_round(ctx, {b.data(), n, Format::fp16, {}}, one, sb.data());
+        if (before >= 0) CHECK(test::kernel_launches() - before == 1);
+        const auto ea = test::to_host(entry_a, ctx), eb = test::to_host(entry_b, ctx);
+        CHECK(std::memcmp(ea.data(), eb.data(), sizeof(cuda::DeviceScale)) == 0);
+        CHECK(ea[0].local == eb[0].local);  // (named in a failure)
+        const auto ra = test::to_host(sa, ctx), rb = test::to_host(sb, ctx);
+        CHECK(std::memcmp(&ra[0], &rb[0], sizeof(cuda::DeviceStats)) == 0);
+        CHECK(bit_mismatches(test::to_host(b, ctx), test::to_host(a, ctx), &small[t]) == "");
+        CHECK(bit_mismatches(test::to_host(mb, ctx), test::to_host(ma, ctx)) == "");
+        CHECK(test::to_host(fb, ctx)[0] == test::to_host(fa, ctx)[0]);
+      }
+    }
+    auto big = test::to_device(std::vector<float>(cuda::one_block_values() + 1, 1.0f), ctx);
+    auto e = test::sentinel_buffer<cuda::DeviceScale>(1, ctx);
+    const auto in = test::to_device(std::vector<cuda::DeviceScale>{{8.0, 1, 1, 0}}, ctx);
+    auto st = test::sentinel_buffer<cuda::DeviceStats>(1, ctx);
+    const cuda::WeightGradDecision r{65504.0, in.data(), e.data()};
+    cuda::StoredRounding over{big.data(), true, 1.0f, &e.data()->local};
+    over.decides_r = &r;
+    CHECK_THROWS_WITH(cuda::measure_and_round(ctx, {big.data(), cuda::one_block_values() + 1, Format::fp16, {}}, over,
+                                              st.data()),
+                      Contains("one block"));
+  }
   SECTION("divided after the rounding: cuda::divide's or divide_by_scale's bits, in the same pass") {
     // Two of the mixed tensors (NaNs, infs, subnormals); divisors a power of two and an inexact 3 on the
     // host, and on the device an S inside float32's range and two outside it (left undivided).

@@ -216,16 +216,19 @@ class CudaArrayOps final : public ArrayOps {
                              const Precision& p, StepMonitor& monitor,
                              std::function<void(double)> then) override {
     select_device();
-    // r from the maximum in src's own statistics (a slot of its own, read by the rule only), r·S_in in a
-    // new entry: CudaBackend::accumulate_weight_grads's device path, in the same order.
-    DeviceStats* max_slot = slot(rounding_count_++);
+    // r from the maximum of src, r·S_in in a new entry: CudaBackend::accumulate_weight_grads's device path,
+    // in the same order. A gradient of one block's values takes r in its rounding's launch; a larger one
+    // from its statistics first (a slot of their own, read by the rule only).
     const std::size_t out = scale_count_++;
-    const StatsJob job{src, n, p.gradient_format(), p.round};  // r, taken by the launch of its statistics
-    tensor_stats(ctx_, &job, 1, max_slot,
-                 StatsDecision::weight_grad_scale(u_max, scale_entry(table_index(in)), scale_entry(out)));
+    const WeightGradDecision r{u_max, scale_entry(table_index(in)), scale_entry(out)};
+    if (n > one_block_values()) {
+      const StatsJob job{src, n, p.gradient_format(), p.round};
+      tensor_stats(ctx_, &job, 1, slot(rounding_count_++), StatsDecision::weight_grad_scale(r.u_max, r.in, r.out));
+    }
     Division by_scale;  // d = r·src rounded, then divided by r·S_in (one pass)
     by_scale.entry = scale_entry(out);
-    queue_rounding_by(src, d, n, 1.0f, scale_entry(out), GradSite::weight, node, p, monitor, {}, by_scale);
+    queue_rounding_by(src, d, n, 1.0f, scale_entry(out), GradSite::weight, node, p, monitor, {}, by_scale,
+                      n <= one_block_values() ? &r : nullptr);
     Queued e;  // after the rounding's records: r, and the range of r·S_in
     e.scale_entry = out;
     e.node = node;
@@ -397,7 +400,8 @@ class CudaArrayOps final : public ArrayOps {
   // the stored values divided as `division` says.
   void queue_rounding_by(const float* src, float* d, std::size_t n, float multiplier, const DeviceScale* factor,
                          GradSite site, int node, const Precision& p, StepMonitor& monitor,
-                         std::function<void(float)> then, const Division& division) {
+                         std::function<void(float)> then, const Division& division,
+                         const WeightGradDecision* decides_r = nullptr) {
     const Format f = p.gradient_format();
     Queued e;
     e.rounding = true;
@@ -416,12 +420,18 @@ class CudaArrayOps final : public ArrayOps {
       stored.divide = division.by_value;
       stored.divisor = division.value;
       stored.device_divisor = division.entry ? &division.entry->scale : nullptr;
+      stored.decides_r = decides_r;
       measure_and_round(ctx_, StatsJob{src, n, f, p.round}, stored, slot(e.slot));
       queued_.push_back(std::move(e));
       return;
     }
     // popart_als counts the weight gradients about its edge as they will be stored: between the passes.
     // v: the fp32 values after the multiplier (src itself without one: the rounding then writes d).
+    if (decides_r != nullptr) {  // r from src's own statistics first, as the one pass decides it
+      const StatsJob job{src, n, f, p.round};
+      tensor_stats(ctx_, &job, 1, slot(rounding_count_++),
+                   StatsDecision::weight_grad_scale(decides_r->u_max, decides_r->in, decides_r->out));
+    }
     const float* v = src;
     if (factor != nullptr) {
       apply_local_scale(src, d, n, factor, stream);  // d = src·factor

@@ -111,11 +111,12 @@ class CudaBackend final : public Backend {
   // ---- the precision model's shared steps on device tensors (the twins of lib/layers/precision_ops.h) ----
   // d (device) ← quantize(multiplier·d, gradient format), measured as round_gradient does (queued); with
   // `factor`, the multiplier is factor->local, read on the device; with `unscale` (its grad is d), d then
-  // unscaled into its master (unscale_accumulate, into the step's found_inf). One pass
-  // (cuda::measure_and_round), except for popart_als's weight gradients, whose edge counts read the
-  // values between the passes.
+  // unscaled into its master (unscale_accumulate, into the step's found_inf); with `decides_r`, a weight
+  // gradient's r decided from d first (n ≤ one_block_values()). One pass (cuda::measure_and_round), except
+  // for popart_als's weight gradients, whose edge counts read the values between the passes.
   void round_gradient(float* d, std::size_t n, float multiplier, GradSite site, int node, const Precision& p,
-                      StepMonitor& monitor, const DeviceScale* factor = nullptr, const UnscaleJob* unscale = nullptr);
+                      StepMonitor& monitor, const DeviceScale* factor = nullptr, const UnscaleJob* unscale = nullptr,
+                      const WeightGradDecision* decides_r = nullptr);
   void round_activation_grad(Tensor& t, int layer_id, const Precision& p, StepMonitor& monitor);
   void round_output(Tensor& t, const Precision& p);
   void round_working_copy(const Parameter& master, Tensor& working, const Precision& p);

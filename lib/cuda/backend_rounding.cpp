@@ -20,7 +20,7 @@ namespace gradscale::cuda {
 
 void CudaBackend::round_gradient(float* d, std::size_t n, float multiplier, GradSite site, int node,
                                  const Precision& p, StepMonitor& monitor, const DeviceScale* factor,
-                                 const UnscaleJob* unscale) {
+                                 const UnscaleJob* unscale, const WeightGradDecision* decides_r) {
   const Format f = p.gradient_format();
   const bool quantized = site != GradSite::weight || p.quantize_weight_grads;
   const bool edge = site == GradSite::weight && monitor.gradient_edge > 0;  // popart_als: added up in the header
@@ -37,9 +37,13 @@ void CudaBackend::round_gradient(float* d, std::size_t n, float multiplier, Grad
       stored.device_scale = unscale->scale_on_device;
       stored.found_inf = found_inf_.data();
     }
+    stored.decides_r = decides_r;
     measure_and_round(ctx_, job, stored, slot);
     return;
   }
+  if (decides_r != nullptr)  // r from d's own statistics first, as the one pass decides it
+    tensor_stats(ctx_, &job, 1, query_stats_.data(),
+                 StatsDecision::weight_grad_scale(decides_r->u_max, decides_r->in, decides_r->out));
   if (factor != nullptr)
     apply_local_scale(d, n, factor, stream);
   else if (multiplier != 1.0f)
@@ -193,33 +197,36 @@ void CudaBackend::accumulate_weight_grads(const Layer& layer, std::initializer_l
   }
   const std::optional<double> bound = controller->device_weight_grad_bound(layer.id());
   if (bound && device_decisions_) {
-    // Each r on the device from its gradient's own statistics, the layer's gradients in one launch (up
-    // to StatsDecision::kMaxTensors at a time) that decides them; then each rounding, in order.
-    const std::vector<WeightGrad> list(grads);
+    // Each r on the device from its gradient's own statistics: a gradient of one block's values decides
+    // it in its rounding's launch; the larger ones in one launch for the layer (up to
+    // StatsDecision::kMaxTensors at a time) that decides them. Then each rounding, in order.
     const DeviceScale* in = scale_entry(at);
-    for (std::size_t first = 0; first < list.size(); first += StatsDecision::kMaxTensors) {
-      const std::size_t count = std::min(list.size() - first, static_cast<std::size_t>(StatsDecision::kMaxTensors));
-      std::vector<StatsJob> jobs;
-      int entries[StatsDecision::kMaxTensors];
-      DeviceScale* outs[StatsDecision::kMaxTensors];
-      for (std::size_t k = 0; k < count; ++k) {
-        const Tensor& g = *list[first + k].grad;
-        jobs.push_back(job_of(g.data(), g.size(), p.gradient_format(), p.round));
-        entries[k] = new_scale_entry();
-        outs[k] = scale_at(entries[k]);
+    std::vector<int> entries;
+    std::vector<StatsJob> jobs;
+    std::vector<DeviceScale*> outs;
+    for (const WeightGrad& w : grads) {
+      entries.push_back(new_scale_entry());
+      if (static_cast<std::size_t>(w.grad->size()) > one_block_values()) {
+        jobs.push_back(job_of(w.grad->data(), w.grad->size(), p.gradient_format(), p.round));
+        outs.push_back(scale_at(entries.back()));
       }
-      tensor_stats(ctx_, jobs.data(), count, query_stats_.data(),
-                   StatsDecision::weight_grad_scale_each(*bound, in, outs, static_cast<int>(count)));
-      for (std::size_t k = 0; k < count; ++k) {
-        const WeightGrad& w = list[first + k];
-        const int e = entries[k];
-        const auto n = static_cast<std::size_t>(w.grad->size());
-        weight_grad_scales_.push_back(PendingNote{e, layer.id()});  // resolve_scales keeps the smallest r
-        unscaled_at_.push_back(PendingNote{e, layer.id()});
-        UnscaleJob unscale{w.grad->data(), w.param->grad.data(), n, 1.0};
-        unscale.scale_on_device = &scale_at(e)->scale;
-        round_gradient(w.grad->data(), n, 1.0f, GradSite::weight, layer.id(), p, ctx.monitor, scale_at(e), &unscale);
-      }
+    }
+    for (std::size_t first = 0; first < jobs.size(); first += StatsDecision::kMaxTensors) {
+      const std::size_t count = std::min(jobs.size() - first, static_cast<std::size_t>(StatsDecision::kMaxTensors));
+      tensor_stats(ctx_, jobs.data() + first, count, query_stats_.data(),
+                   StatsDecision::weight_grad_scale_each(*bound, in, outs.data() + first, static_cast<int>(count)));
+    }
+    std::size_t k = 0;
+    for (const WeightGrad& w : grads) {
+      const int e = entries[k++];
+      const auto n = static_cast<std::size_t>(w.grad->size());
+      weight_grad_scales_.push_back(PendingNote{e, layer.id()});  // resolve_scales keeps the smallest r
+      unscaled_at_.push_back(PendingNote{e, layer.id()});
+      UnscaleJob unscale{w.grad->data(), w.param->grad.data(), n, 1.0};
+      unscale.scale_on_device = &scale_at(e)->scale;
+      const WeightGradDecision r{*bound, in, scale_at(e)};
+      round_gradient(w.grad->data(), n, 1.0f, GradSite::weight, layer.id(), p, ctx.monitor, scale_at(e), &unscale,
+                     n <= one_block_values() ? &r : nullptr);
     }
     return;
   }

@@ -41,12 +41,15 @@ __device__ inline void decide_local(const ScaleRule& rule, const DeviceStats* gr
 
 // *out ← {r·S_in, r, r}: SPEC §6.5's weight-gradient factor r = weight_grad_range_scale(m, u_max, S_in)
 // with m the largest max_abs of `count` statistics (infinite when one of them counted a non-finite value).
+__device__ inline void decide_weight_grad_of(double m, double u_max, const DeviceScale* in, DeviceScale* out) {
+  const double r = weight_grad_range_scale(m, u_max, in->scale);
+  *out = DeviceScale{r * in->scale, r, r};
+}
 __device__ inline void decide_weight_grad(const DeviceStats* stats, int count, double u_max, const DeviceScale* in,
                                           DeviceScale* out) {
   double m = 0;
   for (int i = 0; i < count; ++i) m = stats[i].nonfinite > 0 ? INFINITY : rule_max(m, stats[i].max_abs);
-  const double r = weight_grad_range_scale(m, u_max, in->scale);
-  *out = DeviceScale{r * in->scale, r, r};
+  decide_weight_grad_of(m, u_max, in, out);
 }
 
 // *out ← {S0, S0, floor}: loss_scale_decision(rule, ...) from the fp32 loss gradient's statistics at scale 1

@@ -42,6 +42,7 @@ constexpr std::uint32_t kAbs = 0x7FFFFFFFu;
 constexpr std::uint32_t kInf = 0x7F800000u;
 constexpr int kJobsPerLaunch = 32;
 constexpr unsigned kMaxBlocksPerJob = 1024;  // a constant, not a device property: reproducible sums
+constexpr unsigned kValuesPerThread = 8;     // a statistics grid: one block per kBlock·8 values
 constexpr unsigned kWarps = kBlock / 32;
 constexpr std::size_t kMaxElements = std::size_t{1} << 40;  // per-thread and per-warp counters stay 32-bit
 constexpr unsigned kUnroll = 4;  // loads a thread has in flight in the grid-stride walks below
@@ -68,6 +69,9 @@ struct Store {
   bool divide = false;                        // the stored values divided (StoredRounding::divide)
   float divisor = 1.0f;
   const double* device_divisor = nullptr;
+  DeviceScale* decides_r = nullptr;  // r decided into this entry before the walk (StoredRounding::decides_r)
+  const DeviceScale* r_in = nullptr;
+  double u_max = 0;
 };
 
 // Where a launch's values come from: the tensors' arrays, or (col2im_measured, one tensor) col2im's sum
@@ -269,17 +273,40 @@ __global__ void __launch_bounds__(kBlock) stats_partial_kernel(StatsTable table,
       if (a != 0u) atomicAdd(&my_hist[bin_of(a)], 1u);
     }
   };
+  // A weight gradient's r first (one block, StoredRounding::decides_r): from the largest finite |v| and
+  // whether a value is not finite, as decide_weight_grad reads tensor_stats's record (max_abs, nonfinite);
+  // the device values below may point into the decided entry, so they are read past L1 (volatile).
+  if constexpr (kStore) {
+    if (store.decides_r != nullptr) {
+      unsigned top = 0, bad_values = 0;
+      for (std::size_t k = threadIdx.x; k < n; k += blockDim.x) {
+        const std::uint32_t a = __float_as_uint(load(k)) & kAbs;
+        if (a < kInf)
+          top = max(top, a);
+        else
+          bad_values = 1;
+      }
+      top = device::block_reduce(top, device::MaxUnsigned());
+      bad_values = device::block_reduce(bad_values, device::MaxUnsigned());
+      if (threadIdx.x == 0)
+        device::decide_weight_grad_of(bad_values ? INFINITY : static_cast<double>(__uint_as_float(top)), store.u_max,
+                                      store.r_in, store.decides_r);
+      __syncthreads();
+    }
+  }
+  const auto device_value = [](const double* p) { return *static_cast<const volatile double*>(p); };
   // As cuda::quantize and apply_local_scale multiply: one fp32 product, none for a factor of 1.
   float m = 1.0f;
   if constexpr (kStore)
-    m = store.device_multiplier != nullptr ? static_cast<float>(*store.device_multiplier) : store.multiplier;
+    m = store.device_multiplier != nullptr ? static_cast<float>(device_value(store.device_multiplier))
+                                           : store.multiplier;
   const auto scaled = [m](float x) { return m == 1.0f ? x : x * m; };
   // The unscale: unscale_accumulate's operations, in the same order, on each stored value.
   float unscale = 1.0f;
   bool bad = false;
   if constexpr (kStore) {
     if (store.master != nullptr) {
-      unscale = store.device_scale != nullptr ? static_cast<float>(*store.device_scale) : store.scale;
+      unscale = store.device_scale != nullptr ? static_cast<float>(device_value(store.device_scale)) : store.scale;
       bad = !(unscale >= 1.17549435e-38f && unscale <= 3.40282347e+38f);
     }
   }
@@ -291,7 +318,7 @@ __global__ void __launch_bounds__(kBlock) stats_partial_kernel(StatsTable table,
     divided = store.divide;
     divisor = store.divisor;
     if (store.device_divisor != nullptr) {
-      const double d = *store.device_divisor;
+      const double d = device_value(store.device_divisor);
       divided = d >= 1.1754943508222875e-38 && d <= 3.4028234663852886e+38;
       divisor = divided ? static_cast<float>(d) : 1.0f;
     }
@@ -426,7 +453,7 @@ void launch_tensor_stats(CudaContext& ctx, const StatsJob* jobs, std::size_t cou
       table.thresholds[j] = round_thresholds(job.format, job.round);
       largest = std::max(largest, job.n);
     }
-    const unsigned blocks = grid_for(largest, 8, kMaxBlocksPerJob);
+    const unsigned blocks = grid_for(largest, kValuesPerThread, kMaxBlocksPerJob);
     auto* partials = static_cast<BlockPartial*>(
         ctx.scratch(static_cast<std::size_t>(table.count) * blocks * sizeof(BlockPartial)));
     launch_stats(table, blocks, partials, acc, store, then, columns, ctx.stream());
@@ -521,8 +548,13 @@ void measure_and_round(CudaContext& ctx, const StatsJob& job, const StoredRoundi
   const bool divides = stored.divide || stored.device_divisor != nullptr;
   GS_CHECK(!(divides && stored.master != nullptr),
            "cuda::measure_and_round: the stored values are divided or unscaled into a master, not both");
+  if (const WeightGradDecision* r = stored.decides_r) {
+    GS_CHECK(job.n <= one_block_values(), "cuda::measure_and_round: r decided in the rounding's launch needs at most "
+                                              << one_block_values() << " values (one block), got " << job.n);
+    GS_CHECK(r->in != nullptr && r->out != nullptr, "cuda::measure_and_round: r's decision got a null scale entry");
+  }
   if (stored.dst == job.data && !rounds && stored.multiplier == 1.0f && stored.device_multiplier == nullptr &&
-      stored.master == nullptr && !divides) {
+      stored.master == nullptr && !divides && stored.decides_r == nullptr) {
     launch_tensor_stats(ctx, &job, 1, out, nullptr);  // nothing to store: the values stay as they are
     return;
   }
@@ -547,8 +579,15 @@ void measure_and_round(CudaContext& ctx, const StatsJob& job, const StoredRoundi
   store.divide = stored.divide;
   store.divisor = stored.divisor;
   store.device_divisor = stored.device_divisor;
+  if (const WeightGradDecision* r = stored.decides_r) {
+    store.decides_r = r->out;
+    store.r_in = r->in;
+    store.u_max = r->u_max;
+  }
   launch_tensor_stats(ctx, &job, 1, out, &store);
 }
+
+std::size_t one_block_values() { return static_cast<std::size_t>(kBlock) * kValuesPerThread; }
 
 void max_abs_bits(const float* data, std::size_t n, unsigned* out, cudaStream_t stream) {
   GS_CHECK(out != nullptr && (data != nullptr || n == 0), "cuda::max_abs_bits of " << n << " values got a null pointer");

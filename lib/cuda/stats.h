@@ -130,6 +130,19 @@ void col2im_measured(CudaContext& ctx, const float* cols, const ConvGeometry& g,
                      Format f, RoundOptions round, DeviceStats* out, const StatsDecision* then);
 
 // How measure_and_round stores the values it measures.
+// A weight gradient's r decided by its rounding's own launch (StoredRounding::decides_r): SPEC §6.5's
+// r = weight_grad_range_scale(m, u_max, S_in), m the values' largest finite |v| (infinite when one is not
+// finite) and S_in = in->scale, written as {r·S_in, r, r} into `out` before the pass reads its device
+// values, which may point into `out` — what tensor_stats with StatsDecision::weight_grad_scale decides
+// over the same values. For a tensor of one block (n ≤ one_block_values()).
+struct WeightGradDecision {
+  double u_max = 0;
+  const DeviceScale* in = nullptr;
+  DeviceScale* out = nullptr;
+};
+// The largest tensor a statistics launch walks with one block.
+std::size_t one_block_values();
+
 struct StoredRounding {
   float* dst = nullptr;  // may be the job's data
   bool round = true;     // dst[i] ← quantize(v, F); false: v itself
@@ -151,6 +164,8 @@ struct StoredRounding {
   bool divide = false;
   float divisor = 1.0f;
   const double* device_divisor = nullptr;
+  // With `decides_r`, r first (see WeightGradDecision), in the same launch.
+  const WeightGradDecision* decides_r = nullptr;
 };
 // A gradient's rounding in one pass (SPEC §4–§5): for i < job.n, v = m·job.data[i] (one fp32
 // multiplication, none when m is 1, as cuda::quantize's multiplier and apply_local_scale), *out ← the
@@ -158,8 +173,8 @@ struct StoredRounding {
 // bits (the same kernel, grid and order); the stored values are those of the multiplication and
 // quantize(). One read and one write instead of the multiplication's, the statistics' and the rounding's
 // passes (and the unscale's, with `master`, or the division's). Queued on ctx.stream(); throws as
-// tensor_stats, for a null dst with n > 0, as unscale_accumulate for the unscale, and for a division
-// together with a master.
+// tensor_stats, for a null dst with n > 0, as unscale_accumulate for the unscale, for a division
+// together with a master, and for an r decided over more than one block's values.
 void measure_and_round(CudaContext& ctx, const StatsJob& job, const StoredRounding& stored, DeviceStats* out);
 
 // The largest |v| alone, without the rest of the pass: *out (device memory) ← the largest of the
