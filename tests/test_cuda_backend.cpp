@@ -52,6 +52,13 @@ Tensor gradient_values(std::int64_t n, std::uint64_t seed) {
   return t;
 }
 
+// The kernels f launches (counted on the CPU execution target; test::kernel_launches).
+long long launches(const std::function<void()>& f) {
+  const long long before = test::kernel_launches();
+  f();
+  return test::kernel_launches() - before;
+}
+
 // k·unit with k uniform in [lo, hi]: exact in fp16, and the sums the layers form stay exact in fp32.
 Tensor grid_tensor(const Shape& s, Rng& rng, int lo, int hi, double unit) {
   Tensor t(s);
@@ -205,11 +212,6 @@ TEST_CASE("CUDA ArrayOps: a rounding with its factor from the table and its divi
   const auto n = static_cast<std::size_t>(values.size());
   StepMonitor monitor;
   monitor.reset(4, true, 0.0);
-  const auto launches = [](const std::function<void()>& f) {
-    const long long before = test::kernel_launches();
-    f();
-    return test::kernel_launches() - before;
-  };
   const int big = ops.new_scale(1024.0), odd = ops.new_scale(3.0);
   RoundingScales by_entries;  // the plug-in's upstream gradient (s from the table), divided by an entry's S
   by_entries.multiply_by = big;
@@ -263,11 +265,6 @@ TEST_CASE("CUDA backend: a gradient's rounding is one kernel, its unscale and it
   StepMonitor monitor;
   monitor.reset(3, true, 0.0);
   const auto n = static_cast<std::size_t>(d.size());
-  const auto launches = [](const std::function<void()>& f) {
-    const long long before = test::kernel_launches();
-    f();
-    return test::kernel_launches() - before;
-  };
   // The multiplier, the statistics and the rounding.
   CHECK(launches([&] { backend.round_gradient(d.data(), n, 1024.0f, GradSite::upstream, 1, p, monitor); }) == 1);
   // A weight gradient's: the same, and its unscale into the master.
