@@ -10,7 +10,10 @@
 //
 // For the memory's speed a thread loads kUnroll elements of its grid-stride walk before it uses the
 // first (one load in flight per resident thread leaves the memory idle part of the time), and visits
-// them in the walk's order, so its sums are those of the plain loop.
+// them in the walk's order, so its sums are those of the plain loop. A column source's value is itself a
+// sum of up to k·k loads, which are in flight together already: it is loaded one at a time, and its
+// kernels are held to 64 registers (__launch_bounds__(kBlock, 4): 4 blocks per SM, without spills on
+// sm_80 or sm_90), where four such sums at once took 128 (2 blocks per SM).
 //
 // With a StatsDecision, the tensor that finishes last (an arrival count in the accumulators) has its
 // block copy the records the decision reads into shared memory and one thread take it (decide.cuh).
@@ -224,7 +227,7 @@ __device__ void decide_after(const StatsTable& table, int job, const StatsDecisi
 // kStore: the launch has one tensor, and each value is multiplied before its visit and stored after it.
 // kSource: where the values come from (a column source has one tensor, and kStore writes its sums).
 template <bool kStore, int kSource>
-__global__ void __launch_bounds__(kBlock) stats_partial_kernel(StatsTable table, BlockPartial* partials,
+__global__ void __launch_bounds__(kBlock, kSource == kArray ? 0 : 4) stats_partial_kernel(StatsTable table, BlockPartial* partials,
                                                                Accumulators* acc, Store store, Then then,
                                                                Columns columns) {
   // The warps' histograms; after the block's arrival, the records a decision reads (decide_after).
@@ -333,17 +336,18 @@ __global__ void __launch_bounds__(kBlock) stats_partial_kernel(StatsTable table,
       bad |= !isfinite(accumulated);
     }
   };
-  // The thread's walk, i, i + stride, i + 2·stride, ..., visited in that order, kUnroll loads at a time.
+  // The thread's walk, i, i + stride, i + 2·stride, ..., visited in that order, kLoads values at a time.
+  constexpr unsigned kLoads = kSource == kArray ? kUnroll : 1;
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
   std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  for (; i + (kUnroll - 1) * stride < n; i += kUnroll * stride) {
-    float x[kUnroll];
-    for (unsigned k = 0; k < kUnroll; ++k) x[k] = load(i + k * stride);
+  for (; i + (kLoads - 1) * stride < n; i += kLoads * stride) {
+    float x[kLoads];
+    for (unsigned k = 0; k < kLoads; ++k) x[k] = load(i + k * stride);
     if constexpr (kStore)
-      for (unsigned k = 0; k < kUnroll; ++k) x[k] = scaled(x[k]);
-    for (unsigned k = 0; k < kUnroll; ++k) visit(x[k]);
+      for (unsigned k = 0; k < kLoads; ++k) x[k] = scaled(x[k]);
+    for (unsigned k = 0; k < kLoads; ++k) visit(x[k]);
     if constexpr (kStore)
-      for (unsigned k = 0; k < kUnroll; ++k) put(i + k * stride, x[k]);
+      for (unsigned k = 0; k < kLoads; ++k) put(i + k * stride, x[k]);
   }
   for (; i < n; i += stride) {
     if constexpr (kStore) {
