@@ -166,6 +166,11 @@ if [ "$bench" -eq 1 ]; then
     fi
     phase "ncu done"
   fi
+  # What ptxas gave each kernel (registers, spills, blocks per SM) with this machine's nvcc, beside the
+  # times above: appended to bench_cuda.txt.
+  echo "== scripts/kernel_registers.py (sm_90)" | tee -a "$logs/bench_cuda.txt"
+  timeout 120 python3 scripts/kernel_registers.py --build "$build" --jobs "$(nproc)" 2>&1 |
+    tee -a "$logs/bench_cuda.txt" || status=1
   # The training step of resnet-mini at batch 256 on the GPU: static vs adaptive approx_range vs
   # measured (with the share in cuBLAS GEMMs), then PyTorch AMP (autocast fp16 + GradScaler) and fp32
   # on the same model; the mlp on the GPU next to the CPU; the plug-in on CUDA tensors.
