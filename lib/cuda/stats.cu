@@ -1,8 +1,9 @@
 // SPEC §3 statistics on the GPU (see stats.h). One kernel per launch of up to 32 tensors,
-// stats_partial_kernel, grid (blocks, tensors): each thread walks its tensor with a grid-stride loop and
-// counts how many of the thresholds |v| reaches (the class of a value is that number, exactly as
-// histogram.cpp's class_index), adds the moments, and counts the binade of every non-zero finite value
-// in its warp's shared histogram. A block writes one partial record, adds its histogram to the launch's
+// stats_partial_kernel, grid (blocks, tensors): each thread walks its tensor with a grid-stride loop,
+// adds the moments, and counts each value once in its warp's shared histogram of keys (below); a block
+// derives from those counts how many of its values reach each threshold (the class of a value is that
+// number, exactly as histogram.cpp's class_index) and each binade's count. A block writes one partial
+// record, adds its binade counts to the launch's
 // accumulators (integer atomics: exact in any order) and counts itself in; the tensor's last block to
 // arrive moves the bins into the output, combines the partial records in a fixed order (the same sums
 // whichever block is last) and writes every field of the output, so no second kernel waits on the
@@ -112,11 +113,23 @@ struct BlockPartial {
   unsigned nonzero_m1;            // min over (|v| bits - 1), unsigned: 0 wraps to the top
 };
 
-// Bin of a non-zero finite |v| given by its bits: floor(log2|v|), clamped (histogram.cpp: binade_of).
-__device__ __forceinline__ int bin_of(std::uint32_t a) {
-  const int field = static_cast<int>(a >> 23);
-  const int e = field != 0 ? field - 127 : (31 - __clz(static_cast<int>(a))) - 149;
-  return min(max(e, kBinadeMin), kBinadeMax) - kBinadeMin;
+// The histogram of keys. A value's key is its exponent field, e = |v| bits >> 23 (0: zero or
+// subnormal; 255: not finite), and whether |v| reaches the split of e: the one threshold of RoundThresholds
+// inside binade e (its bits above e << 23), or 0 where none is (every value of e reaches it). Then for
+// each threshold t in exponent e_t >= 1, the values reaching t are those of every exponent above e_t
+// and those of e_t reaching its split (all of e_t when t = e_t << 23); each binade's count is its
+// exponent's (floor(log2|v|) = e - 127 for e >= 1). A subnormal (e = 0, |v| != 0), rare, is also counted
+// in the block's own counters: its binade, (31 - clz) - 149, and which thresholds it reaches — every
+// threshold inside exponent 0 (bf16 has two) is counted there. So a value costs one shared read and one
+// shared atomic, and no comparison per threshold (docs/gpu.md: the loop's instructions per value).
+constexpr unsigned kKeys = 256;                    // exponent fields
+constexpr unsigned kSubnormalBinades = 23;         // floor(log2|v|) = -149 .. -127
+constexpr int kSubnormalBin = -149 - kBinadeMin;   // the bin of the smallest subnormal
+constexpr int kThresholds = 5;                     // |v| >= 1 (not zero), the three of RoundThresholds, inf
+static_assert(kBinadeMin <= -149 && kBinadeMax >= 127, "every binade of a finite float32 has its own bin");
+
+__host__ __device__ inline std::uint32_t threshold_bits(const RoundThresholds& th, int k) {
+  return k == 0 ? 1u : k == 1 ? th.first_nonzero : k == 2 ? th.first_normal : k == 3 ? th.first_overflow : kInf;
 }
 
 // Another block's record, read past this SM's L1 (which may hold none of it, but is not coherent).
@@ -230,14 +243,29 @@ template <bool kStore, int kSource>
 __global__ void __launch_bounds__(kBlock, kSource == kArray ? 0 : 4) stats_partial_kernel(StatsTable table, BlockPartial* partials,
                                                                Accumulators* acc, Store store, Then then,
                                                                Columns columns) {
-  // The warps' histograms; after the block's arrival, the records a decision reads (decide_after).
-  alignas(8) __shared__ unsigned hist[kWarps][kBinadeCount];
+  // The warps' histograms of keys (e, plus kKeys where |v| reaches e's split); after the block's arrival, the
+  // records a decision reads (decide_after). The splits, and the subnormals' counters.
+  alignas(8) __shared__ unsigned hist[kWarps][2 * kKeys];
+  __shared__ std::uint32_t split[kKeys];
+  __shared__ unsigned subnormal_bins[kSubnormalBinades];
+  __shared__ unsigned subnormal_reached[kThresholds];
   static_assert(kMaxDecisionJobs * sizeof(DeviceStats) <= sizeof(hist), "a decision's records fit");
   static_assert(sizeof(DeviceStats) % sizeof(unsigned long long) == 0, "records are whole words");
-  for (unsigned i = threadIdx.x; i < kWarps * kBinadeCount; i += blockDim.x) (&hist[0][0])[i] = 0;
+  const int job = static_cast<int>(blockIdx.y);
+  const RoundThresholds th = table.thresholds[job];
+  for (unsigned i = threadIdx.x; i < kWarps * 2 * kKeys; i += blockDim.x) (&hist[0][0])[i] = 0;
+  for (unsigned e = threadIdx.x; e < kKeys; e += blockDim.x) {
+    std::uint32_t t = 0;  // a threshold above e << 23 inside exponent e >= 1 (at most one: check_thresholds)
+    for (int k = 1; k < kThresholds - 1; ++k) {
+      const std::uint32_t bits = threshold_bits(th, k);
+      if (e != 0 && bits >> 23 == e && (bits & 0x7FFFFFu) != 0) t = bits;
+    }
+    split[e] = t;
+  }
+  for (unsigned i = threadIdx.x; i < kSubnormalBinades; i += blockDim.x) subnormal_bins[i] = 0;
+  if (threadIdx.x < static_cast<unsigned>(kThresholds)) subnormal_reached[threadIdx.x] = 0;
   __syncthreads();
 
-  const int job = static_cast<int>(blockIdx.y);
   const float* v = table.data[job];
   // Value i of the tensor: the array's, or the sum col2im writes there (im2col.cuh).
   const auto load = [&](std::size_t i) -> float {
@@ -253,27 +281,26 @@ __global__ void __launch_bounds__(kBlock, kSource == kArray ? 0 : 4) stats_parti
     }
   };
   const std::size_t n = table.n[job];
-  const RoundThresholds th = table.thresholds[job];
   unsigned* my_hist = hist[threadIdx.x / 32];
-  unsigned reached[5] = {0, 0, 0, 0, 0};
   double sum = 0, sum_squares = 0;
   float lo = __uint_as_float(kInf), hi = -__uint_as_float(kInf);
   unsigned nonzero_m1 = 0xFFFFFFFFu;
   auto visit = [&](float x) {
     const std::uint32_t a = __float_as_uint(x) & kAbs;
-    reached[0] += a != 0u;
-    reached[1] += a >= th.first_nonzero;
-    reached[2] += a >= th.first_normal;
-    reached[3] += a >= th.first_overflow;
-    reached[4] += a >= kInf;
+    const std::uint32_t e = a >> 23;
+    atomicAdd((a >= split[e] ? my_hist + kKeys : my_hist) + e, 1u);
     nonzero_m1 = min(nonzero_m1, a - 1u);
+    if (e == 0 && a != 0u) {  // a subnormal: its binade, and the thresholds inside exponent 0
+      atomicAdd(&subnormal_bins[(31 - __clz(static_cast<int>(a)))], 1u);
+      for (int k = 0; k < kThresholds; ++k)
+        if (a >= threshold_bits(th, k)) atomicAdd(&subnormal_reached[k], 1u);
+    }
     if (a < kInf) {
       const double d = x;
       sum += d;
       sum_squares += d * d;
       lo = fminf(lo, x);
       hi = fmaxf(hi, x);
-      if (a != 0u) atomicAdd(&my_hist[bin_of(a)], 1u);
     }
   };
   // A weight gradient's r first (one block, StoredRounding::decides_r): from the largest finite |v| and
@@ -362,8 +389,33 @@ __global__ void __launch_bounds__(kBlock, kSource == kArray ? 0 : 4) stats_parti
   if constexpr (kStore) {  // the unscale's flag: any thread's non-finite value
     if (store.master != nullptr && __syncthreads_or(bad) && threadIdx.x == 0) *store.found_inf = 1;
   }
+  // The keys' counts into the thresholds reached and the binades' counts (thread e: exponent e).
+  __syncthreads();  // every count of the shared histograms is in
+  unsigned long long reached[kThresholds] = {0, 0, 0, 0, 0};
+  unsigned long long* bins = acc->binades[job];
+  for (unsigned e = threadIdx.x; e < kKeys; e += blockDim.x) {
+    unsigned all = 0, above = 0;  // values of exponent e; those reaching its split
+    for (unsigned w = 0; w < kWarps; ++w) {
+      all += hist[w][e] + hist[w][kKeys + e];
+      above += hist[w][kKeys + e];
+    }
+    for (int k = 0; k < kThresholds; ++k) {
+      const std::uint32_t t = threshold_bits(th, k), et = t >> 23;
+      if (e > et)
+        reached[k] += all;
+      else if (e == et && e != 0)
+        reached[k] += (t & 0x7FFFFFu) != 0 ? above : all;  // inside e: its split; at e << 23: all of e
+    }
+    if (e == 0)
+      for (int k = 0; k < kThresholds; ++k) reached[k] += subnormal_reached[k];  // exponent 0's own
+    if (e != 0 && e != kKeys - 1 && all != 0)
+      atomicAdd(&bins[static_cast<int>(e) - 127 - kBinadeMin], static_cast<unsigned long long>(all));
+  }
+  for (unsigned j = threadIdx.x; j < kSubnormalBinades; j += blockDim.x)
+    if (subnormal_bins[j] != 0)
+      atomicAdd(&bins[kSubnormalBin + static_cast<int>(j)], static_cast<unsigned long long>(subnormal_bins[j]));
   BlockPartial p;
-  for (int k = 0; k < 5; ++k)
+  for (int k = 0; k < kThresholds; ++k)
     p.reached[k] = device::block_reduce<unsigned long long>(reached[k], device::Sum());
   p.sum = device::block_reduce(sum, device::Sum());
   p.sum_squares = device::block_reduce(sum_squares, device::Sum());
@@ -372,13 +424,6 @@ __global__ void __launch_bounds__(kBlock, kSource == kArray ? 0 : 4) stats_parti
   p.nonzero_m1 = device::block_reduce(nonzero_m1, device::MinUnsigned());
   BlockPartial* part = partials + static_cast<std::size_t>(job) * gridDim.x;
   if (threadIdx.x == 0) part[blockIdx.x] = p;
-  // block_reduce synchronised the block: every count of the shared histogram is in.
-  unsigned long long* bins = acc->binades[job];
-  for (unsigned b = threadIdx.x; b < kBinadeCount; b += blockDim.x) {
-    unsigned total = 0;
-    for (unsigned w = 0; w < kWarps; ++w) total += hist[w][b];
-    if (total != 0) atomicAdd(&bins[b], static_cast<unsigned long long>(total));
-  }
   // Arrival: the blocks done. The fence puts this block's record and bins before its arrival for every
   // other block.
   __threadfence();
@@ -431,6 +476,19 @@ void launch_stats(const StatsTable& table, unsigned blocks, BlockPartial* partia
   GS_CUDA_CHECK_LAUNCH();
 }
 
+// The key histogram holds one split per exponent field >= 1: two thresholds of a format inside one such
+// binade, at different bits, would need two (none of lib/numeric's formats has them: a test goes over all).
+void check_thresholds(const RoundThresholds& th, Format f) {
+  for (int a = 1; a < kThresholds - 1; ++a)
+    for (int b = a + 1; b < kThresholds - 1; ++b) {
+      const std::uint32_t ta = threshold_bits(th, a), tb = threshold_bits(th, b);
+      const bool inside_a = ta >> 23 != 0 && (ta & 0x7FFFFFu) != 0, inside_b = tb >> 23 != 0 && (tb & 0x7FFFFFu) != 0;
+      GS_CHECK(!(inside_a && inside_b && ta >> 23 == tb >> 23 && ta != tb),
+               "cuda::tensor_stats: " << format_name(f) << "'s rounding thresholds 0x" << std::hex << ta << " and 0x"
+                                      << tb << " share a binade; the statistics kernel splits a binade once");
+    }
+}
+
 void check_jobs(const char* entry, const StatsJob* jobs, std::size_t count) {
   for (std::size_t i = 0; i < count; ++i) {
     GS_CHECK(jobs[i].data != nullptr || jobs[i].n == 0,
@@ -455,6 +513,7 @@ void launch_tensor_stats(CudaContext& ctx, const StatsJob* jobs, std::size_t cou
       table.data[j] = job.data;
       table.n[j] = job.n;
       table.thresholds[j] = round_thresholds(job.format, job.round);
+      check_thresholds(table.thresholds[j], job.format);
       largest = std::max(largest, job.n);
     }
     const unsigned blocks = grid_for(largest, kValuesPerThread, kMaxBlocksPerJob);
