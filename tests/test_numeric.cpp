@@ -3,7 +3,9 @@
 // array paths against the scalar rule (every threshold ±64 ULP and a strided sweep of all floats).
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <functional>
 #include <limits>
@@ -13,6 +15,7 @@
 #include "lib/core/error.h"
 #include "lib/numeric/format.h"
 #include "lib/numeric/quantize.h"
+#include "lib/numeric/round_rule.h"
 
 using namespace gradscale;
 
@@ -439,4 +442,42 @@ TEST_CASE("fp8 array paths: NaN, inf, overflow and boundary tie vectors", "[nume
   }
   std::vector<float> x(4, 1.0f);
   CHECK_THROWS_AS(quantize_fp8(x.data(), x.data(), x.size(), Format::fp16, {}, Fp8Path::portable), Error);
+}
+
+// round_magnitude_fast (lib/numeric/round_rule.h, the kernels' rounding) against round_magnitude, the
+// rule itself: every significand of each binade where the two could part — from two binades below F's
+// subnormal quantum to one above F's min normal (the fp32 addition's range and its edge with the bit
+// pattern's) — and, for every other exponent field, 4 099 significands with both ends. Over all 2^31
+// finite magnitudes the two were compared once, for the four formats: no difference.
+TEST_CASE("round_magnitude_fast gives round_magnitude's bits in every binade where they could part",
+          "[numeric]") {
+  using float32::round_magnitude;
+  using float32::round_magnitude_fast;
+  using float32::to_bits;
+  for (const Format f : {Format::fp16, Format::bf16, Format::fp8_e5m2, Format::fp8_e4m3}) {
+    const FormatInfo& fi = format_info(f);
+    const float32::FastRounding fast = float32::fast_rounding(fi.mantissa_bits, fi.min_exponent());
+    const int quantum = fi.min_exponent() - fi.mantissa_bits;
+    const int low = std::max(0, quantum + 127 - 2), high = fi.min_exponent() + 127 + 1;  // exponent fields
+    std::uint64_t compared = 0, differ = 0;
+    std::uint32_t first = 0;
+    const auto compare = [&](std::uint32_t a) {
+      ++compared;
+      if (to_bits(round_magnitude(a, fi.mantissa_bits, fi.min_exponent())) != to_bits(round_magnitude_fast(a, fast))) {
+        if (differ++ == 0) first = a;
+      }
+    };
+    for (std::uint32_t field = 0; field < 255; ++field) {
+      const std::uint32_t base = field << 23;
+      if (static_cast<int>(field) >= low && static_cast<int>(field) <= high) {
+        for (std::uint32_t m = 0; m <= 0x7FFFFFu; ++m) compare(base | m);
+      } else {
+        for (std::uint32_t m = 0; m <= 0x7FFFFFu; m += 4099) compare(base | m);
+        compare(base | 0x7FFFFFu);
+      }
+    }
+    INFO(fi.name << ": " << compared << " magnitudes compared, first difference at 0x" << std::hex << first);
+    CHECK(differ == 0);
+    CHECK(compared > static_cast<std::uint64_t>(high - low + 1) * 0x800000u);  // the full binades were walked
+  }
 }

@@ -11,8 +11,7 @@ DeviceRounding device_rounding(Format f, RoundOptions opt) {
   const FormatInfo& fi = format_info(f);
   DeviceRounding r;
   r.identity = f == Format::fp32;
-  r.mantissa_bits = fi.mantissa_bits;
-  r.min_exponent = fi.min_exponent();
+  if (!r.identity) r.magnitude = float32::fast_rounding(fi.mantissa_bits, fi.min_exponent());
   r.max_finite = static_cast<float>(fi.max_finite);
   r.nan_drop_mask = (1u << (23 - fi.mantissa_bits)) - 1u;
   r.single_nan = !fi.has_infinity;

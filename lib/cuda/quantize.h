@@ -1,7 +1,8 @@
 // Rounding float32 to a storage format F on the GPU (SPEC §2), the twin of lib/numeric's quantize():
 // the same rule (round to nearest, ties to even, gradual underflow, F's overflow rule, NaN keeps its
-// sign and top payload bits) written on the integer significand, so the results are bit-identical —
-// tests compare them on every fp16 and bf16 pattern, their neighbours and midpoints, and random floats.
+// sign and top payload bits), the magnitude rounded by round_magnitude_fast (lib/numeric/round_rule.h:
+// round_magnitude's bits in a few fp32 operations), so the results are bit-identical — tests compare
+// them on every fp16 and bf16 pattern, their neighbours and midpoints, and random floats.
 #pragma once
 
 #ifndef GRADSCALE_HAS_CUDA
@@ -15,14 +16,14 @@
 
 #include "lib/numeric/format.h"
 #include "lib/numeric/quantize.h"
+#include "lib/numeric/round_rule.h"
 
 namespace gradscale::cuda {
 
 // F's rounding rule as plain values a kernel takes by value (built on the host from format_info).
 struct DeviceRounding {
   bool identity = true;             // fp32: no rounding at all (NaN payloads included)
-  int mantissa_bits = 23;           // explicit fraction bits of F
-  int min_exponent = -126;          // exponent of F's min normal
+  float32::FastRounding magnitude{};  // F's round_magnitude_fast (not read for fp32)
   float max_finite = 0;             // F's largest finite value
   std::uint32_t nan_drop_mask = 0;  // float32 fraction bits a NaN loses in F
   bool single_nan = false;          // F has one NaN per sign (fp8_e4m3): sign | inf | quiet bit

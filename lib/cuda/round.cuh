@@ -1,6 +1,8 @@
 // The device twin of lib/numeric/quantize.cpp's quantize_generic(), for kernels (device code only):
-// round_magnitude() is the host's own (lib/numeric/round_rule.h), the overflow and NaN rules are line
-// for line quantize_generic()'s, so a value rounds to the same bits on the CPU and the GPU.
+// the magnitude rounded by round_magnitude_fast (lib/numeric/round_rule.h: round_magnitude's bits for
+// every finite magnitude, in a few fp32 operations; the kernels are built with --ftz=false, which it
+// needs), the overflow and NaN rules line for line quantize_generic()'s, so a value rounds to the same
+// bits on the CPU and the GPU.
 #pragma once
 
 #if !defined(__CUDACC__)
@@ -18,7 +20,7 @@ using float32::kAbs;
 using float32::kInf;
 using float32::kQuiet;
 using float32::kSign;
-using float32::round_magnitude;
+using float32::round_magnitude_fast;
 
 // The NaN that rounding the NaN `x` (float32 bits) to F gives: the sign and top payload bits with the
 // quiet bit set, or F's single NaN.
@@ -38,7 +40,7 @@ __device__ __forceinline__ float round_to_format(float x, const DeviceRounding& 
   if (a == kInf) {
     r = __uint_as_float(kInf);
   } else {
-    r = round_magnitude(a, fr.mantissa_bits, fr.min_exponent);
+    r = round_magnitude_fast(a, fr.magnitude);
     if (r <= fr.max_finite) return __uint_as_float(__float_as_uint(r) | sign);
   }
   // Beyond max finite (or an infinite input): F's overflow rule.

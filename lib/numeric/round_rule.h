@@ -56,4 +56,37 @@ GS_HOST_DEVICE inline float round_magnitude(std::uint32_t a, int mantissa_bits, 
   return static_cast<float>(r) * pow2(quantum + 24) * 0x1p-24f;
 }
 
+// round_magnitude's rule in a few float32 operations, for kernels: the same bits for every finite
+// magnitude of every format below fp32 (tests/test_numeric.cpp compares them over every significand of
+// the binades where the two could differ), when subnormals are not flushed to zero (lib/cuda is built
+// with --ftz=false; a host thread under FTZ/DAZ would flush them). On F's normal range every binade
+// drops the same 23 - p low bits, so the bit pattern itself is rounded (ties to even; a carry moves into
+// the exponent, up to 2^128 = inf for the caller's overflow rule). Below F's min normal the quantum is
+// fixed, 2^q with q = min_exponent - p: adding c = 2^(q + 23), whose ulp is 2^q, rounds a to it (one
+// correctly rounded fp32 addition, ties to even), and subtracting c again is exact.
+struct FastRounding {
+  std::uint32_t min_normal = 0;    // F's smallest normal, as float32 bits
+  float addend = 0;                // c = 2^(q + 23)
+  std::uint32_t dropped = 0;       // 23 - p, the bits a normal value loses
+  std::uint32_t half_minus_one = 0;  // 2^(dropped - 1) - 1
+  std::uint32_t keep = 0;          // the bits a normal value keeps
+};
+
+// For a format with `mantissa_bits` < 23 explicit fraction bits and min normal 2^min_exponent.
+GS_HOST_DEVICE inline FastRounding fast_rounding(int mantissa_bits, int min_exponent) {
+  FastRounding r;
+  r.min_normal = static_cast<std::uint32_t>(min_exponent + 127) << 23;
+  r.addend = pow2(min_exponent - mantissa_bits + 23);
+  r.dropped = static_cast<std::uint32_t>(23 - mantissa_bits);
+  r.half_minus_one = (1u << (r.dropped - 1)) - 1u;
+  r.keep = ~((1u << r.dropped) - 1u);
+  return r;
+}
+
+// round_magnitude(a, p, min_exponent) for a finite, sign clear, with `r` = fast_rounding(p, min_exponent).
+GS_HOST_DEVICE inline float round_magnitude_fast(std::uint32_t a, const FastRounding& r) {
+  if (a < r.min_normal) return (from_bits(a) + r.addend) - r.addend;
+  return from_bits((a + r.half_minus_one + ((a >> r.dropped) & 1u)) & r.keep);
+}
+
 }  // namespace gradscale::float32
