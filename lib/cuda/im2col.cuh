@@ -16,8 +16,9 @@ namespace gradscale::cuda::device {
 // oh·stride + ki = ih + pad (and the same across): for each ki ≡ ih + pad (mod stride), ascending, oh
 // falls by one. `rows`: the plane's first column row (sample b, channel c). UnitStride: every ki.
 // A 3×3 kernel at stride 1 (every convolution of the built-in CNNs but the projections): its nine
-// taps loaded first, all in flight at once, then added in the same (ki, kj) order, the taps outside
-// the output skipped — the general loop's sum, bit for bit.
+// taps loaded, predicated, then added in the same (ki, kj) order, the taps outside the output skipped
+// — the general loop's sum, bit for bit, with the loads no longer held apart by its bounds checks
+// (docs/gpu.md, "Registers and occupancy").
 __device__ __forceinline__ float col2im_sum_3x3(const float* rows, int ho, int wo, std::int64_t row, int th,
                                                 int tw) {
   float v[9];
