@@ -3,30 +3,17 @@
 // around the table, a units row, a thousands separator, namespaced and templated kernel names).
 #include <catch2/catch.hpp>
 
-#include <unistd.h>
-
 #include <string>
 
-#include "tests/cli_run.h"
-#include "tests/skip.h"
+#include "tests/script_run.h"
 
 using Catch::Matchers::Contains;
 using gradscale::test::CliResult;
-using gradscale::test::run_shell;
-using gradscale::test::shell_quote;
-using gradscale::test::skip_test;
-
-namespace {
-
-const std::string kPython = "/usr/bin/python3";
-const std::string kScript = std::string(GRADSCALE_SOURCE_DIR) + "/scripts/ncu_summary.py";
-const std::string kCsv = std::string(GRADSCALE_SOURCE_DIR) + "/tests/data/ncu_raw.csv";
-
-}  // namespace
+using gradscale::test::run_script;
+using gradscale::test::test_data;
 
 TEST_CASE("ncu_summary.py groups launches by kernel, largest total first, in milliseconds", "[scripts]") {
-  if (access(kPython.c_str(), X_OK) != 0) return skip_test(kPython + " not found (install python3)");
-  const CliResult r = run_shell(kPython + " " + kScript + " " + shell_quote(kCsv));
+  const CliResult r = run_script("ncu_summary.py", test_data("ncu_raw.csv"));
   REQUIRE(r.status == 0);
   REQUIRE(r.lines.size() == 5);
   CHECK(r.lines[0] == "ncu_summary: 4 launches of 3 kernels, 1.300 ms of device time");
@@ -35,24 +22,22 @@ TEST_CASE("ncu_summary.py groups launches by kernel, largest total first, in mil
   CHECK_THAT(r.lines[3], Contains("im2col_kernel ") && Contains(" 2 ") && Contains("0.240") && Contains("120.00") &&
                              Contains("18.5%"));
   CHECK_THAT(r.lines[4], Contains("sm90_xmma_gemm_f16f16") && Contains("0.045") && Contains("3.5%"));
-  const CliResult top = run_shell(kPython + " " + kScript + " " + shell_quote(kCsv) + " --top 1");
+  const CliResult top = run_script("ncu_summary.py", test_data("ncu_raw.csv") + " --top 1");
   REQUIRE(top.status == 0);
   REQUIRE(top.lines.size() == 4);
   CHECK_THAT(top.lines[3], Contains("(2 more kernels)") && Contains("0.285"));
 }
 
 TEST_CASE("ncu_summary.py names what is wrong with its input", "[scripts]") {
-  if (access(kPython.c_str(), X_OK) != 0) return skip_test(kPython + " not found (install python3)");
-  const std::string trace = std::string(GRADSCALE_SOURCE_DIR) + "/tests/data/trace_small.json";
-  const CliResult no_table = run_shell(kPython + " " + kScript + " " + shell_quote(trace));
+  const CliResult no_table = run_script("ncu_summary.py", test_data("trace_small.json"));
   CHECK(no_table.status == 2);
   REQUIRE(no_table.lines.size() == 1);
   CHECK_THAT(no_table.lines[0], Contains("ncu_summary.py: error:") && Contains("no ncu CSV header"));
-  const CliResult missing = run_shell(kPython + " " + kScript + " /nonexistent/ncu.csv");
+  const CliResult missing = run_script("ncu_summary.py", "/nonexistent/ncu.csv");
   CHECK(missing.status == 2);
   REQUIRE(missing.lines.size() == 1);
   CHECK_THAT(missing.lines[0], Contains("cannot read '/nonexistent/ncu.csv'"));
-  const CliResult top = run_shell(kPython + " " + kScript + " " + shell_quote(kCsv) + " --top 0");
+  const CliResult top = run_script("ncu_summary.py", test_data("ncu_raw.csv") + " --top 0");
   CHECK(top.status == 2);
   CHECK_THAT(top.lines.at(0), Contains("--top must be at least 1"));
 }
