@@ -31,6 +31,13 @@ bool on_cpu_execution_target() noexcept;
 // -1 (a GPU: the runtime does not count them). For a case that asserts how many kernels an operation takes.
 long long kernel_launches() noexcept;
 
+// First statement of a case that counts kernel launches: a device, and an execution target that counts
+// them (the CPU target), else the case is reported as Skipped.
+inline void require_launch_counts() {
+  require_cuda_device();
+  if (kernel_launches() < 0) skip_test("kernel launches are counted on the CPU execution target only");
+}
+
 // First statement of a case that only a real GPU can answer (speed, the real cuBLAS, a program other
 // than this test binary): on the CPU execution target of lib/cuda the case is reported as Skipped with
 // `why`.

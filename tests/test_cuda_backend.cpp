@@ -201,8 +201,7 @@ TEST_CASE("CUDA backend: a rounding measured on the GPU fills the monitor as the
 TEST_CASE("CUDA ArrayOps: a rounding with its factor from the table and its division is one kernel, with the "
           "separate calls' bits (counted on the CPU execution target)",
           "[cuda][backend]") {
-  test::require_cuda_device();
-  if (test::kernel_launches() < 0) test::skip_test("kernel launches are counted on the CPU execution target only");
+  test::require_launch_counts();
   cuda::CudaBackend backend(0);
   ArrayOps& ops = backend.array_ops();
   Precision p;
@@ -254,8 +253,7 @@ TEST_CASE("CUDA ArrayOps: a rounding with its factor from the table and its divi
 TEST_CASE("CUDA backend: a gradient's rounding is one kernel, its unscale and its scale decisions none of "
           "their own (counted on the CPU execution target)",
           "[cuda][backend]") {
-  test::require_cuda_device();
-  if (test::kernel_launches() < 0) test::skip_test("kernel launches are counted on the CPU execution target only");
+  test::require_launch_counts();
   cuda::CudaBackend backend(0);
   cuda::CudaContext& ctx = backend.context();
   Precision p;
