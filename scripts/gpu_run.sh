@@ -181,6 +181,13 @@ if [ "$bench" -eq 1 ]; then
       --scaler "$scaler" --device cuda --steps 50 --warmup 5 2>&1 |
       tee -a "$logs/bench_step.txt" || status=1
   done
+  # The convolutions' forward pass without columns (conv_algorithm implicit), static and measured.
+  for scaler in static:1024 '{"policy":"adaptive","method":"measured"}'; do
+    echo "== gradscale bench step --model resnet-mini --format fp16 --batch 256 --scaler $scaler --device cuda --conv-algorithm implicit"
+    timeout 90 "$build/gradscale" bench step --model resnet-mini --data synthetic:4096 --format fp16 --batch 256 \
+      --scaler "$scaler" --device cuda --conv-algorithm implicit --steps 50 --warmup 5 2>&1 |
+      tee -a "$logs/bench_step.txt" || status=1
+  done
   for mode in amp fp32; do
     echo "== peer_torch_amp.py --mode $mode --batch 256"
     timeout 90 python3 scripts/peer_torch_amp.py --mode "$mode" --batch 256 --steps 50 --warmup 5 2>&1 |

@@ -53,6 +53,31 @@ TEST_CASE("the device config key and --device are checked", "[backend][config]")
   CHECK_THAT(out, Catch::Contains("device") && Catch::Contains("tpu"));
 }
 
+TEST_CASE("the conv_algorithm config key and --conv-algorithm are checked, and the CPU has im2col only",
+          "[backend][config]") {
+  TrainConfig c;
+  CHECK(c.conv_algorithm == "im2col");
+  c.merge_json({{"conv_algorithm", "implicit"}});
+  CHECK(c.conv_algorithm == "implicit");
+  CHECK(c.to_json().at("conv_algorithm") == "implicit");
+  CHECK_THROWS_WITH(c.merge_json({{"conv_algorithm", "winograd"}}),
+                    Catch::Contains("config key 'conv_algorithm'") && Catch::Contains("winograd"));
+  CHECK_THROWS_WITH(c.merge_json({{"conv_algorithm", 1}}), Catch::Contains("conv_algorithm"));
+  cpu_backend().set_conv_algorithm("im2col");
+  CHECK_THROWS_WITH(cpu_backend().set_conv_algorithm("implicit"),
+                    Catch::Contains("conv_algorithm 'implicit'") && Catch::Contains("cuda"));
+  // On the command line: a bad name, and implicit on the CPU, each exit 2 naming it.
+  for (const char* args : {"train --conv-algorithm winograd --data synthetic:64 --max-steps 1",
+                           "train --model cnn --conv-algorithm implicit --data synthetic:64 --max-steps 1"}) {
+    INFO(args);
+    const test::CliResult r = test::run_cli(args);
+    CHECK(r.status == 2);
+    std::string out;
+    for (const std::string& line : r.lines) out += line + "\n";
+    CHECK_THAT(out, Catch::Contains("conv_algorithm"));
+  }
+}
+
 TEST_CASE("host tensors: copies keep the host, copy_from takes shape and values", "[backend][tensor]") {
   Tensor a({2, 3}, 1.5f);
   CHECK(a.device() == Device::cpu);

@@ -42,6 +42,8 @@ void add_train_options(po::options_description& desc) {
       "max-steps", po::value<std::int64_t>(), "[max_steps] stop after this many iterations (0: no limit)")(
       "seed", po::value<std::int64_t>(), "[seed]")("threads", po::value<int>(), "[threads] 0 = all cores")(
       "device", po::value<std::string>(), "[device] cpu | cuda | cuda:N")(
+      "conv-algorithm", po::value<std::string>(),
+      "[conv_algorithm] convolutions on cuda: im2col (+ cuBLAS) | implicit")(
       "progress-seconds", po::value<double>(), "[progress_seconds] seconds between progress lines")(
       "checkpoint", po::value<std::string>(), "[checkpoint] directory for checkpoints")(
       "save-every", po::value<std::int64_t>(), "[save_every] iterations between checkpoints")(
@@ -80,6 +82,7 @@ TrainConfig train_config_from(const po::variables_map& vm) {
   if (vm.count("progress-seconds")) overrides["progress_seconds"] = vm["progress-seconds"].as<double>();
   if (vm.count("threads")) overrides["threads"] = vm["threads"].as<int>();
   if (vm.count("device")) overrides["device"] = vm["device"].as<std::string>();
+  if (vm.count("conv-algorithm")) overrides["conv_algorithm"] = vm["conv-algorithm"].as<std::string>();
   if (vm.count("trace-hist") && vm["trace-hist"].as<bool>()) overrides["trace_hist"] = true;
   if (vm.count("shadow") && vm["shadow"].as<bool>()) overrides["shadow"] = true;
   for (const char* flag : {"epochs", "batch", "eval-batch", "eval-every", "max-steps", "seed", "save-every", "trace-every"}) {

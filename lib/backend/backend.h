@@ -100,6 +100,11 @@ class Backend {
   // again), or a negative value when the backend does not time its GEMMs (the CPU's are inside Eigen).
   virtual void set_gemm_timing(bool /*on*/) {}
   virtual double gemm_seconds() { return -1.0; }
+  // How convolutions compute their output and upstream gradient (config key conv_algorithm): "im2col"
+  // (the columns, then a GEMM over them: every backend's) or "implicit" (no columns: lib/cuda/
+  // conv_implicit.h, the CUDA backend's). The layers read it at each pass. ConfigError for a name this
+  // backend does not have.
+  virtual void set_conv_algorithm(const std::string& algorithm);
   // The optimizer's element loops for this backend's parameters (null: the host loops).
   virtual DeviceOptimizerKernels* optimizer_kernels() = 0;
   // The precision steps on raw arrays in this backend's memory (lib/backend/array_ops.h), for a

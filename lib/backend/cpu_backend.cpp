@@ -67,6 +67,12 @@ Backend& cpu_backend() {
   return backend;
 }
 
+void Backend::set_conv_algorithm(const std::string& algorithm) {
+  GS_CHECK_CONFIG(algorithm == "im2col", "conv_algorithm '" << algorithm << "' runs on the cuda device only; "
+                                                              << device_name(device())
+                                                              << "'s convolutions are im2col and a GEMM");
+}
+
 bool cuda_backend_built() {
   return cuda_backend_present();
 }

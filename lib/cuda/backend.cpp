@@ -89,6 +89,12 @@ CudaBackend::CudaBackend(int device)
 
 CudaBackend::~CudaBackend() = default;
 
+void CudaBackend::set_conv_algorithm(const std::string& algorithm) {
+  GS_CHECK_CONFIG(algorithm == "im2col" || algorithm == "implicit",
+                  "conv_algorithm must be im2col or implicit, got '" << algorithm << "'");
+  implicit_conv_ = algorithm == "implicit";
+}
+
 std::string CudaBackend::description() const {
   return "cuda: " + device_description(ctx_.device());
 }

@@ -100,6 +100,8 @@ class CudaBackend final : public Backend {
   std::int64_t host_waits() const override { return ctx_.waits(); }
   void set_gemm_timing(bool on) override { ctx_.set_gemm_timing(on); }
   double gemm_seconds() override { return ctx_.take_gemm_seconds(); }
+  void set_conv_algorithm(const std::string& algorithm) override;
+  bool implicit_convolution() const { return implicit_conv_; }  // conv_algorithm "implicit"
   DeviceOptimizerKernels* optimizer_kernels() override { return optimizer_.get(); }
   ArrayOps& array_ops() override { return *array_ops_; }
   // "host" (through page-locked host memory over comm) or "nccl" (lib/cuda/collectives.h); "auto": nccl
@@ -239,6 +241,7 @@ class CudaBackend final : public Backend {
   std::vector<PendingNote> weight_grad_scales_;  // r decided on the device: the layer record's weight_grad_scale
   std::vector<PendingNote> unscaled_at_;  // device scales weight gradients were divided by: checked on the host
   bool device_decisions_ = true;
+  bool implicit_conv_ = false;  // conv_algorithm "implicit": CudaConv2d by lib/cuda/conv_implicit.h
   DeviceBuffer<DeviceStats> query_stats_;  // a device decision's statistics (g, W, upstream)
   DeviceBuffer<DeviceStats> join_stats_;   // a device join's parts
   bool edge_counting_ = false;                       // header()->edge is counting in this pass

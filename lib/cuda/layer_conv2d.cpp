@@ -2,6 +2,7 @@
 
 #include "lib/cuda/device_layer.h"
 
+#include "lib/cuda/conv_implicit.h"
 #include "lib/cuda/im2col.h"
 #include "lib/cuda/permute.h"
 
@@ -17,7 +18,10 @@ namespace {
 // and bias gradients are rounded and unscaled as Linear's. The columns are recomputed in backward, as
 // on the CPU, rather than kept from forward (C·k²·n·Ho·Wo floats per layer). When a GEMM reads them in
 // 16 bits, im2col writes them so, into the backend's scratch slot, in one pass (the input's values are
-// in F, so the conversion is exact): no fp32 columns to write, read back and convert.
+// in F, so the conversion is exact): no fp32 columns to write, read back and convert. With
+// conv_algorithm "implicit", the forward pass (sums, bias, rounding) and the upstream product
+// col2im(Wᵀ·g) are one kernel each that writes no columns (conv_implicit.h; the product's statistics are
+// then a pass of their own); the weight gradient keeps its columns.
 class CudaConv2d final : public ParametricLayer {
  public:
   CudaConv2d(CudaBackend& backend, std::unique_ptr<Layer> host, const LayerPlacement& placement)
@@ -41,6 +45,11 @@ class CudaConv2d final : public ParametricLayer {
     const std::int64_t n = geo.n, rows = geo.col_rows(), plane = geo.col_cols();
     CudaContext& c = backend_.context();
     const Format f = ctx.precision.format;
+    if (backend_.implicit_convolution()) {  // no columns: one kernel, the bias and the rounding included
+      conv_forward_implicit(x.data(), geo, weight_work_.data(), out_, has_bias_ ? bias_work_.data() : nullptr,
+                            output.data(), device_rounding(f, ctx.precision.round), c.stream());
+      return;
+    }
     const DeviceType t = backend_.gemm_type(f, f, placement_.inputs_in_format);  // the columns are x's values
     const GemmInput columns = make_columns(x, geo, t, ColumnLayout::per_sample, rows * plane);
     gemm(c, out_, plane, rows, 1.0f, weight_operand(t, 0), columns, 0.0f,
@@ -82,17 +91,29 @@ class CudaConv2d final : public ParametricLayer {
     }
     if (ScaledGrad* gx = grad_inputs[0]) {  // SPEC §5 steps 1–2: o = col2im(Wᵀ·g) in fp32, then s
       gx->g.resize(x.shape());
-      const GemmInput g_x = tg == tw ? g_w : operand(g_wide_, tg, 0);  // slot 0 still holds g when tg == tw
-      cols_.resize({rows, wide});
-      gemm(c, rows, wide, out_, 1.0f, weight_operand(tg, 1, true), g_x, 0.0f, {cols_.data()});
+      const bool implicit = backend_.implicit_convolution();
+      if (!implicit) {
+        const GemmInput g_x = tg == tw ? g_w : operand(g_wide_, tg, 0);  // slot 0 still holds g when tg == tw
+        cols_.resize({rows, wide});
+        gemm(c, rows, wide, out_, 1.0f, weight_operand(tg, 1, true), g_x, 0.0f, {cols_.data()});
+      }
       const gradscale::ConvGeometry cg{n,    in_,   out_,  kernel_,  stride_,
                                        pad_, geo.h, geo.w, geo.ho(), geo.wo()};
       const UpstreamProduct product{weight_work_, reduction_length(), [&g, this, cg] {
                                       const Tensor hg = g.to_host(), hw = weight_work_.to_host();
                                       return conv_product_range(hg.data(), hw.data(), cg);
                                     }};
-      // col2im in the CPU's order, measured in the same pass when the controller reads the product.
+      // col2im in the CPU's order, measured in the same pass when the controller reads the product; or
+      // the implicit kernel's same sums, then their statistics (tensor_stats over gx: col2im_measured's bits).
       const auto write = [&](const StatsJob* job, DeviceStats* out, const StatsDecision* then) {
+        if (implicit) {
+          conv_backward_input_implicit(g.data(), geo, weight_work_.data(), out_, gx->g.data(), c.stream());
+          if (job != nullptr && then != nullptr)
+            tensor_stats(c, job, 1, out, *then);
+          else if (job != nullptr)
+            tensor_stats(c, job, 1, out);
+          return;
+        }
         if (job != nullptr)
           col2im_measured(c, cols_.data(), geo, ColumnLayout::batch_wide, gx->g.data(), job->format, job->round,
                           out, then);

@@ -43,6 +43,7 @@ void TrainConfig::merge_json(const json& j) {
                                              "weight_grads", "scaler",     "optimizer", "schedule",
                                              "lr",           "epochs",     "batch",     "eval_batch",   "eval_every",
                                              "max_steps",    "seed",       "threads",   "progress_seconds", "device",
+                                             "conv_algorithm",
                                              "checkpoint",   "save_every", "resume",
                                              "grad_format",  "trace",      "trace_every", "trace_hist",
                                              "shadow"};
@@ -117,6 +118,11 @@ void TrainConfig::merge_json(const json& j) {
                           (device.rfind("cuda:", 0) == 0 && device.size() > 5 && device.size() <= 8 &&
                            device.find_first_not_of("0123456789", 5) == std::string::npos),
                       "config key 'device' must be cpu, cuda or cuda:N, got '" << text_excerpt(device) << "'");
+    } else if (k == "conv_algorithm") {
+      conv_algorithm = text(v, "conv_algorithm");
+      GS_CHECK_CONFIG(conv_algorithm == "im2col" || conv_algorithm == "implicit",
+                      "config key 'conv_algorithm' must be im2col or implicit, got '" << text_excerpt(conv_algorithm)
+                                                                                      << "'");
     } else if (k == "threads") {
       threads = static_cast<int>(integer_in(v, "threads", 0, 1024));
     } else if (k == "progress_seconds") {
@@ -150,6 +156,7 @@ json TrainConfig::to_json() const {
             {"seed", seed},
             {"threads", threads},
             {"device", device},
+            {"conv_algorithm", conv_algorithm},
             {"progress_seconds", progress_seconds},
             {"checkpoint", checkpoint_dir},
             {"save_every", save_every},

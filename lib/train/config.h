@@ -32,6 +32,7 @@ struct TrainConfig {
   std::uint64_t seed = 0;
   int threads = 0;                // 0: all cores
   std::string device = "cpu";     // the backend: cpu | cuda | cuda:N (lib/backend)
+  std::string conv_algorithm = "im2col";  // the CUDA backend's convolutions: im2col | implicit
   double progress_seconds = 5.0;  // a progress line at most this often (0: every step)
   std::string checkpoint_dir;     // with save_every > 0: checkpoints go here
   std::int64_t save_every = 0;    // iterations between checkpoints (also one at the end)

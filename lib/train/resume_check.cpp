@@ -62,7 +62,7 @@ std::string changeable_list() {
 const std::vector<std::string>& resume_changeable_keys() {
   static const std::vector<std::string> keys = {
       "checkpoint", "data",       "epochs",  "eval_batch", "eval_every", "max_steps",   "progress_seconds",
-      "resume",     "save_every", "threads", "device", "trace",      "trace_every", "trace_hist",
+      "resume",     "save_every", "threads", "device", "conv_algorithm", "trace",      "trace_every", "trace_hist",
       "shadow"};
   return keys;
 }

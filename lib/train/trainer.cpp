@@ -34,6 +34,7 @@ Trainer::Trainer(TrainConfig config, std::ostream* log, Communicator* comm, cons
   // names none); "cuda:N" is taken as given.
   const int devices = comm_ && config_.device == "cuda" ? cuda_device_count() : 0;
   backend_ = make_backend(devices > 0 ? "cuda:" + std::to_string(comm_->local_rank() % devices) : config_.device);
+  backend_->set_conv_algorithm(config_.conv_algorithm);
   model_->use_backend(*backend_);
   if (log_ && config_.device != "cpu") *log_ << "device: " << backend_->description() << "\n";
   Shape sample(data_.train.images.shape().begin() + 1, data_.train.images.shape().end());
