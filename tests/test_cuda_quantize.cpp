@@ -28,6 +28,7 @@
 #include "lib/cuda/sgd.h"
 #include "lib/cuda/stats.h"
 #include "lib/cuda/unscale.h"
+#include "lib/cuda/working_copies.h"
 #include "lib/instrument/finite_scan.h"
 #include "lib/instrument/histogram.h"
 #include "lib/numeric/quantize.h"
@@ -247,4 +248,72 @@ TEST_CASE("fp32 <-> fp16 / bf16 storage conversions equal encode() and decode() 
     CHECK(report.empty());
     if (!report.empty()) WARN(report);
   }
+}
+
+TEST_CASE("cuda::round_copies rounds many tensors in one launch per 32, with quantize's bits and their 16-bit copies",
+          "[cuda]") {
+  test::require_cuda_device();
+  cuda::CudaContext ctx;
+  struct Case {
+    Format format;
+    RoundOptions opt;
+  };
+  RoundOptions nan_option;
+  nan_option.e4m3_overflow_to_nan = true;
+  for (const Case& k : {Case{Format::fp16, {}}, Case{Format::bf16, {}}, Case{Format::fp8_e4m3, nan_option},
+                        Case{Format::fp32, {}}}) {
+    INFO(format_name(k.format));
+    // 40 tensors (two launches): one empty, one rounded in place, sizes from 2 to 3000; where F is fp16
+    // or bf16, every other one also gets its 16-bit copy.
+    const cuda::DeviceType half_type = k.format == Format::fp16   ? cuda::DeviceType::f16
+                                       : k.format == Format::bf16 ? cuda::DeviceType::bf16
+                                                                  : cuda::DeviceType::f32;
+    constexpr int kJobs = 40;
+    std::vector<std::vector<float>> inputs;
+    std::vector<cuda::DeviceBuffer<float>> src, dst;
+    std::vector<cuda::DeviceBuffer<std::uint16_t>> half;
+    std::vector<cuda::CopyJob> jobs;
+    for (int j = 0; j < kJobs; ++j) {
+      // random_inputs gives 2·m values: random patterns, then random magnitudes.
+      const std::size_t m = j == 3 ? 0 : j == 7 ? 1500 : static_cast<std::size_t>(1 + (j * 97) % 350);
+      inputs.push_back(random_inputs(m, 100 + static_cast<std::uint64_t>(j)));
+      const std::size_t n = inputs.back().size();
+      src.push_back(test::to_device(inputs.back(), ctx));
+      dst.push_back(test::sentinel_buffer<float>(n, ctx));
+      half.push_back(test::sentinel_buffer<std::uint16_t>(n, ctx));
+      const bool in_place = j == 11;
+      const bool with_half = half_type != cuda::DeviceType::f32 && j % 2 == 0;
+      jobs.push_back({src.back().data(), in_place ? src.back().data() : dst.back().data(),
+                      with_half ? half.back().data() : nullptr, n, with_half ? half_type : cuda::DeviceType::f32});
+    }
+    const long long before = test::kernel_launches();
+    cuda::round_copies(jobs.data(), jobs.size(), k.format, k.opt, ctx.stream());
+    if (before >= 0) CHECK(test::kernel_launches() - before == 2);
+    for (int j = 0; j < kJobs; ++j) {
+      INFO("tensor " << j << " of " << inputs[static_cast<std::size_t>(j)].size() << " values");
+      const std::vector<float>& in = inputs[static_cast<std::size_t>(j)];
+      std::vector<float> expected(in.size());
+      for (std::size_t i = 0; i < in.size(); ++i) expected[i] = quantize(in[i], k.format, k.opt);
+      const std::vector<float> got =
+          test::to_host(j == 11 ? src[static_cast<std::size_t>(j)] : dst[static_cast<std::size_t>(j)], ctx);
+      CHECK(bit_mismatches(got, expected).empty());
+      if (jobs[static_cast<std::size_t>(j)].half != nullptr) {
+        const std::vector<std::uint16_t> bits = test::to_host(half[static_cast<std::size_t>(j)], ctx);
+        std::size_t bad = 0;
+        for (std::size_t i = 0; i < in.size(); ++i) bad += bits[i] != encode(expected[i], k.format);
+        CHECK(bad == 0);
+      }
+    }
+  }
+  // A job with a null pointer, or a 16-bit copy of another type, is refused by its index.
+  float none = 0;
+  std::uint16_t bits = 0;
+  const cuda::CopyJob null_src{nullptr, &none, nullptr, 4, cuda::DeviceType::f32};
+  const cuda::CopyJob fine{&none, &none, nullptr, 1, cuda::DeviceType::f32};
+  const cuda::CopyJob bad_half{&none, &none, &bits, 1, cuda::DeviceType::f32};
+  const std::vector<cuda::CopyJob> a = {fine, null_src}, b = {bad_half};
+  CHECK_THROWS_WITH(cuda::round_copies(a.data(), a.size(), Format::fp16, {}, ctx.stream()),
+                    Contains("job 1") && Contains("null pointer"));
+  CHECK_THROWS_WITH(cuda::round_copies(b.data(), b.size(), Format::fp16, {}, ctx.stream()),
+                    Contains("job 0") && Contains("f16 or bf16"));
 }

@@ -100,6 +100,11 @@ class Backend {
   // again), or a negative value when the backend does not time its GEMMs (the CPU's are inside Eigen).
   virtual void set_gemm_timing(bool /*on*/) {}
   virtual double gemm_seconds() { return -1.0; }
+  // Model::prepare_weights brackets its layers' working-copy roundings with these: a backend may queue
+  // the roundings made between them and run them together at the end (the CUDA backend: one launch for
+  // all). Outside the bracket every rounding is made at once.
+  virtual void begin_prepare_weights() {}
+  virtual void end_prepare_weights() {}
   // How convolutions compute their output and upstream gradient (config key conv_algorithm): "im2col"
   // (the columns, then a GEMM over them: every backend's) or "implicit" (no columns: lib/cuda/
   // conv_implicit.h, the CUDA backend's). The layers read it at each pass. ConfigError for a name this

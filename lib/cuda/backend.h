@@ -51,6 +51,7 @@
 #include "lib/cuda/softmax_cross_entropy.h"
 #include "lib/cuda/stats.h"
 #include "lib/cuda/unscale.h"
+#include "lib/cuda/working_copies.h"
 #include "lib/layers/precision_ops.h"
 
 namespace gradscale::cuda {
@@ -121,7 +122,13 @@ class CudaBackend final : public Backend {
                       const WeightGradDecision* decides_r = nullptr);
   void round_activation_grad(Tensor& t, int layer_id, const Precision& p, StepMonitor& monitor);
   void round_output(Tensor& t, const Precision& p);
-  void round_working_copy(const Parameter& master, Tensor& working, const Precision& p);
+  // working ← the master rounded to F and, with `half`, its bits as `half_type` (f16 / bf16) too, in one
+  // pass; queued until end_prepare_weights() inside Model::prepare_weights (every parameter of the model
+  // in one launch: working_copies.h), else launched at once.
+  void round_working_copy(const Parameter& master, Tensor& working, const Precision& p,
+                          std::uint16_t* half = nullptr, DeviceType half_type = DeviceType::f32);
+  void begin_prepare_weights() override;
+  void end_prepare_weights() override;
   // The last pass that writes a layer's fp32 upstream product into gx.g (a convolution's col2im), when
   // the layer leaves it to scale_upstream_grad: write(nullptr, nullptr, nullptr) writes gx.g;
   // write(job, out, then) also measures it as tensor_stats would for job's format into *out and takes
@@ -241,6 +248,9 @@ class CudaBackend final : public Backend {
   std::vector<PendingNote> weight_grad_scales_;  // r decided on the device: the layer record's weight_grad_scale
   std::vector<PendingNote> unscaled_at_;  // device scales weight gradients were divided by: checked on the host
   bool device_decisions_ = true;
+  bool queue_copies_ = false;         // inside Model::prepare_weights: round_working_copy queues
+  std::vector<CopyJob> copy_jobs_;     // the queued working copies, all rounded with copy_precision_
+  Precision copy_precision_;
   bool implicit_conv_ = false;  // conv_algorithm "implicit": CudaConv2d by lib/cuda/conv_implicit.h
   DeviceBuffer<DeviceStats> query_stats_;  // a device decision's statistics (g, W, upstream)
   DeviceBuffer<DeviceStats> join_stats_;   // a device join's parts

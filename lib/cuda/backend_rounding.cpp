@@ -71,10 +71,36 @@ void CudaBackend::round_output(Tensor& t, const Precision& p) {
   quantize(t.data(), t.data(), static_cast<std::size_t>(t.size()), p.format, p.round, 1.0f, ctx_.stream());
 }
 
-void CudaBackend::round_working_copy(const Parameter& master, Tensor& working, const Precision& p) {
+void CudaBackend::round_working_copy(const Parameter& master, Tensor& working, const Precision& p,
+                                     std::uint16_t* half, DeviceType half_type) {
   working.resize(master.value.shape());
-  quantize(master.value.data(), working.data(), static_cast<std::size_t>(master.value.size()), p.format,
-           p.round, 1.0f, ctx_.stream());
+  const CopyJob job{master.value.data(), working.data(), half, static_cast<std::size_t>(master.value.size()),
+                    half_type};
+  if (!queue_copies_) {
+    round_copies(&job, 1, p.format, p.round, ctx_.stream());
+    return;
+  }
+  // One launch rounds to one format: a rounding of another precision sends the queue first.
+  if (!copy_jobs_.empty() && (p.format != copy_precision_.format ||
+                              p.round.e4m3_overflow_to_nan != copy_precision_.round.e4m3_overflow_to_nan)) {
+    round_copies(copy_jobs_.data(), copy_jobs_.size(), copy_precision_.format, copy_precision_.round, ctx_.stream());
+    copy_jobs_.clear();
+  }
+  copy_precision_ = p;
+  copy_jobs_.push_back(job);
+}
+
+void CudaBackend::begin_prepare_weights() {
+  copy_jobs_.clear();
+  queue_copies_ = true;
+}
+
+void CudaBackend::end_prepare_weights() {
+  queue_copies_ = false;
+  if (copy_jobs_.empty()) return;
+  std::vector<CopyJob> jobs;
+  jobs.swap(copy_jobs_);  // empty even when the launch throws
+  round_copies(jobs.data(), jobs.size(), copy_precision_.format, copy_precision_.round, ctx_.stream());
 }
 void CudaBackend::scale_upstream_grad(const Layer& layer, const ScaledGrad& grad_output,
                                       const UpstreamProduct& product, ScaledGrad& gx, BackwardContext& ctx,

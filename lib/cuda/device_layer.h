@@ -86,16 +86,17 @@ class ParametricLayer : public DeviceLayer {
   }
 
   void prepare_weights(const Precision& p) override {
-    backend_.round_working_copy(*params_[0], weight_work_, p);
-    if (has_bias_) backend_.round_working_copy(*params_[1], bias_work_, p);
-    // The weight's 16-bit copy for the step's GEMMs (its values are in F), made once here rather than
-    // at each of the two GEMMs that read it.
+    // The weight's 16-bit copy for the step's GEMMs (its values are in F), written by the pass that
+    // rounds it, once here rather than at each of the two GEMMs that read it.
     weight16_type_ = backend_.gemm_type(p.format, p.format, true);
+    std::uint16_t* half = nullptr;
     if (weight16_type_ != DeviceType::f32) {
-      const auto n = static_cast<std::size_t>(weight_work_.size());
+      const auto n = static_cast<std::size_t>(params_[0]->value.size());
       if (weight16_.size() < n) weight16_.resize(n);
-      backend_.to_16bit(weight_work_.data(), n, weight16_type_, weight16_.data());
+      half = weight16_.data();
     }
+    backend_.round_working_copy(*params_[0], weight_work_, p, half, weight16_type_);
+    if (has_bias_) backend_.round_working_copy(*params_[1], bias_work_, p);
   }
 
  protected:

@@ -140,7 +140,17 @@ std::vector<LayerPlacement> Model::placement() const {
 Device Model::device() const { return backend_->device(); }
 
 void Model::prepare_weights(const Precision& p) {
-  for (Node& n : nodes_) n.layer->prepare_weights(p);
+  // The backend may queue the layers' roundings until the end (one launch on a GPU); a layer that throws
+  // still ends the bracket, so nothing stays queued.
+  Backend& b = backend();
+  b.begin_prepare_weights();
+  try {
+    for (Node& n : nodes_) n.layer->prepare_weights(p);
+  } catch (...) {
+    b.end_prepare_weights();
+    throw;
+  }
+  b.end_prepare_weights();
 }
 
 const Tensor& Model::forward(const Tensor& input, ForwardContext& ctx) {
