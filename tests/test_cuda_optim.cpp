@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "lib/backend/backend.h"
 #include "lib/core/random.h"
 #include "lib/cuda/adam.h"
 #include "lib/cuda/batchnorm.h"
@@ -34,9 +35,11 @@
 #include "lib/scaler/scaler.h"
 #include "tests/cuda_layers_fixtures.h"
 #include "tests/cuda_test.h"
+#include "tests/host_values.h"
 
 using namespace gradscale;
 using test::bit_mismatches;
+using test::host_values;
 using namespace gradscale::test::cuda_layers_fixtures;
 
 namespace {
@@ -198,6 +201,69 @@ TEST_CASE(
         // through Adam's coupled weight decay, reach the moments).
         params.w[i].upload(want.data(), want.size(), ctx.stream());
       }
+    }
+  }
+}
+
+TEST_CASE("cuda: Optimizer::step updates every device parameter in one launch per 32, with the CPU optimizer's bits",
+          "[cuda][optim]") {
+  test::require_cuda_device();
+  const std::unique_ptr<Backend> backend = make_backend("cuda");
+  DeviceMemory* memory = backend->memory();
+  const std::vector<nlohmann::json> configs = {
+      {{"name", "adam"}},
+      {{"name", "adamw"}, {"weight_decay", 0.01}},
+      {{"name", "adam"}, {"weight_decay", 0.01}},
+      {{"name", "sgd"}},
+      {{"name", "sgd"}, {"momentum", 0.9}, {"nesterov", true}, {"weight_decay", 0.01}}};
+  for (const nlohmann::json& cfg : configs) {
+    INFO(cfg.dump());
+    // 40 parameters (two launches a step), sizes 1 to 3000, every third without weight decay.
+    Rng rng(31);
+    std::vector<Parameter> host(40), device(40);
+    for (std::size_t i = 0; i < host.size(); ++i) {
+      const std::int64_t n = i == 5 ? 3000 : 1 + static_cast<std::int64_t>((i * 53) % 400);
+      host[i].name = "p" + std::to_string(i);
+      host[i].value = tensor_of({n}, normals(static_cast<std::size_t>(n), rng));
+      host[i].grad = Tensor({n});
+      host[i].weight_decay = i % 3 != 0;
+      device[i].name = host[i].name;
+      device[i].value = host[i].value.to(memory);
+      device[i].grad = host[i].grad.to(memory);
+      device[i].weight_decay = host[i].weight_decay;
+    }
+    std::vector<Parameter*> hp, dp;
+    for (std::size_t i = 0; i < host.size(); ++i) {
+      hp.push_back(&host[i]);
+      dp.push_back(&device[i]);
+    }
+    auto cpu_opt = make_optimizer(cfg), gpu_opt = make_optimizer(cfg);
+    gpu_opt->use_device(backend->optimizer_kernels());
+    for (int t = 1; t <= 3; ++t) {
+      INFO("step " << t);
+      for (std::size_t i = 0; i < host.size(); ++i) {
+        const std::vector<float> g = normals(static_cast<std::size_t>(host[i].grad.size()), rng, 0.1);
+        std::copy(g.begin(), g.end(), host[i].grad.data());
+        device[i].grad.copy_from(host[i].grad);
+      }
+      cpu_opt->step(hp, 0.01);
+      const long long before = test::kernel_launches();
+      gpu_opt->step(dp, 0.01);
+      if (before >= 0) CHECK(test::kernel_launches() - before == 2);
+      std::size_t bad = 0;
+      for (std::size_t i = 0; i < host.size(); ++i)
+        bad += bit_mismatches(host_values(device[i].value), values(host[i].value)).size();
+      CHECK(bad == 0);
+    }
+    // A step refused (a gradient of the wrong shape) changes no weight. (An update that throws after
+    // others were queued: test_optim_updates.cpp.)
+    std::vector<std::vector<float>> before_bits;
+    for (const Parameter& p : device) before_bits.push_back(host_values(p.value));
+    device[30].grad = Tensor({1}, 0.0f, memory);
+    CHECK_THROWS(gpu_opt->step(dp, 0.01));
+    for (std::size_t i = 0; i < device.size(); ++i) {
+      INFO("parameter " << i);
+      CHECK(bit_mismatches(host_values(device[i].value), before_bits[i]).empty());
     }
   }
 }

@@ -249,3 +249,68 @@ TEST_CASE("Adam and AdamW match fp64 within the fp32 error bound over 30 steps",
     CHECK(max_bound < 1e-4);  // per-step updates are ~0.01: a wrong formula is far outside
   }
 }
+
+namespace {
+
+// Host memory that calls itself a device: parameters on it take the optimizer's device kernels.
+class FakeDeviceMemory final : public gradscale::DeviceMemory {
+ public:
+  gradscale::Device device() const override { return gradscale::Device::cuda; }
+  float* allocate(std::size_t n) override { return new float[n]; }
+  void release(float* p) noexcept override { delete[] p; }
+  void fill(float* p, std::size_t n, float value) override { std::fill(p, p + n, value); }
+  void copy(float* dst, const float* src, std::size_t n) override { std::copy(src, src + n, dst); }
+  void from_host(float* dst, const float* host, std::size_t n) override { std::copy(host, host + n, dst); }
+  void to_host(float* host, const float* src, std::size_t n) override { std::copy(src, src + n, host); }
+};
+
+// Records the bracket and the updates; the update numbered `throw_at` (1-based) throws.
+class RecordingKernels final : public gradscale::DeviceOptimizerKernels {
+ public:
+  void sgd(float*, const float*, float*, std::size_t, const gradscale::SgdStep&) override { note(); }
+  void adam(float*, const float*, float*, float*, std::size_t, const gradscale::AdamStep&) override { note(); }
+  void begin_step() override { log += "begin "; }
+  void end_step(bool apply) override { log += apply ? "end(apply)" : "end(drop)"; }
+  int throw_at = 0;
+  int updates = 0;
+  std::string log;
+
+ private:
+  void note() {
+    ++updates;
+    log += "u ";
+    if (updates == throw_at) throw gradscale::Error("a device update failed");
+  }
+};
+
+}  // namespace
+
+TEST_CASE("Optimizer::step brackets its device updates, and an update that throws drops the queued ones",
+          "[optim]") {
+  FakeDeviceMemory memory;
+  for (const char* name : {"adam", "sgd"}) {
+    INFO(name);
+    std::vector<Parameter> params(3);
+    std::vector<Parameter*> pointers;
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      params[i].name = "p" + std::to_string(i);
+      params[i].value = Tensor({4}, 1.0f, &memory);
+      params[i].grad = Tensor({4}, 0.5f, &memory);
+      pointers.push_back(&params[i]);
+    }
+    auto opt = gradscale::make_optimizer({{"name", name}});
+    RecordingKernels kernels;
+    opt->use_device(&kernels);
+    opt->step(pointers, 0.1);
+    CHECK(kernels.log == "begin u u u end(apply)");
+    CHECK(opt->step_count() == 1);
+    // The second update of the next step throws: the step ends without applying what was queued, and
+    // it is not counted.
+    kernels.log.clear();
+    kernels.updates = 0;
+    kernels.throw_at = 2;
+    CHECK_THROWS_WITH(opt->step(pointers, 0.1), Catch::Contains("a device update failed"));
+    CHECK(kernels.log == "begin u u end(drop)");
+    CHECK(opt->step_count() == 1);
+  }
+}

@@ -2,6 +2,7 @@
 // bias-correction scalars read from the device step counter.
 #include "lib/cuda/adam.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "lib/core/error.h"
@@ -48,6 +49,30 @@ __global__ void adam_host_step_kernel(float* w, const float* g, float* m, float*
     adam_element(w, g, m, v, i, p, neg_step_size, bias_correction2_sqrt);
 }
 
+// Many parameters' updates: a block row per parameter (adam_update_many).
+struct AdamJobs {
+  struct Job {
+    float* w;
+    const float* g;
+    float* m;
+    float* v;
+    std::size_t n;
+    AdamScalars p;
+    float neg_step_size, bias_correction2_sqrt;
+  } job[kOptimizerJobsPerLaunch];
+};
+__global__ void adam_many_kernel(AdamJobs jobs) {
+  const AdamJobs::Job& j = jobs.job[blockIdx.y];
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < j.n; i += stride)
+    adam_element(j.w, j.g, j.m, j.v, i, j.p, j.neg_step_size, j.bias_correction2_sqrt);
+}
+
+AdamScalars scalars_of(const AdamStep& s) {
+  return {s.beta1, s.one_minus_beta1, s.beta2, s.one_minus_beta2, s.eps, s.weight_factor,
+          s.weight_decay, s.decay_weight, s.decay_grad};
+}
+
 void launch_adam(float* w, const float* g, float* m, float* v, std::size_t n, const AdamScalars& p,
                  const DeviceOptimizerStep* step, cudaStream_t stream) {
   adam_kernel<<<grid_for(n, 4), kBlock, 0, stream>>>(w, g, m, v, n, p, step);
@@ -86,11 +111,29 @@ void adam_update(float* w, const float* g, float* m, float* v, std::size_t n, co
   if (n == 0) return;
   GS_CHECK(w != nullptr && g != nullptr && m != nullptr && v != nullptr,
            "cuda::adam_update of " << n << " elements got a null pointer");
-  const AdamScalars p{s.beta1, s.one_minus_beta1, s.beta2, s.one_minus_beta2, s.eps, s.weight_factor,
-                      s.weight_decay, s.decay_weight, s.decay_grad};
+  const AdamScalars p = scalars_of(s);
   adam_host_step_kernel<<<grid_for(n, 4), kBlock, 0, stream>>>(w, g, m, v, n, p, s.neg_step_size,
                                                                 s.bias_correction2_sqrt);
   GS_CUDA_CHECK_LAUNCH();
+}
+
+void adam_update_many(const AdamJob* jobs, std::size_t count, cudaStream_t stream) {
+  for (std::size_t first = 0; first < count; first += kOptimizerJobsPerLaunch) {
+    AdamJobs batch;
+    unsigned in_batch = 0;
+    std::size_t largest = 0;
+    for (std::size_t i = first; i < std::min(count, first + kOptimizerJobsPerLaunch); ++i) {
+      const AdamJob& j = jobs[i];
+      if (j.n == 0) continue;
+      GS_CHECK(j.w != nullptr && j.g != nullptr && j.m != nullptr && j.v != nullptr,
+               "cuda::adam_update_many: job " << i << " of " << j.n << " elements has a null pointer");
+      batch.job[in_batch++] = {j.w, j.g, j.m, j.v, j.n, scalars_of(j.s), j.s.neg_step_size, j.s.bias_correction2_sqrt};
+      largest = std::max(largest, j.n);
+    }
+    if (in_batch == 0) continue;
+    adam_many_kernel<<<dim3(grid_for(largest, 4), in_batch), kBlock, 0, stream>>>(batch);
+    GS_CUDA_CHECK_LAUNCH();
+  }
 }
 
 }  // namespace gradscale::cuda

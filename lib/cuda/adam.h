@@ -36,4 +36,19 @@ void adam_update(float* w, const float* g, float* m, float* v, std::size_t n, co
 void adam_update(float* w, const float* g, float* m, float* v, std::size_t n, const AdamStep& s,
                  cudaStream_t stream);
 
+// One parameter's update for adam_update_many: the arguments of the call above.
+struct AdamJob {
+  float* w = nullptr;
+  const float* g = nullptr;
+  float* m = nullptr;
+  float* v = nullptr;
+  std::size_t n = 0;
+  AdamStep s{};
+};
+constexpr std::size_t kOptimizerJobsPerLaunch = 32;
+// Every job's update, each with the bits of adam_update(job...), in one launch per
+// kOptimizerJobsPerLaunch jobs (`jobs` on the host, read before it returns). Throws Error for a null
+// pointer in a job with n > 0, naming the job.
+void adam_update_many(const AdamJob* jobs, std::size_t count, cudaStream_t stream);
+
 }  // namespace gradscale::cuda

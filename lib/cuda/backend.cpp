@@ -54,18 +54,40 @@ void CudaMemory::to_host(float* host, const float* src, std::size_t n) {
 // ---- optimizer ---------------------------------------------------------------------------------------
 namespace {
 
+// Inside Optimizer::step's bracket the updates are queued and launched together at its end (one launch
+// per 32 parameters: adam_update_many, sgd_update_many); outside it, each at once.
 class CudaOptimizerKernels final : public DeviceOptimizerKernels {
  public:
   explicit CudaOptimizerKernels(CudaContext& ctx) : ctx_(ctx) {}
   void sgd(float* w, const float* g, float* momentum_buffer, std::size_t n, const SgdStep& s) override {
-    sgd_update(w, g, momentum_buffer, n, s, ctx_.stream());
+    const SgdJob job{w, g, momentum_buffer, n, s};
+    if (queue_) sgd_.push_back(job); else sgd_update_many(&job, 1, ctx_.stream());
   }
   void adam(float* w, const float* g, float* m, float* v, std::size_t n, const AdamStep& s) override {
-    adam_update(w, g, m, v, n, s, ctx_.stream());
+    const AdamJob job{w, g, m, v, n, s};
+    if (queue_) adam_.push_back(job); else adam_update_many(&job, 1, ctx_.stream());
+  }
+  void begin_step() override {
+    sgd_.clear();
+    adam_.clear();
+    queue_ = true;
+  }
+  void end_step(bool apply) override {
+    queue_ = false;
+    std::vector<SgdJob> sgd;
+    std::vector<AdamJob> adam;
+    sgd.swap(sgd_);  // empty afterwards, even when a launch throws
+    adam.swap(adam_);
+    if (!apply) return;
+    sgd_update_many(sgd.data(), sgd.size(), ctx_.stream());
+    adam_update_many(adam.data(), adam.size(), ctx_.stream());
   }
 
  private:
   CudaContext& ctx_;
+  bool queue_ = false;
+  std::vector<SgdJob> sgd_;
+  std::vector<AdamJob> adam_;
 };
 
 }  // namespace

@@ -1,6 +1,7 @@
 // SGD update on the GPU (see sgd.h): one grid-stride kernel; sgd.cpp's element loop verbatim.
 #include "lib/cuda/sgd.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "lib/core/error.h"
@@ -9,6 +10,8 @@
 
 namespace gradscale::cuda {
 namespace {
+
+constexpr std::size_t kSgdJobsPerLaunch = 32;
 
 struct SgdScalars {
   float lr, momentum, weight_decay;
@@ -43,6 +46,24 @@ __global__ void sgd_host_step_kernel(float* w, const float* g, float* buf, std::
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
   for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
     sgd_element(w, g, buf, i, p, first);
+}
+
+// Many parameters' updates: a block row per parameter (sgd_update_many).
+struct SgdJobs {
+  struct Job {
+    float* w;
+    const float* g;
+    float* buf;
+    std::size_t n;
+    SgdScalars p;
+    bool first;
+  } job[kSgdJobsPerLaunch];
+};
+__global__ void sgd_many_kernel(SgdJobs jobs) {
+  const SgdJobs::Job& j = jobs.job[blockIdx.y];
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < j.n; i += stride)
+    sgd_element(j.w, j.g, j.buf, i, j.p, j.first);
 }
 
 void launch_sgd(float* w, const float* g, float* buf, std::size_t n, const SgdScalars& p,
@@ -81,6 +102,30 @@ void sgd_update(float* w, const float* g, float* momentum_buffer, std::size_t n,
   const SgdScalars p{s.lr, s.momentum, s.weight_decay, s.nesterov, momentum_buffer != nullptr};
   sgd_host_step_kernel<<<grid_for(n, 4), kBlock, 0, stream>>>(w, g, momentum_buffer, n, p, s.first);
   GS_CUDA_CHECK_LAUNCH();
+}
+
+void sgd_update_many(const SgdJob* jobs, std::size_t count, cudaStream_t stream) {
+  for (std::size_t first = 0; first < count; first += kSgdJobsPerLaunch) {
+    SgdJobs batch;
+    unsigned in_batch = 0;
+    std::size_t largest = 0;
+    for (std::size_t i = first; i < std::min(count, first + kSgdJobsPerLaunch); ++i) {
+      const SgdJob& j = jobs[i];
+      GS_CHECK((j.s.momentum > 0) == (j.momentum_buffer != nullptr),
+               "cuda::sgd_update_many: job " << i << " needs a momentum buffer exactly when momentum > 0 (momentum "
+                                             << j.s.momentum << ")");
+      if (j.n == 0) continue;
+      GS_CHECK(j.w != nullptr && j.g != nullptr,
+               "cuda::sgd_update_many: job " << i << " of " << j.n << " elements has a null pointer");
+      batch.job[in_batch++] = {j.w, j.g, j.momentum_buffer, j.n,
+                               {j.s.lr, j.s.momentum, j.s.weight_decay, j.s.nesterov, j.momentum_buffer != nullptr},
+                               j.s.first};
+      largest = std::max(largest, j.n);
+    }
+    if (in_batch == 0) continue;
+    sgd_many_kernel<<<dim3(grid_for(largest, 4), in_batch), kBlock, 0, stream>>>(batch);
+    GS_CUDA_CHECK_LAUNCH();
+  }
 }
 
 }  // namespace gradscale::cuda

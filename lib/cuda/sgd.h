@@ -34,4 +34,16 @@ void sgd_update(float* w, const float* g, float* momentum_buffer, std::size_t n,
 void sgd_update(float* w, const float* g, float* momentum_buffer, std::size_t n, const SgdStep& s,
                 cudaStream_t stream);
 
+// One parameter's update for sgd_update_many: the arguments of the call above.
+struct SgdJob {
+  float* w = nullptr;
+  const float* g = nullptr;
+  float* momentum_buffer = nullptr;
+  std::size_t n = 0;
+  SgdStep s{};
+};
+// Every job's update, each with the bits of sgd_update(job...), in one launch per 32 jobs (`jobs` on
+// the host, read before it returns). Throws Error as sgd_update, naming the job.
+void sgd_update_many(const SgdJob* jobs, std::size_t count, cudaStream_t stream);
+
 }  // namespace gradscale::cuda

@@ -26,7 +26,14 @@ void Optimizer::step(const std::vector<Parameter*>& params, double lr) {
     check_bound(params);
   }
   const std::int64_t step = steps_ + 1;
-  for (std::size_t i = 0; i < params.size(); ++i) update(*params[i], bound_[i].slots, step, lr);
+  if (device_ != nullptr) device_->begin_step();
+  try {
+    for (std::size_t i = 0; i < params.size(); ++i) update(*params[i], bound_[i].slots, step, lr);
+  } catch (...) {
+    if (device_ != nullptr) device_->end_step(false);
+    throw;
+  }
+  if (device_ != nullptr) device_->end_step(true);
   steps_ = step;
 }
 

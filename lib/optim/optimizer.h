@@ -37,6 +37,11 @@ class DeviceOptimizerKernels {
   // momentum_buffer is null when momentum is 0.
   virtual void sgd(float* w, const float* g, float* momentum_buffer, std::size_t n, const SgdStep& s) = 0;
   virtual void adam(float* w, const float* g, float* m, float* v, std::size_t n, const AdamStep& s) = 0;
+  // Optimizer::step brackets its parameters' updates with these: the kernels may queue the updates
+  // made between them and run them together at end_step(true); end_step(false) (an update threw)
+  // drops what was queued, so the step changes nothing.
+  virtual void begin_step() {}
+  virtual void end_step(bool /*apply*/) {}
 };
 
 // One named optimizer state tensor, e.g. {"fc1.weight/momentum_buffer", tensor}.
