@@ -305,15 +305,18 @@ TEST_CASE("cuda::round_copies rounds many tensors in one launch per 32, with qua
       }
     }
   }
-  // A job with a null pointer, or a 16-bit copy of another type, is refused by its index.
+  // A job with a null pointer, or a 16-bit copy of another type, is refused by its index, before any
+  // job is launched.
   float none = 0;
   std::uint16_t bits = 0;
   const cuda::CopyJob null_src{nullptr, &none, nullptr, 4, cuda::DeviceType::f32};
   const cuda::CopyJob fine{&none, &none, nullptr, 1, cuda::DeviceType::f32};
   const cuda::CopyJob bad_half{&none, &none, &bits, 1, cuda::DeviceType::f32};
   const std::vector<cuda::CopyJob> a = {fine, null_src}, b = {bad_half};
+  const long long before = test::kernel_launches();
   CHECK_THROWS_WITH(cuda::round_copies(a.data(), a.size(), Format::fp16, {}, ctx.stream()),
                     Contains("job 1") && Contains("null pointer"));
+  if (before >= 0) CHECK(test::kernel_launches() == before);
   CHECK_THROWS_WITH(cuda::round_copies(b.data(), b.size(), Format::fp16, {}, ctx.stream()),
                     Contains("job 0") && Contains("f16 or bf16"));
 }

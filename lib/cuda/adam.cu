@@ -41,14 +41,6 @@ __global__ void adam_kernel(float* w, const float* g, float* m, float* v, std::s
     adam_element(w, g, m, v, i, p, neg_step_size, bias_correction2_sqrt);
 }
 
-// The same with the step's scalars computed on the host (the training path: the CPU's bits).
-__global__ void adam_host_step_kernel(float* w, const float* g, float* m, float* v, std::size_t n, AdamScalars p,
-                                      float neg_step_size, float bias_correction2_sqrt) {
-  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
-  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
-    adam_element(w, g, m, v, i, p, neg_step_size, bias_correction2_sqrt);
-}
-
 // Many parameters' updates: a block row per parameter (adam_update_many).
 struct AdamJobs {
   struct Job {
@@ -106,34 +98,22 @@ void adam_update(float* w, const float* g, float* m, float* v, std::size_t n, co
   launch_adam(w, g, m, v, n, s, step, stream);
 }
 
-void adam_update(float* w, const float* g, float* m, float* v, std::size_t n, const AdamStep& s,
-                 cudaStream_t stream) {
-  if (n == 0) return;
-  GS_CHECK(w != nullptr && g != nullptr && m != nullptr && v != nullptr,
-           "cuda::adam_update of " << n << " elements got a null pointer");
-  const AdamScalars p = scalars_of(s);
-  adam_host_step_kernel<<<grid_for(n, 4), kBlock, 0, stream>>>(w, g, m, v, n, p, s.neg_step_size,
-                                                                s.bias_correction2_sqrt);
-  GS_CUDA_CHECK_LAUNCH();
-}
-
 void adam_update_many(const AdamJob* jobs, std::size_t count, cudaStream_t stream) {
-  for (std::size_t first = 0; first < count; first += kOptimizerJobsPerLaunch) {
-    AdamJobs batch;
-    unsigned in_batch = 0;
-    std::size_t largest = 0;
-    for (std::size_t i = first; i < std::min(count, first + kOptimizerJobsPerLaunch); ++i) {
-      const AdamJob& j = jobs[i];
-      if (j.n == 0) continue;
-      GS_CHECK(j.w != nullptr && j.g != nullptr && j.m != nullptr && j.v != nullptr,
-               "cuda::adam_update_many: job " << i << " of " << j.n << " elements has a null pointer");
-      batch.job[in_batch++] = {j.w, j.g, j.m, j.v, j.n, scalars_of(j.s), j.s.neg_step_size, j.s.bias_correction2_sqrt};
-      largest = std::max(largest, j.n);
-    }
-    if (in_batch == 0) continue;
-    adam_many_kernel<<<dim3(grid_for(largest, 4), in_batch), kBlock, 0, stream>>>(batch);
-    GS_CUDA_CHECK_LAUNCH();
-  }
+  for (std::size_t i = 0; i < count; ++i)  // every job checked before any is launched
+    GS_CHECK(jobs[i].n == 0 || (jobs[i].w != nullptr && jobs[i].g != nullptr && jobs[i].m != nullptr &&
+                                jobs[i].v != nullptr),
+             "cuda::adam_update_many: job " << i << " of " << jobs[i].n << " elements has a null pointer");
+  AdamJobs batch;
+  launch_in_batches(
+      count, kOptimizerJobsPerLaunch, [&](std::size_t i) { return jobs[i].n; },
+      [&](std::size_t i, std::size_t slot) {
+        const AdamJob& j = jobs[i];
+        batch.job[slot] = {j.w, j.g, j.m, j.v, j.n, scalars_of(j.s), j.s.neg_step_size, j.s.bias_correction2_sqrt};
+      },
+      [&](std::size_t in_batch, std::size_t largest) {
+        adam_many_kernel<<<dim3(grid_for(largest, 4), static_cast<unsigned>(in_batch)), kBlock, 0, stream>>>(batch);
+        GS_CUDA_CHECK_LAUNCH();
+      });
 }
 
 }  // namespace gradscale::cuda

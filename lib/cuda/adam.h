@@ -32,11 +32,8 @@ void adam_update(float* w, const float* g, float* m, float* v, std::size_t n, co
                  const DeviceOptimizerStep* step, cudaStream_t stream);
 
 // The training path's entry (lib/optim's DeviceOptimizerKernels): every scalar comes from Adam::update on
-// the host, so the weights are the CPU's bits too; the step is always applied.
-void adam_update(float* w, const float* g, float* m, float* v, std::size_t n, const AdamStep& s,
-                 cudaStream_t stream);
-
-// One parameter's update for adam_update_many: the arguments of the call above.
+// the host (AdamStep), so the weights are the CPU's bits too; the step is always applied. One
+// parameter's update: w, g, m, v as above.
 struct AdamJob {
   float* w = nullptr;
   const float* g = nullptr;
@@ -46,9 +43,9 @@ struct AdamJob {
   AdamStep s{};
 };
 constexpr std::size_t kOptimizerJobsPerLaunch = 32;
-// Every job's update, each with the bits of adam_update(job...), in one launch per
-// kOptimizerJobsPerLaunch jobs (`jobs` on the host, read before it returns). Throws Error for a null
-// pointer in a job with n > 0, naming the job.
+// Every job's update in one launch per kOptimizerJobsPerLaunch non-empty jobs (`jobs` on the host, read
+// before it returns), queued on `stream`. Throws Error, before anything is launched, for a null pointer
+// in a job with n > 0, naming the job.
 void adam_update_many(const AdamJob* jobs, std::size_t count, cudaStream_t stream);
 
 }  // namespace gradscale::cuda

@@ -23,4 +23,24 @@ inline unsigned grid_for(std::size_t n, unsigned per_thread = 1, unsigned max_bl
   return static_cast<unsigned>(std::clamp<std::size_t>(blocks, 1, max_blocks));
 }
 
+// Jobs sent in batches, one launch each (round_copies, adam_update_many, sgd_update_many): the jobs
+// i < count with size_of(i) > 0, in order, at most per_launch to a batch. add(i, slot) puts job i into
+// slot `slot` of the batch being filled; launch(jobs, largest) sends a batch of `jobs` jobs whose largest
+// has `largest` elements.
+template <class SizeOf, class Add, class Launch>
+void launch_in_batches(std::size_t count, std::size_t per_launch, SizeOf size_of, Add add, Launch launch) {
+  std::size_t in_batch = 0, largest = 0;
+  for (std::size_t i = 0; i < count; ++i) {
+    const std::size_t n = size_of(i);
+    if (n == 0) continue;
+    add(i, in_batch++);
+    largest = std::max(largest, n);
+    if (in_batch == per_launch) {
+      launch(in_batch, largest);
+      in_batch = largest = 0;
+    }
+  }
+  if (in_batch > 0) launch(in_batch, largest);
+}
+
 }  // namespace gradscale::cuda

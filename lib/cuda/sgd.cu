@@ -41,13 +41,6 @@ __global__ void sgd_kernel(float* w, const float* g, float* buf, std::size_t n, 
     sgd_element(w, g, buf, i, p, first);
 }
 
-// The same with the step decided on the host (the training path: ScaledTraining skips on the host).
-__global__ void sgd_host_step_kernel(float* w, const float* g, float* buf, std::size_t n, SgdScalars p, bool first) {
-  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
-  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
-    sgd_element(w, g, buf, i, p, first);
-}
-
 // Many parameters' updates: a block row per parameter (sgd_update_many).
 struct SgdJobs {
   struct Job {
@@ -93,39 +86,28 @@ void sgd_update(float* w, const float* g, float* momentum_buffer, std::size_t n,
   launch_sgd(w, g, momentum_buffer, n, s, step, stream);
 }
 
-void sgd_update(float* w, const float* g, float* momentum_buffer, std::size_t n, const SgdStep& s,
-                cudaStream_t stream) {
-  GS_CHECK((s.momentum > 0) == (momentum_buffer != nullptr),
-           "cuda::sgd_update: a momentum buffer is needed exactly when momentum > 0 (momentum " << s.momentum << ")");
-  if (n == 0) return;
-  GS_CHECK(w != nullptr && g != nullptr, "cuda::sgd_update of " << n << " elements got a null pointer");
-  const SgdScalars p{s.lr, s.momentum, s.weight_decay, s.nesterov, momentum_buffer != nullptr};
-  sgd_host_step_kernel<<<grid_for(n, 4), kBlock, 0, stream>>>(w, g, momentum_buffer, n, p, s.first);
-  GS_CUDA_CHECK_LAUNCH();
-}
-
 void sgd_update_many(const SgdJob* jobs, std::size_t count, cudaStream_t stream) {
-  for (std::size_t first = 0; first < count; first += kSgdJobsPerLaunch) {
-    SgdJobs batch;
-    unsigned in_batch = 0;
-    std::size_t largest = 0;
-    for (std::size_t i = first; i < std::min(count, first + kSgdJobsPerLaunch); ++i) {
-      const SgdJob& j = jobs[i];
-      GS_CHECK((j.s.momentum > 0) == (j.momentum_buffer != nullptr),
-               "cuda::sgd_update_many: job " << i << " needs a momentum buffer exactly when momentum > 0 (momentum "
-                                             << j.s.momentum << ")");
-      if (j.n == 0) continue;
-      GS_CHECK(j.w != nullptr && j.g != nullptr,
-               "cuda::sgd_update_many: job " << i << " of " << j.n << " elements has a null pointer");
-      batch.job[in_batch++] = {j.w, j.g, j.momentum_buffer, j.n,
-                               {j.s.lr, j.s.momentum, j.s.weight_decay, j.s.nesterov, j.momentum_buffer != nullptr},
-                               j.s.first};
-      largest = std::max(largest, j.n);
-    }
-    if (in_batch == 0) continue;
-    sgd_many_kernel<<<dim3(grid_for(largest, 4), in_batch), kBlock, 0, stream>>>(batch);
-    GS_CUDA_CHECK_LAUNCH();
+  for (std::size_t i = 0; i < count; ++i) {  // every job checked before any is launched
+    const SgdJob& j = jobs[i];
+    GS_CHECK((j.s.momentum > 0) == (j.momentum_buffer != nullptr),
+             "cuda::sgd_update_many: job " << i << " needs a momentum buffer exactly when momentum > 0 (momentum "
+                                           << j.s.momentum << ")");
+    GS_CHECK(j.n == 0 || (j.w != nullptr && j.g != nullptr),
+             "cuda::sgd_update_many: job " << i << " of " << j.n << " elements has a null pointer");
   }
+  SgdJobs batch;
+  launch_in_batches(
+      count, kSgdJobsPerLaunch, [&](std::size_t i) { return jobs[i].n; },
+      [&](std::size_t i, std::size_t slot) {
+        const SgdJob& j = jobs[i];
+        batch.job[slot] = {j.w, j.g, j.momentum_buffer, j.n,
+                           {j.s.lr, j.s.momentum, j.s.weight_decay, j.s.nesterov, j.momentum_buffer != nullptr},
+                           j.s.first};
+      },
+      [&](std::size_t in_batch, std::size_t largest) {
+        sgd_many_kernel<<<dim3(grid_for(largest, 4), static_cast<unsigned>(in_batch)), kBlock, 0, stream>>>(batch);
+        GS_CUDA_CHECK_LAUNCH();
+      });
 }
 
 }  // namespace gradscale::cuda

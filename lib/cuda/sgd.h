@@ -30,11 +30,8 @@ void sgd_update(float* w, const float* g, float* momentum_buffer, std::size_t n,
                 const DeviceOptimizerStep* step, cudaStream_t stream);
 
 // The training path's entry (lib/optim's DeviceOptimizerKernels): the scalars come from Sgd::update on the
-// host and the step is always applied (ScaledTraining decides skips on the host).
-void sgd_update(float* w, const float* g, float* momentum_buffer, std::size_t n, const SgdStep& s,
-                cudaStream_t stream);
-
-// One parameter's update for sgd_update_many: the arguments of the call above.
+// host (SgdStep) and the step is always applied (ScaledTraining decides skips on the host). One
+// parameter's update: w, g, momentum_buffer (null iff momentum == 0) as above.
 struct SgdJob {
   float* w = nullptr;
   const float* g = nullptr;
@@ -42,8 +39,9 @@ struct SgdJob {
   std::size_t n = 0;
   SgdStep s{};
 };
-// Every job's update, each with the bits of sgd_update(job...), in one launch per 32 jobs (`jobs` on
-// the host, read before it returns). Throws Error as sgd_update, naming the job.
+// Every job's update in one launch per 32 non-empty jobs (`jobs` on the host, read before it returns),
+// queued on `stream`. Throws Error, before anything is launched, for a null pointer in a job with n > 0
+// or a momentum buffer given when momentum is 0 (or missing when it is not), naming the job.
 void sgd_update_many(const SgdJob* jobs, std::size_t count, cudaStream_t stream);
 
 }  // namespace gradscale::cuda

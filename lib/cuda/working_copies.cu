@@ -32,26 +32,24 @@ __global__ void round_copies_kernel(CopyJobs jobs, DeviceRounding rounding) {
 }  // namespace
 
 void round_copies(const CopyJob* jobs, std::size_t count, Format f, RoundOptions opt, cudaStream_t stream) {
-  const DeviceRounding rounding = device_rounding(f, opt);
-  for (std::size_t first = 0; first < count; first += kCopyJobsPerLaunch) {
-    CopyJobs batch;
-    std::size_t in_batch = 0, largest = 0;
-    for (std::size_t i = first; i < std::min(count, first + kCopyJobsPerLaunch); ++i) {
-      const CopyJob& j = jobs[i];
-      if (j.n == 0) continue;
-      GS_CHECK(j.src != nullptr && j.dst != nullptr,
-               "cuda::round_copies: job " << i << " of " << j.n << " elements has a null pointer");
-      GS_CHECK(j.half == nullptr || j.half_type == DeviceType::f16 || j.half_type == DeviceType::bf16,
-               "cuda::round_copies: job " << i << "'s 16-bit copy must be f16 or bf16, not "
-                                          << device_type_name(j.half_type));
-      batch.job[in_batch++] = j;
-      largest = std::max(largest, j.n);
-    }
-    if (in_batch == 0) continue;
-    round_copies_kernel<<<dim3(grid_for(largest, 4), static_cast<unsigned>(in_batch)), kBlock, 0, stream>>>(
-        batch, rounding);
-    GS_CUDA_CHECK_LAUNCH();
+  for (std::size_t i = 0; i < count; ++i) {  // every job checked before any is launched
+    const CopyJob& j = jobs[i];
+    GS_CHECK(j.n == 0 || (j.src != nullptr && j.dst != nullptr),
+             "cuda::round_copies: job " << i << " of " << j.n << " elements has a null pointer");
+    GS_CHECK(j.half == nullptr || j.half_type == DeviceType::f16 || j.half_type == DeviceType::bf16,
+             "cuda::round_copies: job " << i << "'s 16-bit copy must be f16 or bf16, not "
+                                        << device_type_name(j.half_type));
   }
+  const DeviceRounding rounding = device_rounding(f, opt);
+  CopyJobs batch;
+  launch_in_batches(
+      count, kCopyJobsPerLaunch, [&](std::size_t i) { return jobs[i].n; },
+      [&](std::size_t i, std::size_t slot) { batch.job[slot] = jobs[i]; },
+      [&](std::size_t in_batch, std::size_t largest) {
+        round_copies_kernel<<<dim3(grid_for(largest, 4), static_cast<unsigned>(in_batch)), kBlock, 0, stream>>>(
+            batch, rounding);
+        GS_CUDA_CHECK_LAUNCH();
+      });
 }
 
 }  // namespace gradscale::cuda

@@ -31,9 +31,10 @@ struct CopyJob {
 
 constexpr std::size_t kCopyJobsPerLaunch = 32;
 
-// The jobs, all rounded to F, in one launch per kCopyJobsPerLaunch of them (`jobs` on the host, read
-// before it returns), queued on `stream`: the bits of quantize() then to_fp16 / to_bf16 for each.
-// Throws Error for a null pointer in a job with n > 0 or a `half` whose type is not f16 or bf16.
+// The jobs, all rounded to F, in one launch per kCopyJobsPerLaunch non-empty ones (`jobs` on the host,
+// read before it returns), queued on `stream`: the bits of quantize() then to_fp16 / to_bf16 for each.
+// Throws Error, before anything is launched, for a null pointer in a job with n > 0 or a `half` whose
+// type is not f16 or bf16, naming the job.
 void round_copies(const CopyJob* jobs, std::size_t count, Format f, RoundOptions opt, cudaStream_t stream);
 
 }  // namespace gradscale::cuda
