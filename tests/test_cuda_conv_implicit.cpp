@@ -91,12 +91,13 @@ TEST_CASE("cuda conv_forward_implicit sums each output's column rows in order an
   test::require_cuda_device();
   cuda::CudaContext ctx;
   // Every tile over the channels (16, 32, 64 and more than one of 64), masked channels and positions,
-  // column rows that do not fill the last slice of 8 (C·k² = 27, 50, 2), stride and padding, 1×1, and
+  // column rows that do not fill the last slice of 8 (C·k² = 27, 50, 2, 12), stride and padding, 1×1,
   // more positions than one block's tile.
   const std::vector<Case> cases = {
       {2, 3, 7, 6, 4, 3, 1, 1},   {2, 2, 9, 9, 3, 3, 2, 0},    {1, 3, 8, 5, 17, 2, 2, 1},
       {3, 1, 5, 5, 2, 1, 1, 0},   {1, 2, 6, 7, 33, 5, 1, 2},   {2, 2, 11, 10, 70, 5, 3, 2},
-      {4, 16, 12, 12, 16, 3, 1, 1}, {3, 5, 9, 9, 64, 3, 2, 1}, {2, 8, 6, 6, 130, 1, 1, 0}};
+      {4, 16, 12, 12, 16, 3, 1, 1}, {3, 5, 9, 9, 64, 3, 2, 1}, {2, 8, 6, 6, 130, 1, 1, 0},
+      {2, 3, 4, 5, 6, 2, 1, 4}};  // padding wider than the kernel: whole rows and columns of zeros
   Rng rng(21);
   for (const Case& k : cases) {
     INFO("input [" << k.n << ", " << k.c << ", " << k.h << ", " << k.w << "], " << k.o << " filters "
@@ -129,7 +130,8 @@ TEST_CASE("cuda conv_backward_input_implicit sums each input element's taps as g
   const std::vector<Case> cases = {
       {2, 3, 7, 6, 4, 3, 1, 1},    {2, 2, 9, 9, 3, 3, 2, 0},     {1, 3, 8, 5, 17, 2, 2, 1},
       {3, 1, 5, 5, 2, 1, 1, 0},    {1, 12, 6, 7, 70, 5, 1, 2},   {2, 2, 11, 10, 5, 5, 3, 2},
-      {4, 16, 12, 12, 16, 3, 1, 1}, {3, 9, 9, 9, 130, 3, 2, 1},  {2, 8, 6, 6, 24, 1, 2, 0}};
+      {4, 16, 12, 12, 16, 3, 1, 1}, {3, 9, 9, 9, 130, 3, 2, 1},  {2, 8, 6, 6, 24, 1, 2, 0},
+      {2, 3, 4, 5, 6, 2, 1, 4}};  // padding wider than the kernel
   Rng rng(23);
   for (const Case& k : cases) {
     INFO("input [" << k.n << ", " << k.c << ", " << k.h << ", " << k.w << "], " << k.o << " filters "

@@ -34,15 +34,15 @@ template <int kRows>
 constexpr int kTileCols = kThreads * kMicro * kMicro / kRows;  // 256, 128 or 64 positions
 
 // Column row k0 + r of a sample: its offset (c·h + ki)·w + kj from the sample's start, and ki, kj (for the
-// bounds); a row past K has ki below any position's reach, so its gather yields 0.
+// bounds); a row past K is not `valid` and gathers 0.
 struct RowInfo {
-  int offset, ki, kj;
+  int offset, ki, kj, valid;
 };
 __device__ __forceinline__ RowInfo row_info(std::int64_t kr, std::int64_t rows, int k, int h, int w) {
-  if (kr >= rows) return {0, -1 - h, 0};
+  if (kr >= rows) return {0, 0, 0, 0};
   const int r = static_cast<int>(kr), kk = k * k;
   const int c = r / kk, rest = r - c * kk, ki = rest / k, kj = rest - ki * k;
-  return {(c * h + ki) * w + kj, ki, kj};
+  return {(c * h + ki) * w + kj, ki, kj, 1};
 }
 
 // acc[i][j] += a_i·b_j for the first `rows` rows of the staged tiles, in row order (ws[r][tm] and
@@ -105,7 +105,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int l = 0; l < kLoadRows; ++l) {
       const RowInfo ri = rows[lr + l * kLoadStep];
       const int ih = ih0 + ri.ki, iw = iw0 + ri.kj;
-      xv[l] = gathers && static_cast<unsigned>(ih) < static_cast<unsigned>(h) &&
+      xv[l] = gathers && ri.valid && static_cast<unsigned>(ih) < static_cast<unsigned>(h) &&
                       static_cast<unsigned>(iw) < static_cast<unsigned>(wd)
                   ? xb[ri.offset]
                   : 0.0f;
@@ -167,11 +167,11 @@ __global__ void __launch_bounds__(kThreads)
 // target the bits of gemm + col2im. The block's 256 positions are consecutive in memory, so a warp reads
 // 32 consecutive output positions of g per (tap, o); W's values for the block's channels, the tap and
 // kOutSlice channels of g are staged in shared memory, read as two 16-byte broadcasts per o.
-constexpr int kChannels = 8;    // input channels a thread sums
-constexpr int kOutSlice = 64;   // output channels staged per step
+constexpr int kChannels = 8;   // input channels a thread sums
+constexpr int kOutSlice = 64;  // output channels staged per step
 
-__global__ void conv_backward_input_kernel(const float* g, ConvGeometry geo, int ho, int wo, const float* w, int out_ch,
-                               float* gx) {
+__global__ void conv_backward_input_kernel(const float* g, ConvGeometry geo, int ho, int wo, const float* w,
+                                           int out_ch, float* gx) {
   __shared__ float4 ws[kOutSlice][kChannels / 4];
   const int t = static_cast<int>(threadIdx.x);
   const int k = static_cast<int>(geo.kernel), kk = k * k, stride = static_cast<int>(geo.stride),
