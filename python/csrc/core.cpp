@@ -7,6 +7,7 @@
 #include <pybind11/stl.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -18,6 +19,7 @@
 #include "lib/model/spec.h"
 #include "lib/optim/lr_schedule.h"
 #include "lib/optim/optimizer.h"
+#include "python/csrc/host_pool.h"
 #ifdef GS_CORE_CPU_TARGET
 #include "tests/cuda_on_cpu/executor.h"
 #include "tests/cuda_on_cpu/memory.h"
@@ -31,6 +33,92 @@ using json = nlohmann::json;
 namespace {
 
 float* address(std::uintptr_t p) { return reinterpret_cast<float*>(p); }
+
+// ---- HostPool's blocks as torch tensors, through DLPack ----------------------------------------------
+// DLPack's ABI (dlpack.h, unchanged since v0.2 in these fields): torch.utils.dlpack.from_dlpack takes a
+// capsule named "dltensor", renames it "used_dltensor" and calls `deleter` when its tensor's storage dies.
+namespace dlpack {
+struct Device {
+  std::int32_t device_type;  // 1: kDLCPU
+  std::int32_t device_id;
+};
+struct DataType {
+  std::uint8_t code;  // 2: kDLFloat
+  std::uint8_t bits;
+  std::uint16_t lanes;
+};
+struct Tensor {
+  void* data;
+  Device device;
+  std::int32_t ndim;
+  DataType dtype;
+  std::int64_t* shape;
+  std::int64_t* strides;  // in elements
+  std::uint64_t byte_offset;
+};
+struct ManagedTensor {
+  Tensor dl_tensor;
+  void* manager_ctx;
+  void (*deleter)(ManagedTensor*);
+};
+}  // namespace dlpack
+
+// One float32 tensor on a block of a HostPool: the block goes back to the pool in the deleter.
+struct PooledTensor {
+  dlpack::ManagedTensor managed{};
+  std::shared_ptr<HostPool> pool;
+  std::vector<std::int64_t> shape, strides;
+  void* block = nullptr;
+  std::size_t bytes = 0;
+
+  static void release(dlpack::ManagedTensor* t) {
+    auto* self = static_cast<PooledTensor*>(t->manager_ctx);
+    self->pool->give_back(self->block, self->bytes);
+    delete self;
+  }
+};
+
+// A capsule torch never consumed (an error before from_dlpack) still gives its block back.
+void release_unused_capsule(PyObject* capsule) {
+  if (PyCapsule_IsValid(capsule, "dltensor")) {
+    auto* t = static_cast<dlpack::ManagedTensor*>(PyCapsule_GetPointer(capsule, "dltensor"));
+    t->deleter(t);
+  }
+}
+
+// A DLPack capsule of a float32 CPU tensor with these sizes and strides (in elements) on a pool block
+// covering every element they address. Sizes must be positive and strides non-negative.
+py::object pooled_tensor(const std::shared_ptr<HostPool>& pool, const std::vector<std::int64_t>& shape,
+                         const std::vector<std::int64_t>& strides) {
+  GS_CHECK(shape.size() == strides.size(), "HostPool.tensor: " << shape.size() << " sizes, " << strides.size()
+                                                               << " strides");
+  std::int64_t extent = 1;  // 1 + the largest offset addressed
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    GS_CHECK(shape[i] > 0 && strides[i] >= 0, "HostPool.tensor: size " << shape[i] << ", stride " << strides[i]
+                                                                      << " (sizes > 0, strides >= 0)");
+    GS_CHECK(strides[i] <= (std::int64_t{1} << 40) / shape[i] && extent < (std::int64_t{1} << 40),
+             "HostPool.tensor: a tensor of more than 2^40 elements");
+    extent += (shape[i] - 1) * strides[i];
+  }
+  auto owned = std::make_unique<PooledTensor>();
+  owned->pool = pool;
+  owned->shape = shape;
+  owned->strides = strides;
+  owned->bytes = static_cast<std::size_t>(extent) * sizeof(float);
+  owned->block = pool->take(owned->bytes);
+  PooledTensor* t = owned.get();
+  t->managed.dl_tensor = {t->block, {1, 0}, static_cast<std::int32_t>(shape.size()), {2, 32, 1},
+                          t->shape.data(), t->strides.data(), 0};
+  t->managed.manager_ctx = t;
+  t->managed.deleter = &PooledTensor::release;
+  PyObject* capsule = PyCapsule_New(&t->managed, "dltensor", &release_unused_capsule);
+  if (capsule == nullptr) {
+    PooledTensor::release(&owned.release()->managed);
+    throw py::error_already_set();
+  }
+  owned.release();  // the capsule's, then torch's
+  return py::reinterpret_steal<py::object>(capsule);
+}
 
 // The parts of a join's sum (sum_scaled_parts) as arrays, one scale each.
 std::vector<const float*> part_addresses(const std::vector<std::uintptr_t>& parts, const std::vector<double>& scales,
@@ -277,6 +365,20 @@ PYBIND11_MODULE(GS_CORE_NAME, m) {
       .def("finish", [](TraceWriter& w, const std::string& summary) { w.finish(json::parse(summary)); })
       .def_property_readonly("jsonl_path", &TraceWriter::jsonl_path)
       .def_property_readonly("json_path", &TraceWriter::json_path);
+
+  // Host memory for the plug-in's rounded tensors on the CPU (host_pool.h; python/gradscale/torch/_functions.py, new_like).
+  py::class_<HostPool, std::shared_ptr<HostPool>>(m, "HostPool", py::module_local())
+      .def(py::init([] { return std::make_shared<HostPool>(); }))
+      .def_property_readonly_static("mapped_bytes", [](py::object) { return HostPool::kMapped; },
+                                    "blocks of this size and more are mapped outside malloc's heap")
+      .def("tensor", &pooled_tensor, py::arg("shape"), py::arg("strides"),
+           "a DLPack capsule of a float32 CPU tensor with these sizes and strides on a block of the pool "
+           "(torch.utils.dlpack.from_dlpack makes it a tensor; the block comes back when torch frees it)")
+      .def("trim", &HostPool::trim, "releases the blocks that stayed free since the last trim; the bytes freed")
+      .def_property_readonly("held_bytes", &HostPool::held_bytes)
+      .def_property_readonly("free_bytes", &HostPool::free_bytes)
+      .def_property_readonly("taken", &HostPool::taken)
+      .def_property_readonly("reused", &HostPool::reused);
 
   // Data-parallel statistics over torch.distributed (see PythonCommunicator).
   py::class_<Reducer>(m, "Reducer", py::module_local())

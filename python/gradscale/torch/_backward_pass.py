@@ -494,19 +494,19 @@ class BackwardPass:
             if values.numel():
                 self.core.weight_gradient(layer, values.data_ptr(), values.numel(), scale)
             return torch.sparse_coo_tensor(g.indices(), values, g.shape, device=g.device)
-        out, source = rounding_target(g, buffers)
+        out, source = rounding_target(g, buffers, self.tracker.pool)
         if out.numel():
             self.core.weight_gradient(layer, out.data_ptr(), out.numel(), scale, source=source)
         return differentiable(g, out, lambda: 1.0 / self.core.scale_value(scale))
 
     def loss_backward(self, ctx, g: torch.Tensor) -> torch.Tensor:
-        out, source = rounding_target(g)
+        out, source = rounding_target(g, pool=self.tracker.pool)
         s0 = self.core.loss_gradient(out.data_ptr(), out.numel(), source=source)  # a handle
         self._sent[ctx] = s0
         return differentiable(g, out, lambda: self.core.scale_value(s0))
 
     def exit_backward(self, ctx, g: torch.Tensor) -> torch.Tensor:
-        out, source = rounding_target(g)
+        out, source = rounding_target(g, pool=self.tracker.pool)
         self.core.note_layer(ctx.layer_id, self.into(ctx))
         if out.numel():
             self.core.round_received(ctx.layer_id, out.data_ptr(), out.numel(), source=source)
@@ -515,7 +515,7 @@ class BackwardPass:
 
     def enter_backward(self, ctx, g: torch.Tensor) -> torch.Tensor:
         scale_in = self.into(ctx)
-        out, source = rounding_target(g)
+        out, source = rounding_target(g, pool=self.tracker.pool)
         if not out.numel():  # an empty batch: nothing to scale
             self._sent[ctx] = scale_in
             return differentiable(g, out, 1.0)

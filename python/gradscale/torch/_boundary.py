@@ -225,7 +225,7 @@ class CallWrapper:
         def leave(t):
             if grad and t.requires_grad:
                 return tracker.note_rounded(Exit.apply(t, tracker, call))
-            return tracker.note_rounded(round_forward(t, tracker.format, tracker.core))
+            return tracker.note_rounded(round_forward(t, tracker.format, tracker.core, tracker.pool))
         return map_tensors(output, self.scaler._device, leave)
 
     def _enter(self, call: LayerCall, x):
@@ -239,7 +239,7 @@ class CallWrapper:
             rounded = self.reads_inputs_only and tracker.is_rounded(t)
             if grad and t.requires_grad:
                 return Enter.apply(t, tracker, call, rounded)
-            return t if rounded else round_forward(t, tracker.format, tracker.core)
+            return t if rounded else round_forward(t, tracker.format, tracker.core, tracker.pool)
         return wrap_tensor(x, self.scaler._device, enter)
 
     # ---- the call ----------------------------------------------------------------------------

@@ -20,6 +20,9 @@ scale a factor, so a gradient penalty's graph is exact in fp32 under power-of-tw
 from __future__ import annotations
 
 import torch
+from torch.utils.dlpack import from_dlpack
+
+from .. import _core
 
 
 def is_dense(t: torch.Tensor) -> bool:
@@ -48,12 +51,29 @@ def owned_copy(g: torch.Tensor) -> torch.Tensor:
     return g.clone() if is_dense(g) else g.clone(memory_format=torch.contiguous_format)
 
 
-def rounding_target(g: torch.Tensor, buffers=None):
+# The fewest float32 elements a tensor of the pool has: its blocks mapped outside malloc's heap. A smaller
+# tensor comes from malloc's bins, which keep freed memory (no faults to save), for less than a DLPack
+# tensor costs.
+POOLED_ELEMENTS = _core.HostPool.mapped_bytes // 4
+
+
+def new_like(x: torch.Tensor, pool=None) -> torch.Tensor:
+    """An uninitialised float32 tensor with the sizes and strides of `x` (dense): on a block of `pool`
+    (a `_core.HostPool`, on the CPU) when given and x has POOLED_ELEMENTS elements or more, whose memory,
+    freed when torch lets go of the tensor, is taken again by the next step's tensors of the same size
+    instead of being given back to the system and faulted in again (python/csrc/host_pool.h); else
+    torch.empty_like."""
+    if pool is None or x.numel() < POOLED_ELEMENTS or x.dtype is not torch.float32 or x.device.type != "cpu":
+        return torch.empty_like(x)
+    return from_dlpack(pool.tensor(x.shape, x.stride()))
+
+
+def rounding_target(g: torch.Tensor, buffers=None, pool=None):
     """Where the core writes the rounding of a gradient `g` (it may be shared with other edges:
     AddBackward passes one tensor to both inputs, so it is never written): a tensor in g's layout —
-    new, or from `buffers` (a `_tracker.Buffers`) — and g's address for the core to read from (one
-    pass: the rounding writes the target), for a dense g; for another, a contiguous private copy
-    rounded in place (address 0)."""
+    new (`new_like`, on `pool`'s memory when given), or from `buffers` (a `_tracker.Buffers`) — and g's
+    address for the core to read from (one pass: the rounding writes the target), for a dense g; for
+    another, a contiguous private copy rounded in place (address 0)."""
     if g.dtype != torch.float32:
         raise TypeError(f"gradscale.torch: gradients must be float32, got {g.dtype} on {g.device}")
     if g.requires_grad:  # a graph built by create_graph: the target is no part of it
@@ -61,13 +81,14 @@ def rounding_target(g: torch.Tensor, buffers=None):
     if is_dense(g) and g.numel():
         if buffers is not None:
             return buffers.take(g), g.data_ptr()
-        return torch.empty_like(g), g.data_ptr()  # g dense: empty_like keeps its strides
+        return new_like(g, pool), g.data_ptr()  # g dense: its strides kept
     return g.clone(memory_format=torch.contiguous_format), 0
 
 
-def round_forward(x: torch.Tensor, fmt: str, core) -> torch.Tensor:
+def round_forward(x: torch.Tensor, fmt: str, core, pool=None) -> torch.Tensor:
     """A new tensor: x rounded to the forward format (the identity copy for fp32), by `core` (an
-    ExternalBackward) where x lives, in one pass over x, in x's memory layout when x is dense."""
+    ExternalBackward) where x lives, in one pass over x, in x's memory layout when x is dense (then on
+    `pool`'s memory when given: `new_like`)."""
     if x.requires_grad and torch.is_grad_enabled():  # (inside a Function's forward grad mode is off)
         x = x.detach()
     if not is_dense(x):
@@ -75,10 +96,12 @@ def round_forward(x: torch.Tensor, fmt: str, core) -> torch.Tensor:
         if fmt != "fp32" and out.numel():
             core.quantize_(out.data_ptr(), out.numel(), fmt)
         return out
-    if fmt == "fp32" or not x.numel():
+    if not x.numel():
         return x.clone()
+    out = new_like(x, pool)  # x dense (non-overlapping, no gaps): its strides kept
+    if fmt == "fp32":
+        return out.copy_(x)
     # x's sizes and strides: its numel() values in the same order from data_ptr() on both sides.
-    out = torch.empty_like(x)  # x dense (non-overlapping, no gaps): empty_like keeps its strides
     core.quantize_into(x.data_ptr(), out.data_ptr(), x.numel(), fmt)
     return out
 
@@ -112,7 +135,7 @@ def _boundary_forward(ctx, x, tracker, call, rounded=False):
     ctx.call = call  # pairs a layer call's Exit with its Enter and holds its working weight
     if rounded:  # an earlier layer's output, already values of `format` (Tracker.is_rounded)
         return x.view_as(x)
-    return round_forward(x, tracker.format, tracker.core)
+    return round_forward(x, tracker.format, tracker.core, tracker.pool)
 
 
 def _recording(tracker):

@@ -78,6 +78,9 @@ class Tracker:
         # Each parameter's kept buffers on the CPU (Buffers, for its working copies and for its weight
         # gradients), while the parameter lives: id(master) → (the master, weakly; the two Buffers).
         self._buffers: Dict[int, tuple] = {}
+        # Host memory for the rounded copies and gradients a step makes on the CPU (a _core.HostPool, set
+        # by the Scaler for the CPU core; None elsewhere): `_functions.new_like`.
+        self.pool = None
 
     # ---- the joins the tests count -------------------------------------------------------------
     def note_join(self, scales: List[int]) -> None:
@@ -145,8 +148,10 @@ class Tracker:
         return copy
 
     def release_buffers(self) -> None:
-        """Lets go of the kept buffers (Scaler.remove())."""
+        """Lets go of the kept buffers and of the pool (Scaler.remove()): the pool's free blocks go back
+        to the system now, those torch still holds when torch frees them."""
         self._buffers.clear()
+        self.pool = None
 
     # ---- what the Functions call ---------------------------------------------------------------
     def running(self) -> Optional[BackwardPass]:

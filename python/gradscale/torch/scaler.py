@@ -199,6 +199,8 @@ class Scaler:
             if self._trace is not None:
                 record = self._trace.samples(self._core.steps + 1)
             self._tracker.count_joins()  # the last step's scale handles end here
+            if self._tracker.pool is not None:
+                self._tracker.pool.trim()  # what stayed unused for a whole step goes back to the system
             self._core.begin_step(record)
             self._step_open = True
             self._tracker.shadow = None
@@ -411,6 +413,8 @@ class Scaler:
         self._core = self._core_module.ExternalBackward(*self._core_args)
         self._reducer = None
         self._tracker = Tracker(self._core, self._layers, self.format)
+        if self._core_args[5] == "cpu":
+            self._tracker.pool = self._core_module.HostPool()
         self._tracker.substitute = self.format != "fp32" or self.grad_format != "fp32" or self._shadow
         self._tracker.on_start = self._pass_started
         self._tracker.on_done = self._pass_done
@@ -533,6 +537,10 @@ class Scaler:
     def _model_pre_hook(self, module, inputs):
         if self._device.type == "cuda":  # the core's kernels run on PyTorch's current stream
             self._core.set_stream(torch.cuda.current_stream(self._device).cuda_stream)
+        elif self._tracker.pool is not None and not torch.is_grad_enabled():
+            # A forward without a graph (evaluation) trims the pool as scale() does in training: a loop
+            # of them, over batches of changing shapes, holds no more than the last ones need.
+            self._tracker.pool.trim()
         return None
 
     def _model_hook(self, module, inputs, output):
