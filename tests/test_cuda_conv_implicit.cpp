@@ -121,6 +121,31 @@ TEST_CASE("cuda conv_forward_implicit sums each output's column rows in order an
   }
 }
 
+TEST_CASE("cuda conv_forward_implicit: column rows past C·k² read nothing, not even past the end of x",
+          "[cuda][layers]") {
+  test::require_cuda_device();
+  cuda::CudaContext ctx;
+  // C·k² = 4 and 9: the last slice of 8 column rows runs past K. With padding wider than the kernel, the
+  // windows of the last output rows pass the bounds check for such a row; its gather must read nothing.
+  // The products skip those rows, so a stray read changes no value: one sample of one channel in a
+  // buffer of exactly its size makes such a read land past the end of x, where the CPU execution
+  // target's AddressSanitizer build (GRADSCALE_CUDA_ON_CPU_ASAN) reports it.
+  for (const Case& k : {Case{1, 1, 4, 5, 3, 2, 1, 4}, Case{1, 1, 5, 5, 4, 3, 1, 5}}) {
+    INFO("input [" << k.n << ", " << k.c << ", " << k.h << ", " << k.w << "], " << k.o << " filters "
+                   << k.kernel << "x" << k.kernel << ", padding " << k.pad);
+    const cuda::ConvGeometry geo{k.n, k.c, k.h, k.w, k.kernel, k.stride, k.pad};
+    Rng rng(29);
+    const std::vector<float> x = normals(static_cast<std::size_t>(k.n * k.c * k.h * k.w), rng);
+    const std::vector<float> w = normals(static_cast<std::size_t>(k.o * geo.col_rows()), rng, 0.3);
+    auto d_x = test::to_device(x, ctx);
+    auto d_w = test::to_device(w, ctx);
+    auto d_y = test::sentinel_buffer<float>(static_cast<std::size_t>(k.n * k.o * geo.ho() * geo.wo()), ctx);
+    cuda::conv_forward_implicit(d_x.data(), geo, d_w.data(), k.o, nullptr, d_y.data(),
+                                cuda::device_rounding(Format::fp32), ctx.stream());
+    CHECK(bit_mismatches(test::to_host(d_y, ctx), reference(k, x, w, nullptr, Format::fp32)).empty());
+  }
+}
+
 TEST_CASE("cuda conv_backward_input_implicit sums each input element's taps as gemm + col2im do",
           "[cuda][layers]") {
   test::require_cuda_device();
