@@ -1,7 +1,7 @@
 // Host memory the PyTorch plug-in hands to torch as tensors and takes back when torch lets go of them
 // (python/gradscale/torch/_functions.py, new_like): the rounded copies of layer inputs and outputs and
-// the rounded gradients a training step makes on the CPU. glibc returns freed memory at the top of its heap to the
-// system once more than a threshold lies free there, and faults the pages in again when they are next
+// the rounded gradients a training step makes on the CPU. glibc returns freed memory at the top of its heap
+// to the system once more than a threshold lies free there, and faults the pages in again when they are next
 // used; blocks of the same sizes taken again every step from this pool are faulted in once.
 //
 // Blocks of 64 KiB and more are mapped from the system directly (mmap), outside malloc's heap: the pool
@@ -47,6 +47,7 @@ class HostPool {
 
   // A block of at least `bytes` bytes (bytes > 0): a free one of that size, or a new one.
   void* take(std::size_t bytes) {
+    if (bytes == 0 || bytes > std::numeric_limits<std::size_t>::max() - kAlignment) throw std::bad_alloc();
     const std::size_t size = rounded(bytes);
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -75,7 +76,7 @@ class HostPool {
   // Returns a block from take(bytes) (from any thread: torch frees tensors where their last user is).
   // Never throws: torch calls it from a tensor's destructor.
   void give_back(void* p, std::size_t bytes) noexcept {
-    const std::size_t size = (bytes + kAlignment - 1) / kAlignment * kAlignment;
+    const std::size_t size = rounded(bytes);
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = sizes_.find(size);  // found: a size with a block out is never erased
     if (it != sizes_.end()) {
@@ -96,7 +97,7 @@ class HostPool {
     std::size_t released = 0;
     for (auto it = sizes_.begin(); it != sizes_.end();) {
       SizeClass& c = it->second;
-      const std::size_t unused = c.low_water == kNone ? 0 : c.low_water;
+      const std::size_t unused = c.low_water;
       for (std::size_t i = 0; i < unused; ++i) {
         release(c.free.back(), it->first);
         c.free.pop_back();
@@ -133,9 +134,9 @@ class HostPool {
     return reused_;
   }
 
-  static std::size_t rounded(std::size_t bytes) {
-    if (bytes == 0 || bytes > std::numeric_limits<std::size_t>::max() - kAlignment) throw std::bad_alloc();
-    return (bytes + kAlignment - 1) / kAlignment * kAlignment;  // aligned_alloc wants a multiple
+  // A block's size: `bytes` rounded up to kAlignment (aligned_alloc wants a multiple).
+  static std::size_t rounded(std::size_t bytes) noexcept {
+    return (bytes + kAlignment - 1) / kAlignment * kAlignment;
   }
 
  private:
@@ -158,11 +159,10 @@ class HostPool {
     std::free(p);
   }
 
-  static constexpr std::size_t kNone = std::numeric_limits<std::size_t>::max();
   struct SizeClass {
     std::vector<void*> free;
-    std::size_t low_water = kNone;  // the fewest free blocks since the last trim
-    std::size_t out = 0;  // blocks handed out and not yet given back
+    std::size_t low_water = 0;  // the fewest free blocks since the last trim
+    std::size_t out = 0;        // blocks handed out and not yet given back
   };
   mutable std::mutex mutex_;
   std::unordered_map<std::size_t, SizeClass> sizes_;
