@@ -63,10 +63,15 @@ __attribute__((target("avx512f"))) void quantize_fp16_avx512(const float* in, fl
 #endif
 
 #ifdef GS_X86
-// CPUID leaf 1, ECX bit 29. (clang's __builtin_cpu_supports does not know "f16c"; GCC's does.)
+// CPUID leaf 1, ECX bit 29, read once: quantize_fp16 checks its path at every call, and CPUID traps to
+// the hypervisor in a virtual machine (3 µs a call on one). (clang's __builtin_cpu_supports does not
+// know "f16c"; GCC's does.)
 bool cpu_has_f16c() {
-  unsigned a = 0, b = 0, c = 0, d = 0;
-  return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C) != 0;
+  static const bool yes = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C) != 0;
+  }();
+  return yes;
 }
 #endif
 
