@@ -77,14 +77,15 @@ inline std::uint32_t abs_bits(float v) {
   return b & kAbsBits;
 }
 
-void accumulate_block_portable(LaneAccumulators& acc, const float* x, std::size_t m, const RoundThresholds& th) {
+void accumulate_block_portable(LaneAccumulators& acc, const float* x, std::size_t m,
+                               const RoundThresholds& th) {
   for (std::size_t i = 0; i < m; ++i) accumulate_one(acc, i % kLanes, abs_bits(x[i]), x[i], th);
 }
 
 #if defined(__x86_64__)
 // The same loop, 8 lanes in AVX2 registers; m is a multiple of 8. Counters are int32 within a block.
-__attribute__((target("avx2"))) void accumulate_block_avx2(LaneAccumulators& acc, const float* x, std::size_t m,
-                                                           const RoundThresholds& th) {
+__attribute__((target("avx2"))) void accumulate_block_avx2(LaneAccumulators& acc, const float* x,
+                                                           std::size_t m, const RoundThresholds& th) {
   // a >= t  <=>  a > t - 1
   const __m256i t_nonzero = _mm256_set1_epi32(static_cast<int>(th.first_nonzero - 1));
   const __m256i t_normal = _mm256_set1_epi32(static_cast<int>(th.first_normal - 1));
@@ -100,9 +101,9 @@ __attribute__((target("avx2"))) void accumulate_block_avx2(LaneAccumulators& acc
   const __m256i one = _mm256_set1_epi32(1);
   const __m256i abs_mask = _mm256_set1_epi32(static_cast<int>(kAbsBits));
   for (std::size_t i = 0; i < m; i += kLanes) {
-    const __m256i av = _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i)), abs_mask);
-    nz = _mm256_min_epu32(nz, _mm256_sub_epi32(av, one));
     const __m256 xv = _mm256_loadu_ps(x + i);
+    const __m256i av = _mm256_and_si256(_mm256_castps_si256(xv), abs_mask);  // |x|'s bits
+    nz = _mm256_min_epu32(nz, _mm256_sub_epi32(av, one));
     // a <= 0x7FFFFFFF, so signed compares are exact; a mask is -1, so subtracting it counts.
     c0 = _mm256_sub_epi32(c0, _mm256_cmpgt_epi32(av, zero));
     c1 = _mm256_sub_epi32(c1, _mm256_cmpgt_epi32(av, t_nonzero));

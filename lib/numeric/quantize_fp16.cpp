@@ -64,7 +64,7 @@ __attribute__((target("avx512f"))) void quantize_fp16_avx512(const float* in, fl
 
 #ifdef GS_X86
 // CPUID leaf 1, ECX bit 29, read once: quantize_fp16 checks its path at every call, and CPUID traps to
-// the hypervisor in a virtual machine (3 µs a call on one). (clang's __builtin_cpu_supports does not
+// the hypervisor in a virtual machine (about 2 µs a call on one). (clang's __builtin_cpu_supports does not
 // know "f16c"; GCC's does.)
 bool cpu_has_f16c() {
   static const bool yes = [] {
