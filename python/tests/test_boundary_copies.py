@@ -293,3 +293,55 @@ def test_a_layer_calls_parameters_are_one_node_and_their_gradients_exact():
         if isinstance(model[2], BiasUnused):
             assert model[2].bias.grad is None and model[2].weight.grad is not None
         scaler.remove()
+
+
+class OwnLinear(nn.Linear):
+    """nn.Linear's arithmetic in a class of the user's: its call swaps the working copies into the module."""
+
+
+class OwnConv2d(nn.Conv2d):
+    """nn.Conv2d's arithmetic in a class of the user's."""
+
+
+class ConvNet(nn.Module):
+    def __init__(self, linear=nn.Linear, conv=nn.Conv2d):
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv1 = conv(2, 4, 3, padding=1)
+        self.conv2 = conv(4, 4, 3, stride=2, bias=False)
+        self.fc1 = linear(36, 16)
+        self.fc2 = linear(16, 3, bias=False)
+
+    def forward(self, x):
+        h = torch.relu(self.conv2(torch.relu(self.conv1(x))))
+        return self.fc2(torch.relu(self.fc1(h.flatten(1))))
+
+
+def test_torch_nns_own_linear_and_conv_compute_as_a_subclass_of_theirs():
+    """torch.nn's own Linear and Conv2d are called with their working copies as arguments (nothing
+    swapped into the module); a subclass of them, whose forward the plug-in cannot know, with the copies
+    swapped in. The same training either way: outputs, gradients, weights and scales, bit for bit."""
+    def train(linear, conv):
+        model = ConvNet(linear, conv)
+        scaler = Scaler(model, scaler={"policy": "adaptive", "method": "measured"}, format="fp16")
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        gen = torch.Generator().manual_seed(2)
+        outs = []
+        for _ in range(3):
+            x, y = torch.randn(5, 2, 8, 8, generator=gen) * 4, torch.randint(0, 3, (5,), generator=gen)
+            opt.zero_grad()
+            out = model(x)
+            scaler.scale(nn.functional.cross_entropy(out, y)).backward()
+            outs.append(out.detach().clone())
+            grads = [p.grad.clone() for p in model.parameters()]
+            scaler.step(opt)
+            scaler.update()
+        with torch.no_grad():  # and a call without a graph
+            outs.append(model(torch.randn(2, 2, 8, 8, generator=gen) * 4))
+        return outs, grads, [p.detach().clone() for p in model.parameters()], scaler.layer_scales()
+
+    own, theirs = train(nn.Linear, nn.Conv2d), train(OwnLinear, OwnConv2d)
+    for a, b in zip(own[:3], theirs[:3]):
+        assert all(torch.equal(u, v) for u, v in zip(a, b))
+    assert [(r["s"], r["S_in"]) for r in own[3]] == [(r["s"], r["S_in"]) for r in theirs[3]]
+    assert [r["emulation"] for r in own[3]] == ["gemm"] * 4

@@ -28,7 +28,7 @@ from ._functions import Enter, Exit, WorkingWeights, round_forward
 def refuse_compile() -> None:
     """torch.compile traces with tensors that have no memory (FakeTensor), which the core reads through
     data_ptr: refused with a message instead of failing deep inside the trace."""
-    compiler = getattr(torch, "compiler", None)
+    compiler = torch.__dict__.get("compiler")  # (getattr would build an AttributeError where torch has none)
     if compiler is not None and getattr(compiler, "is_compiling", None) is not None and compiler.is_compiling():
         raise RuntimeError("gradscale.torch: a model with a Scaler cannot run under torch.compile (the core reads "
                            "each tensor's memory, which a compiled graph's tracing tensors do not have); run it "
@@ -109,6 +109,16 @@ def _set_param(module: nn.Module, name: str, value) -> None:
         module._flat_weights[names.index(name)] = value
 
 
+# torch.nn's Linear and ConvNd forward, as functions of the module, the input and the two parameters:
+# what their own forward computes (the same function, looked up at each call as theirs does).
+_DIRECT = {
+    nn.Linear: lambda module, x, weight, bias: F.linear(x, weight, bias),
+    nn.Conv1d: lambda module, x, weight, bias: module._conv_forward(x, weight, bias),
+    nn.Conv2d: lambda module, x, weight, bias: module._conv_forward(x, weight, bias),
+    nn.Conv3d: lambda module, x, weight, bias: module._conv_forward(x, weight, bias),
+}
+
+
 class _IdentityProjection:
     """While an attention call runs, `torch.nn.functional.linear` returns its input when its weight is
     one of the identity matrices put in the place of out_proj's weight: F.multi_head_attention_forward
@@ -168,6 +178,12 @@ class CallWrapper:
         # A torch.nn layer of its own (not a user's subclass or forward): it never writes to its inputs.
         self.reads_inputs_only = (self.boundary and not self.recurse and self.inner is None
                                   and type(module).__module__.startswith("torch.nn.modules."))
+        # torch.nn's own Linear and ConvNd (not a subclass, no forward of the instance's, no parameter
+        # added): their forward is one functional call on the input, the weight and the bias, which a
+        # call with one positional input makes directly with the working copies (none swapped into the
+        # module: the same call of the same function).
+        self.direct = _DIRECT.get(type(module)) if self.reads_inputs_only and not self.attention else None
+        self.direct_slots = ((module, "weight"), (module, "bias"))
         self.calls: List[LayerCall] = []  # the calls open now (a module may call itself)
         self.pending = False  # the pre-hook opened a call that this forward has not yet entered
 
@@ -258,8 +274,23 @@ class CallWrapper:
             if self.attention:
                 call.entered = None  # the inputs' identities are not needed after the call's start
         self.pending = False
-        swapped = self._use_working_weights(call)
+        params = self.module._parameters
+        if self.direct is not None and len(args) == 1 and not kwargs and len(params) == 2 and "weight" in params \
+                and "bias" in params:
+            try:
+                used = [u for _, _, _, u in self._working_weights(call, self.direct_slots)]
+                device = self.scaler._device
+                if not _autocast_enabled(device.type):
+                    return self.direct(self.module, args[0], *used)
+                with torch.autocast(device.type, enabled=False):
+                    return self.direct(self.module, args[0], *used)
+            except BaseException:
+                if call is not None and self.calls and self.calls[-1] is call:
+                    self.calls.pop()  # no forward hook will close it
+                raise
+        swapped: List[Tuple[nn.Module, str, nn.Parameter]] = []
         try:
+            swapped = self._use_working_weights(call)
             # Under torch.autocast the layer still computes in float32 on values of `format` (SPEC
             # §4-§5: its backward product must reach the core in fp32, to be multiplied by s before its
             # one rounding); what runs outside the layers keeps autocast's dtype.
@@ -314,44 +345,53 @@ class CallWrapper:
         y = self.module.out_proj(lne.reshape(-1, lne.shape[-1])).view(lne.shape[:-1] + (-1,))
         return y.transpose(0, 1) if batch_first else y
 
-    def _use_working_weights(self, call: Optional[LayerCall]) -> List[Tuple[nn.Module, str, nn.Parameter]]:
-        """Puts this call's working copy in place of each parameter; returns what to put back. The
-        parameters that require grad (under grad mode) get theirs from one WorkingWeights node."""
+    def _working_weights(self, call: Optional[LayerCall], slots) -> List[Tuple[nn.Module, str, Any, Any]]:
+        """What this call computes with in each parameter slot of `slots` ((module, name) pairs): one
+        (module, name, held, used) per slot — `used` is the working copy of a Parameter `held` there (the
+        parameters that require grad, under grad mode, get theirs from one WorkingWeights node), else
+        `held` itself (None, or an enclosing layer's working copy). Notes the call's weight."""
         tracker = self.scaler._tracker
-        modules = self.module.modules() if self.recurse else (self.module,)
         grad = torch.is_grad_enabled()
-        # (module, name, master, its working copy: the master itself when nothing is emulated, None for
-        # one the WorkingWeights node makes)
-        found: List[Tuple[nn.Module, str, nn.Parameter, Optional[torch.Tensor]]] = []
-        for module in modules:
-            for name, p in list(module._parameters.items()):
-                if not isinstance(p, nn.Parameter):
-                    continue  # None, or already a working copy (an enclosing layer's call)
-                if p.dtype != torch.float32:
-                    raise TypeError(
-                        f"gradscale.torch: parameter '{name}' of layer '{tracker.layers[self.layer_id].name}' is "
-                        f"{p.dtype}; the Scaler keeps float32 masters and emulates format= in them "
-                        "(model.half()/.double()/.to(dtype) after Scaler(model): make a new model and Scaler, "
-                        "or call scaler.remove() first)")
-                if not tracker.substitute:
-                    working = p
-                elif grad and p.requires_grad:
-                    working = None
-                else:
-                    working = tracker.working_copy(p, tracker.buffers(p))
-                found.append((module, name, p, working))
-        tracked = [p for _, _, p, working in found if working is None]
-        copies = iter(WorkingWeights.apply(tracker, self.layer_id, *tracked) if tracked else ())
+        found: List[list] = []  # [module, name, held, used]
+        made: List[list] = []  # the entries whose copy the WorkingWeights node makes
+        for module, name in slots:
+            p = module._parameters[name]
+            if not isinstance(p, nn.Parameter):
+                found.append([module, name, p, p])  # None, or already a working copy (an enclosing layer's call)
+                continue
+            if p.dtype != torch.float32:
+                raise TypeError(
+                    f"gradscale.torch: parameter '{name}' of layer '{tracker.layers[self.layer_id].name}' is "
+                    f"{p.dtype}; the Scaler keeps float32 masters and emulates format= in them "
+                    "(model.half()/.double()/.to(dtype) after Scaler(model): make a new model and Scaler, "
+                    "or call scaler.remove() first)")
+            if not tracker.substitute:
+                found.append([module, name, p, p])
+            elif grad and p.requires_grad:
+                found.append([module, name, p, None])
+                made.append(found[-1])
+            else:
+                found.append([module, name, p, tracker.working_copy(p, tracker.buffers(p))])
+        if made:
+            for entry, copy in zip(made, WorkingWeights.apply(tracker, self.layer_id, *(e[2] for e in made))):
+                entry[3] = copy
+        if call is not None:
+            for module, name, _, used in found:
+                if module is self.module and name == self.weight_name:
+                    call.weight = used
+        return found
+
+    def _use_working_weights(self, call: Optional[LayerCall]) -> List[Tuple[nn.Module, str, nn.Parameter]]:
+        """Puts this call's working copy in place of each parameter; returns what to put back."""
+        modules = self.module.modules() if self.recurse else (self.module,)
+        slots = [(module, name) for module in modules for name in list(module._parameters)]
+        found = self._working_weights(call, slots)
         swapped: List[Tuple[nn.Module, str, nn.Parameter]] = []  # nothing is swapped before all copies exist
         try:
-            for module, name, p, working in found:
-                if working is None:
-                    working = next(copies)
-                if working is not p:
-                    _set_param(module, name, working)
-                    swapped.append((module, name, p))
-                if call is not None and module is self.module and name == self.weight_name:
-                    call.weight = working
+            for module, name, held, used in found:
+                if used is not held:
+                    _set_param(module, name, used)
+                    swapped.append((module, name, held))
         except BaseException:
             for module, name, master in reversed(swapped):
                 _set_param(module, name, master)
