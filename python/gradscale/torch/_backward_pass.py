@@ -495,8 +495,9 @@ class BackwardPass:
                 self.core.weight_gradient(layer, values.data_ptr(), values.numel(), scale)
             return torch.sparse_coo_tensor(g.indices(), values, g.shape, device=g.device)
         out, source = rounding_target(g, buffers, self.tracker.pool)
-        if out.numel():
-            self.core.weight_gradient(layer, out.data_ptr(), out.numel(), scale, source=source)
+        n = out.numel()
+        if n:
+            self.core.weight_gradient(layer, out.data_ptr(), n, scale, source)
         return differentiable(g, out, lambda: 1.0 / self.core.scale_value(scale))
 
     def loss_backward(self, ctx, g: torch.Tensor) -> torch.Tensor:
@@ -508,8 +509,9 @@ class BackwardPass:
     def exit_backward(self, ctx, g: torch.Tensor) -> torch.Tensor:
         out, source = rounding_target(g, pool=self.tracker.pool)
         self.core.note_layer(ctx.layer_id, self.into(ctx))
-        if out.numel():
-            self.core.round_received(ctx.layer_id, out.data_ptr(), out.numel(), source=source)
+        n = out.numel()
+        if n:
+            self.core.round_received(ctx.layer_id, out.data_ptr(), n, source)
         self._received[ctx.call] = out
         return differentiable(g, out, 1.0)
 
@@ -522,14 +524,14 @@ class BackwardPass:
         layer = self.tracker.layers[ctx.layer_id]
         received: Optional[torch.Tensor] = self._received.get(ctx.call)
         weight = ctx.call.weight if layer.parametric else None
-        if weight is not None:
-            weight = weight.detach()
-            weight = weight if is_dense(weight) else weight.contiguous()
-        sent = self.core.upstream(ctx.layer_id, out.data_ptr(), list(out.shape),
+        if weight is not None and not is_dense(weight):
+            weight = weight.detach().contiguous()
+        # (Sizes as torch.Size: the core takes any sequence.)
+        sent = self.core.upstream(ctx.layer_id, out.data_ptr(), out.shape,
                                   received.data_ptr() if received is not None else 0,
-                                  list(received.shape) if received is not None else [],
+                                  received.shape if received is not None else (),
                                   weight.data_ptr() if weight is not None else 0,
-                                  list(weight.shape) if weight is not None else [], scale_in, source=source)
+                                  weight.shape if weight is not None else (), scale_in, source)
         self._sent[ctx] = sent  # s·S_in
         if self.tracker.shadow is not None:
             self.tracker.shadow.compare_upstream(ctx.layer_id, ctx.call, g, out, self.core.scale_value(sent))

@@ -53,18 +53,24 @@ class LayerCall:
         self.left = False  # attention: its output went through its Exit inside the call
 
 
+def checked_float32(x: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A floating tensor at a layer boundary, checked for device and dtype: x itself in float32."""
+    if x.device != device:
+        raise RuntimeError(f"gradscale.torch: a tensor on {x.device} met layers whose parameters are on "
+                           f"{device}")
+    if x.dtype is not torch.float32:
+        if x.dtype in (torch.float16, torch.bfloat16):
+            x = x.float()  # from an op under autocast: a layer boundary holds float32 (values of a format)
+        else:
+            raise TypeError(f"gradscale.torch emulates every format in float32 tensors; got {x.dtype} "
+                            "(keep the model in float32 and choose format= / grad_format=)")
+    return x
+
+
 def wrap_tensor(x, device: torch.device, fn):
     """`fn(x)` for a floating tensor (checked for device and dtype), `x` itself otherwise."""
     if isinstance(x, torch.Tensor) and x.is_floating_point():
-        if x.device != device:
-            raise RuntimeError(f"gradscale.torch: a tensor on {x.device} met layers whose parameters are on "
-                               f"{device}")
-        if x.dtype in (torch.float16, torch.bfloat16):
-            x = x.float()  # from an op under autocast: a layer boundary holds float32 (values of a format)
-        if x.dtype != torch.float32:
-            raise TypeError(f"gradscale.torch emulates every format in float32 tensors; got {x.dtype} "
-                            "(keep the model in float32 and choose format= / grad_format=)")
-        return fn(x)
+        return fn(checked_float32(x, device))
     return x
 
 
@@ -94,10 +100,10 @@ def _autocast_query():
 _autocast_enabled = _autocast_query()
 
 
-def autocast_off(device: torch.device):
-    """A context without autocast on `device` when autocast is on there (else nothing)."""
-    on = _autocast_enabled(device.type)
-    return torch.autocast(device.type, enabled=False) if on else contextlib.nullcontext()
+def autocast_off(device_type: str):
+    """A context without autocast on devices of `device_type` when autocast is on there (else nothing)."""
+    on = _autocast_enabled(device_type)
+    return torch.autocast(device_type, enabled=False) if on else contextlib.nullcontext()
 
 
 def _set_param(module: nn.Module, name: str, value) -> None:
@@ -214,6 +220,8 @@ class CallWrapper:
             # one packed GEMM: one Enter for it keeps `query is key is value`.
             call.entered = {}
             return tuple(self._enter_once(call, x) if i < 3 else x for i, x in enumerate(inputs))
+        if len(inputs) == 1:
+            return (self._enter(call, inputs[0]),)
         return tuple(self._enter(call, x) for x in inputs)
 
     def _enter_once(self, call: LayerCall, x):
@@ -235,28 +243,28 @@ class CallWrapper:
 
     def _leave(self, call: LayerCall, output):
         """`output` (a tensor or a structure of them) through the call's Exit: rounded to `format`."""
-        tracker = self.scaler._tracker
-        grad = torch.is_grad_enabled()
+        if isinstance(output, torch.Tensor) and output.is_floating_point():  # (most layers: one tensor)
+            return self._leave_one(call, checked_float32(output, self.scaler._device))
+        return map_tensors(output, self.scaler._device, lambda t: self._leave_one(call, t))
 
-        def leave(t):
-            if grad and t.requires_grad:
-                return tracker.note_rounded(Exit.apply(t, tracker, call))
-            return tracker.note_rounded(round_forward(t, tracker.format, tracker.core, tracker.pool))
-        return map_tensors(output, self.scaler._device, leave)
+    def _leave_one(self, call: LayerCall, t: torch.Tensor) -> torch.Tensor:
+        tracker = self.scaler._tracker
+        if t.requires_grad and torch.is_grad_enabled():
+            return tracker.note_rounded(Exit.apply(t, tracker, call))
+        return tracker.note_rounded(round_forward(t, tracker.format, tracker.core, tracker.pool))
 
     def _enter(self, call: LayerCall, x):
         """One argument of a layer call: a floating tensor gets its `Enter` (rounded to `format`)."""
+        if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+            return x
+        t = checked_float32(x, self.scaler._device)
         tracker = self.scaler._tracker
-        grad = torch.is_grad_enabled()
-
-        def enter(t):
-            # An earlier layer's rounded output, untouched, is read as it is by a layer that does not
-            # write to its inputs (torch.nn's own): rounding it again would copy the same values.
-            rounded = self.reads_inputs_only and tracker.is_rounded(t)
-            if grad and t.requires_grad:
-                return Enter.apply(t, tracker, call, rounded)
-            return t if rounded else round_forward(t, tracker.format, tracker.core, tracker.pool)
-        return wrap_tensor(x, self.scaler._device, enter)
+        # An earlier layer's rounded output, untouched, is read as it is by a layer that does not write
+        # to its inputs (torch.nn's own): rounding it again would copy the same values.
+        rounded = self.reads_inputs_only and tracker.is_rounded(t)
+        if t.requires_grad and torch.is_grad_enabled():
+            return Enter.apply(t, tracker, call, rounded)
+        return t if rounded else round_forward(t, tracker.format, tracker.core, tracker.pool)
 
     # ---- the call ----------------------------------------------------------------------------
     def __call__(self, *args, **kwargs):
@@ -279,10 +287,10 @@ class CallWrapper:
                 and "bias" in params:
             try:
                 used = [u for _, _, _, u in self._working_weights(call, self.direct_slots)]
-                device = self.scaler._device
-                if not _autocast_enabled(device.type):
+                device_type = self.scaler._device_type
+                if not _autocast_enabled(device_type):
                     return self.direct(self.module, args[0], *used)
-                with torch.autocast(device.type, enabled=False):
+                with torch.autocast(device_type, enabled=False):
                     return self.direct(self.module, args[0], *used)
             except BaseException:
                 if call is not None and self.calls and self.calls[-1] is call:
@@ -294,7 +302,7 @@ class CallWrapper:
             # Under torch.autocast the layer still computes in float32 on values of `format` (SPEC
             # §4-§5: its backward product must reach the core in fp32, to be multiplied by s before its
             # one rounding); what runs outside the layers keeps autocast's dtype.
-            with autocast_off(self.scaler._device):
+            with autocast_off(self.scaler._device_type):
                 if self.attention:
                     return self._attention(args, kwargs, call)
                 if self.inner is not None:

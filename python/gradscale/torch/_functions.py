@@ -28,8 +28,13 @@ from .. import _core
 def is_dense(t: torch.Tensor) -> bool:
     """Whether t's elements fill one block of memory (in any order of dimensions: contiguous,
     channels_last, a transpose): the core then reads its numel() values from data_ptr()."""
-    if t.is_contiguous() or (t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last)) or \
-            (t.dim() == 5 and t.is_contiguous(memory_format=torch.channels_last_3d)):
+    if t.is_contiguous():
+        return True
+    dim = t.dim()
+    if dim == 2:  # (a weight gradient through a transpose) sizes > 1 both, else t were contiguous
+        return t.stride(0) == 1 and t.stride(1) == t.shape[0]
+    if (dim == 4 and t.is_contiguous(memory_format=torch.channels_last)) or \
+            (dim == 5 and t.is_contiguous(memory_format=torch.channels_last_3d)):
         return True
     dims = sorted((st, sz) for st, sz in zip(t.stride(), t.shape) if sz != 1)
     expected = 1
@@ -63,7 +68,7 @@ def new_like(x: torch.Tensor, pool=None) -> torch.Tensor:
     freed when torch lets go of the tensor, is taken again by the next step's tensors of the same size
     instead of being given back to the system and faulted in again (python/csrc/host_pool.h); else
     torch.empty_like."""
-    if pool is None or x.numel() < POOLED_ELEMENTS or x.dtype is not torch.float32 or x.device.type != "cpu":
+    if pool is None or x.numel() < POOLED_ELEMENTS or x.dtype is not torch.float32 or not x.is_cpu:
         return torch.empty_like(x)
     return from_dlpack(pool.tensor(x.shape, x.stride()))
 

@@ -25,28 +25,28 @@ class Buffers:
     LIMIT = 4  # buffers at most (a layer called several times a step, a graph kept alive)
 
     def __init__(self):
-        # [buffer, the alias last handed out (weakly), its (sizes, strides, dtype, device)]
+        # [buffer, the alias last handed out (weakly), its sizes, its strides, its dtype]
         self._slots: List[list] = []
 
     def take(self, like: torch.Tensor) -> torch.Tensor:
-        """An alias of a free buffer with `like`'s sizes, strides, dtype and device (contents
+        """An alias of a free buffer with `like`'s sizes, strides and dtype on the CPU (contents
         undefined): a kept one when one is free, else a new one, kept while fewer than LIMIT are."""
-        key = (like.shape, like.stride(), like.dtype, like.device)
+        shape, strides, dtype = like.shape, like.stride(), like.dtype
         free = None
         for slot in self._slots:
             if slot[1]() is not None:
                 continue  # in use
-            if slot[2] == key:
+            if slot[2] == shape and slot[3] == strides and slot[4] is dtype:
                 alias = slot[0].detach()
                 slot[1] = weakref.ref(alias)
                 return alias
             free = slot  # another shape (a parameter resized): replaced when no slot fits
-        buf = torch.empty_strided(key[0], key[1], dtype=key[2], device=key[3])
+        buf = torch.empty_strided(shape, strides, dtype=dtype, device="cpu")
         alias = buf.detach()
         if free is not None:
-            free[:] = [buf, weakref.ref(alias), key]
+            free[:] = [buf, weakref.ref(alias), shape, strides, dtype]
         elif len(self._slots) < self.LIMIT:
-            self._slots.append([buf, weakref.ref(alias), key])
+            self._slots.append([buf, weakref.ref(alias), shape, strides, dtype])
         return alias
 
 
@@ -122,7 +122,7 @@ class Tracker:
         """The kept buffers of a parameter's working copies and weight gradients; None off the CPU
         (CUDA's caching allocator keeps freed memory: nothing to gain) and for a master that is not
         dense."""
-        if master.device.type != "cpu" or not is_dense(master):
+        if not master.is_cpu or not is_dense(master):
             return None
         key = id(master)
         entry = self._buffers.get(key)

@@ -121,6 +121,7 @@ class Scaler:
         self._every_module = layers is None  # the table holds every module with parameters
         self._outside: set = set()  # ids of leaves of no layer, looked up in the model once
         self._device = model_device(model)
+        self._device_type = self._device.type  # (read at every layer call)
         # _cpu_target (the tests'): the core over lib/cuda's CPU execution target, whose "device memory"
         # is the host's, so the CUDA path runs on CPU tensors (tests/cuda_on_cpu, docs/pytorch.md).
         self._core_module, core_device = core_for(self._device, _cpu_target)
