@@ -345,3 +345,45 @@ def test_torch_nns_own_linear_and_conv_compute_as_a_subclass_of_theirs():
         assert all(torch.equal(u, v) for u, v in zip(a, b))
     assert [(r["s"], r["S_in"]) for r in own[3]] == [(r["s"], r["S_in"]) for r in theirs[3]]
     assert [r["emulation"] for r in own[3]] == ["gemm"] * 4
+
+
+def test_a_linear_or_convolution_output_is_rounded_where_it_lies():
+    """The new output of torch.nn's own Linear or Conv2d goes through its Exit in place (one tensor
+    fewer): what the model returns is that tensor, changed once; a subclass's output gets a copy."""
+    for linear, conv, in_place in ((nn.Linear, nn.Conv2d, True), (OwnLinear, OwnConv2d, False)):
+        model = ConvNet(linear, conv)
+        Scaler(model, format="fp16")
+        seen = {}
+        model.fc1.register_forward_hook(lambda m, i, o: seen.__setitem__("fc1", o))
+        model.conv1.register_forward_hook(lambda m, i, o: seen.__setitem__("conv1", o))
+        model(torch.randn(3, 2, 8, 8) * 3)
+        for name in ("fc1", "conv1"):
+            assert representable(seen[name], "fp16")
+            assert (seen[name]._version == 1) == in_place, name  # mark_dirty's one change
+
+
+def test_an_output_a_hook_of_the_users_saw_first_is_never_changed():
+    """A forward hook registered before the Scaler (or a global one) may keep the layer's output and
+    build on it (an activation penalty): the Scaler rounds a copy, never that tensor, and the penalty's
+    backward runs."""
+    import torch.nn.modules.module as module_hooks
+
+    def train(global_hook):
+        model = ConvNet()
+        kept = []
+
+        def keep(m, i, o):
+            kept.append((o, o.detach().clone()))
+        handle = module_hooks.register_module_forward_hook(keep) if global_hook else \
+            model.fc1.register_forward_hook(keep)
+        try:
+            scaler = Scaler(model, format="fp16")
+            out = model(torch.randn(3, 2, 8, 8) * 3)
+            penalty = sum(o.pow(2).mean() for o, _ in kept)
+            scaler.scale(nn.functional.cross_entropy(out, torch.tensor([0, 1, 2])) + 1e-3 * penalty).backward()
+        finally:
+            handle.remove()
+        assert kept and all(torch.equal(o, raw) for o, raw in kept)
+        assert all(p.grad is not None for p in model.parameters())
+    train(global_hook=False)
+    train(global_hook=True)

@@ -21,8 +21,9 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.modules.module import _global_forward_hooks
 
-from ._functions import Enter, Exit, WorkingWeights, round_forward
+from ._functions import Enter, Exit, WorkingWeights, is_dense, round_forward
 
 
 def refuse_compile() -> None:
@@ -44,13 +45,14 @@ def refuse_compile() -> None:
 class LayerCall:
     """One call of a layer: pairs its Enter and Exit nodes and holds the working weight its
     controller reads in backward (the master may change before then)."""
-    __slots__ = ("layer_id", "weight", "entered", "left", "__weakref__")
+    __slots__ = ("layer_id", "weight", "entered", "left", "output", "__weakref__")
 
     def __init__(self, layer_id: int):
         self.layer_id = layer_id
         self.weight: Optional[torch.Tensor] = None
         self.entered = None  # attention: id(input) -> (input, its Enter), while the call starts
         self.left = False  # attention: its output went through its Exit inside the call
+        self.output = None  # a direct call's result (CallWrapper.direct), until the forward hook
 
 
 def checked_float32(x: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -243,14 +245,25 @@ class CallWrapper:
 
     def _leave(self, call: LayerCall, output):
         """`output` (a tensor or a structure of them) through the call's Exit: rounded to `format`."""
+        own, call.output = call.output, None
         if isinstance(output, torch.Tensor) and output.is_floating_point():  # (most layers: one tensor)
-            return self._leave_one(call, checked_float32(output, self.scaler._device))
-        return map_tensors(output, self.scaler._device, lambda t: self._leave_one(call, t))
+            t = checked_float32(output, self.scaler._device)
+            return self._leave_one(call, t, t is own and self._own_output(t))
+        return map_tensors(output, self.scaler._device, lambda t: self._leave_one(call, t, False))
 
-    def _leave_one(self, call: LayerCall, t: torch.Tensor) -> torch.Tensor:
+    def _own_output(self, t: torch.Tensor) -> bool:
+        """Whether `t`, the result of this call's direct function (torch's linear or convolution: a new
+        tensor, not a view, which its own backward does not keep), is held by nothing that could see it
+        change: no forward hook ran before this wrapper's (one of the module's own registered before the
+        Scaler, or a global one). Its Exit then rounds it where it lies (one tensor fewer)."""
+        hooks = self.module._forward_hooks
+        return (not _global_forward_hooks and t._base is None and next(iter(hooks.values()), None) == self.hook
+                and is_dense(t))
+
+    def _leave_one(self, call: LayerCall, t: torch.Tensor, own: bool) -> torch.Tensor:
         tracker = self.scaler._tracker
         if t.requires_grad and torch.is_grad_enabled():
-            return tracker.note_rounded(Exit.apply(t, tracker, call))
+            return tracker.note_rounded(Exit.apply(t, tracker, call, False, own))
         return tracker.note_rounded(round_forward(t, tracker.format, tracker.core, tracker.pool))
 
     def _enter(self, call: LayerCall, x):
@@ -289,9 +302,13 @@ class CallWrapper:
                 used = [u for _, _, _, u in self._working_weights(call, self.direct_slots)]
                 device_type = self.scaler._device_type
                 if not _autocast_enabled(device_type):
-                    return self.direct(self.module, args[0], *used)
-                with torch.autocast(device_type, enabled=False):
-                    return self.direct(self.module, args[0], *used)
+                    result = self.direct(self.module, args[0], *used)
+                else:
+                    with torch.autocast(device_type, enabled=False):
+                        result = self.direct(self.module, args[0], *used)
+                if call is not None:
+                    call.output = result
+                return result
             except BaseException:
                 if call is not None and self.calls and self.calls[-1] is call:
                     self.calls.pop()  # no forward hook will close it

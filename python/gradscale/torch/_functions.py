@@ -134,12 +134,23 @@ def differentiable(g: torch.Tensor, value: torch.Tensor, factor) -> torch.Tensor
     return value
 
 
-def _boundary_forward(ctx, x, tracker, call, rounded=False):
+def round_in_place(x: torch.Tensor, fmt: str, core) -> torch.Tensor:
+    """x (dense) rounded to the forward format where it lies, by `core`; returns x."""
+    n = x.numel()
+    if fmt != "fp32" and n:
+        core.quantize_(x.data_ptr(), n, fmt)
+    return x
+
+
+def _boundary_forward(ctx, x, tracker, call, rounded=False, in_place=False):
     ctx.tracker = tracker
     ctx.layer_id = call.layer_id
     ctx.call = call  # pairs a layer call's Exit with its Enter and holds its working weight
     if rounded:  # an earlier layer's output, already values of `format` (Tracker.is_rounded)
         return x.view_as(x)
+    if in_place:  # a layer's new output that nothing else holds (_boundary.CallWrapper._own_output)
+        ctx.mark_dirty(x)
+        return round_in_place(x, tracker.format, tracker.core)
     return round_forward(x, tracker.format, tracker.core, tracker.pool)
 
 
@@ -172,8 +183,8 @@ class Exit(torch.autograd.Function):
     def backward(ctx, g):  # type: ignore[override]
         run = ctx.tracker.running()
         if g is None or run is None or _recording(ctx.tracker) is not None:
-            return g, None, None
-        return run.exit_backward(ctx, g), None, None
+            return g, None, None, None, None
+        return run.exit_backward(ctx, g), None, None, None, None
 
 
 class WorkingWeights(torch.autograd.Function):
