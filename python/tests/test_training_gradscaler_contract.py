@@ -109,6 +109,22 @@ def test_a_dtype_change_after_the_scaler_is_refused_clearly(change):
     assert all(type(p) is nn.Parameter for p in model.parameters())
 
 
+def test_a_refused_call_leaves_no_call_open():
+    """The dtype check fails after the call's pre-hook opened it: the call is closed, so the layer's
+    wrapper holds no open call (its stack pairs the calls of a module that calls itself), and the model
+    trains once its dtype is put back."""
+    model = mlp()
+    scaler = Scaler(model, format="fp16")
+    model.double()
+    with pytest.raises(TypeError, match="float32 masters"):
+        model(batch()[0])
+    assert all(m.forward.calls == [] for m in model if isinstance(m, nn.Linear))
+    model.float()
+    x, y = batch()
+    scaler.scale(nn.functional.cross_entropy(model(x), y)).backward()
+    assert scaler.step(torch.optim.SGD(model.parameters(), lr=0.1))
+
+
 def test_one_scaler_per_model():
     model = mlp()
     first = Scaler(model, format="fp16")
