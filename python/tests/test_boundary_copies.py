@@ -2,6 +2,7 @@
 torch.nn layer, is not rounded into a second copy (the same values, one pass and one tensor fewer); an
 output changed in place since, or read by a layer of the user's own (which may write to its input),
 gets its own rounded copy as before."""
+import pytest
 import torch
 from torch import nn
 
@@ -387,3 +388,62 @@ def test_an_output_a_hook_of_the_users_saw_first_is_never_changed():
         assert all(p.grad is not None for p in model.parameters())
     train(global_hook=False)
     train(global_hook=True)
+
+
+class OwnConv1d(nn.Conv1d):
+    """nn.Conv1d's arithmetic in a class of the user's."""
+
+
+def _pair(own, linear_or_conv):
+    return {nn.Linear: OwnLinear, nn.Conv1d: OwnConv1d, nn.Conv2d: OwnConv2d}[linear_or_conv] if own else linear_or_conv
+
+
+DIRECT_CASES = {
+    "3-D input to Linear": (lambda o: nn.Sequential(_pair(o, nn.Linear)(8, 6), nn.ReLU(),
+                                                    _pair(o, nn.Linear)(6, 3, bias=False)), (2, 5, 8), {}),
+    "gradient penalty": (lambda o: nn.Sequential(_pair(o, nn.Conv2d)(3, 4, 3, padding=1), nn.Tanh(),
+                                                 nn.Flatten(), _pair(o, nn.Linear)(4 * 36, 3)), (2, 3, 6, 6),
+                         {"penalty": True}),
+    "frozen weight": (lambda o: nn.Sequential(_pair(o, nn.Linear)(8, 6), nn.Tanh(), _pair(o, nn.Linear)(6, 3)),
+                      (4, 8), {"freeze": True}),
+    "reflect padding": (lambda o: nn.Sequential(_pair(o, nn.Conv1d)(3, 4, 3, padding=1, padding_mode="reflect"),
+                                                nn.ReLU(), _pair(o, nn.Conv1d)(4, 2, 3)), (2, 3, 9), {}),
+    "channels_last": (lambda o: nn.Sequential(_pair(o, nn.Conv2d)(3, 4, 3, padding=1), nn.ReLU(),
+                                              _pair(o, nn.Conv2d)(4, 2, 3, stride=2, bias=False)), (2, 3, 9, 9),
+                      {"channels_last": True}),
+}
+
+
+def _direct_case(make, shape, own, penalty=False, freeze=False, channels_last=False):
+    torch.manual_seed(0)
+    model = make(own)
+    x = torch.randn(*shape, generator=torch.Generator().manual_seed(1)) * 3
+    if channels_last:
+        model, x = model.to(memory_format=torch.channels_last), x.to(memory_format=torch.channels_last)
+    if freeze:
+        model[0].weight.requires_grad_(False)
+    scaler = Scaler(model, scaler={"policy": "adaptive", "method": "measured"}, format="fp16")
+    xin = x.clone().requires_grad_(penalty)
+    out = model(xin)
+    loss = out.pow(2).mean()
+    if penalty:
+        g, = torch.autograd.grad(scaler.scale(loss), xin, create_graph=True)
+        loss = loss + g.pow(2).sum()
+    scaler.scale(loss).backward()
+    with torch.no_grad():
+        evaluated = model(x)
+    grads = [p.grad for p in model.parameters()]
+    return [out.detach(), evaluated] + grads, [r["s"] for r in scaler.layer_scales()], out.stride()
+
+
+@pytest.mark.parametrize("case", list(DIRECT_CASES))
+def test_the_direct_call_and_the_output_in_place_change_no_bit(case):
+    """torch.nn's own Linear/Conv (called directly, output rounded in place) against subclasses (copies
+    swapped in, output copied): the same outputs, evaluation, gradients (None for a frozen weight),
+    scales and output strides — with 3-D inputs, a gradient penalty's double backward, frozen
+    weights, reflect padding and channels_last."""
+    make, shape, options = DIRECT_CASES[case]
+    own, theirs = _direct_case(make, shape, False, **options), _direct_case(make, shape, True, **options)
+    assert len(own[0]) == len(theirs[0])
+    assert all((a is None and b is None) or torch.equal(a, b) for a, b in zip(own[0], theirs[0]))
+    assert own[1:] == theirs[1:]
