@@ -447,3 +447,29 @@ def test_the_direct_call_and_the_output_in_place_change_no_bit(case):
     assert len(own[0]) == len(theirs[0])
     assert all((a is None and b is None) or torch.equal(a, b) for a, b in zip(own[0], theirs[0]))
     assert own[1:] == theirs[1:]
+
+
+def test_a_layer_whose_class_changes_after_the_scaler_is_called_as_it_is_now():
+    """A torch.nn.Linear whose class is changed after the Scaler attached (to a subclass with its own
+    forward, or by a parametrization of its weight) runs that class's forward, not F.linear."""
+    import torch.nn.utils.parametrize as parametrize
+
+    class Twice(nn.Linear):
+        def forward(self, x):
+            return 2 * super().forward(x)
+
+    class Negated(nn.Module):
+        def forward(self, w):
+            return -w
+
+    x = torch.randn(2, 4)
+    model = nn.Sequential(nn.Linear(4, 3))
+    Scaler(model, format="fp32")
+    before = model(x)
+    model[0].__class__ = Twice
+    assert torch.equal(model(x), 2 * before)
+    model = nn.Sequential(nn.Linear(4, 3))
+    Scaler(model, format="fp32")
+    before = model(x)
+    parametrize.register_parametrization(model[0], "weight", Negated())
+    assert torch.allclose(model(x), 2 * model[0].bias - before)

@@ -191,6 +191,7 @@ class CallWrapper:
         # call with one positional input makes directly with the working copies (none swapped into the
         # module: the same call of the same function).
         self.direct = _DIRECT.get(type(module)) if self.reads_inputs_only and not self.attention else None
+        self.direct_type = type(module)  # (a class changed since, e.g. by a parametrization, is called as it is)
         self.direct_slots = ((module, "weight"), (module, "bias"))
         self.calls: List[LayerCall] = []  # the calls open now (a module may call itself)
         self.pending = False  # the pre-hook opened a call that this forward has not yet entered
@@ -297,7 +298,7 @@ class CallWrapper:
         self.pending = False
         params = self.module._parameters
         if self.direct is not None and len(args) == 1 and not kwargs and len(params) == 2 and "weight" in params \
-                and "bias" in params:
+                and "bias" in params and type(self.module) is self.direct_type:
             try:
                 used = [u for _, _, _, u in self._working_weights(call, self.direct_slots)]
                 device_type = self.scaler._device_type
