@@ -371,7 +371,7 @@ class CallWrapper:
         y = self.module.out_proj(lne.reshape(-1, lne.shape[-1])).view(lne.shape[:-1] + (-1,))
         return y.transpose(0, 1) if batch_first else y
 
-    def _working_weights(self, call: Optional[LayerCall], slots) -> List[Tuple[nn.Module, str, Any, Any]]:
+    def _working_weights(self, call: Optional[LayerCall], slots) -> List[list]:
         """What this call computes with in each parameter slot of `slots` ((module, name) pairs): one
         (module, name, held, used) per slot — `used` is the working copy of a Parameter `held` there (the
         parameters that require grad, under grad mode, get theirs from one WorkingWeights node), else
