@@ -102,10 +102,12 @@ def _autocast_query():
 _autocast_enabled = _autocast_query()
 
 
+_NOTHING = contextlib.nullcontext()  # (reusable: one for every call without autocast)
+
+
 def autocast_off(device_type: str):
     """A context without autocast on devices of `device_type` when autocast is on there (else nothing)."""
-    on = _autocast_enabled(device_type)
-    return torch.autocast(device_type, enabled=False) if on else contextlib.nullcontext()
+    return torch.autocast(device_type, enabled=False) if _autocast_enabled(device_type) else _NOTHING
 
 
 def _set_param(module: nn.Module, name: str, value) -> None:
@@ -297,30 +299,23 @@ class CallWrapper:
                 call.entered = None  # the inputs' identities are not needed after the call's start
         self.pending = False
         params = self.module._parameters
-        if self.direct is not None and len(args) == 1 and not kwargs and len(params) == 2 and "weight" in params \
-                and "bias" in params and type(self.module) is self.direct_type:
-            try:
-                used = [u for _, _, _, u in self._working_weights(call, self.direct_slots)]
-                device_type = self.scaler._device_type
-                if not _autocast_enabled(device_type):
-                    result = self.direct(self.module, args[0], *used)
-                else:
-                    with torch.autocast(device_type, enabled=False):
-                        result = self.direct(self.module, args[0], *used)
-                if call is not None:
-                    call.output = result
-                return result
-            except BaseException:
-                if call is not None and self.calls and self.calls[-1] is call:
-                    self.calls.pop()  # no forward hook will close it
-                raise
+        direct = (self.direct is not None and len(args) == 1 and not kwargs and len(params) == 2
+                  and "weight" in params and "bias" in params and type(self.module) is self.direct_type)
         swapped: List[Tuple[nn.Module, str, nn.Parameter]] = []
         try:
-            swapped = self._use_working_weights(call)
+            if direct:  # the copies as arguments: nothing swapped in
+                used = [u for _, _, _, u in self._working_weights(call, self.direct_slots)]
+            else:
+                swapped = self._use_working_weights(call)
             # Under torch.autocast the layer still computes in float32 on values of `format` (SPEC
             # §4-§5: its backward product must reach the core in fp32, to be multiplied by s before its
             # one rounding); what runs outside the layers keeps autocast's dtype.
             with autocast_off(self.scaler._device_type):
+                if direct:
+                    result = self.direct(self.module, args[0], *used)
+                    if call is not None:
+                        call.output = result  # its Exit may round it in place (_own_output)
+                    return result
                 if self.attention:
                     return self._attention(args, kwargs, call)
                 if self.inner is not None:

@@ -90,6 +90,14 @@ def rounding_target(g: torch.Tensor, buffers=None, pool=None):
     return g.clone(memory_format=torch.contiguous_format), 0
 
 
+def round_in_place(x: torch.Tensor, fmt: str, core) -> torch.Tensor:
+    """x (dense) rounded to the forward format where it lies, by `core`; returns x."""
+    n = x.numel()
+    if fmt != "fp32" and n:
+        core.quantize_(x.data_ptr(), n, fmt)
+    return x
+
+
 def round_forward(x: torch.Tensor, fmt: str, core, pool=None) -> torch.Tensor:
     """A new tensor: x rounded to the forward format (the identity copy for fp32), by `core` (an
     ExternalBackward) where x lives, in one pass over x, in x's memory layout when x is dense (then on
@@ -97,10 +105,7 @@ def round_forward(x: torch.Tensor, fmt: str, core, pool=None) -> torch.Tensor:
     if x.requires_grad and torch.is_grad_enabled():  # (inside a Function's forward grad mode is off)
         x = x.detach()
     if not is_dense(x):
-        out = x.clone(memory_format=torch.contiguous_format)
-        if fmt != "fp32" and out.numel():
-            core.quantize_(out.data_ptr(), out.numel(), fmt)
-        return out
+        return round_in_place(x.clone(memory_format=torch.contiguous_format), fmt, core)
     if not x.numel():
         return x.clone()
     out = new_like(x, pool)  # x dense (non-overlapping, no gaps): its strides kept
@@ -132,14 +137,6 @@ def differentiable(g: torch.Tensor, value: torch.Tensor, factor) -> torch.Tensor
     if torch.is_grad_enabled() and g.requires_grad and not g.is_sparse:
         return _StraightThrough.apply(g, [value], factor() if callable(factor) else factor)
     return value
-
-
-def round_in_place(x: torch.Tensor, fmt: str, core) -> torch.Tensor:
-    """x (dense) rounded to the forward format where it lies, by `core`; returns x."""
-    n = x.numel()
-    if fmt != "fp32" and n:
-        core.quantize_(x.data_ptr(), n, fmt)
-    return x
 
 
 def _boundary_forward(ctx, x, tracker, call, rounded=False, in_place=False):
